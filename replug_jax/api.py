@@ -1,0 +1,47 @@
+"""Loading entry points for notebooks and pipelines: names or paths in, ready objects out.
+
+    enc = load_encoder("minilm")    # packaged default, a local HF dir, or a hub id
+    lm = load_lm("smollm2")         # packaged default, a local HF dir, a .gguf path, or a hub id
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+
+from replug_jax.lm.local import LocalLM
+from replug_jax.models import gguf_loader, registry, tokenizer, weights
+from replug_jax.retrieval.dense import DenseEncoder
+
+
+def _sentence_transformers_max_length(model_dir: str) -> int | None:
+    path = os.path.join(model_dir, "sentence_bert_config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f).get("max_seq_length")
+    return None
+
+
+def load_encoder(name: str = "minilm", *, normalize: bool = True, max_length: int | None = None,
+                 batch_size: int = 32, dtype=jnp.float32, revision: str | None = None, mesh=None) -> DenseEncoder:
+    """A BERT-family dense encoder with mean pooling (cosine similarity when `normalize`)."""
+    source = registry.resolve(name, revision)
+    if source.kind != "hf_dir":
+        raise ValueError(f"{name}: an encoder must be a Hugging Face BERT directory, got a {source.kind} file")
+    config, params = weights.load_bert_dir(source.path)
+    max_length = max_length or _sentence_transformers_max_length(source.path) or config.max_position
+    return DenseEncoder(config, params, tokenizer.from_hf_dir(source.path), name=name, max_length=max_length,
+                        normalize=normalize, batch_size=batch_size, dtype=dtype, mesh=mesh)
+
+
+def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size: int = 4, dtype=jnp.float32,
+            revision: str | None = None, mesh=None) -> LocalLM:
+    """A causal LM behind the black-box `score(contexts, continuations)` contract."""
+    source = registry.resolve(name, revision)
+    if source.kind == "gguf":
+        config, params, tok = gguf_loader.load_gguf(source.path)
+    else:
+        config, params = weights.load_causal_lm_dir(source.path)
+        tok = tokenizer.from_hf_dir(source.path)
+    return LocalLM(config, params, tok, name=name, max_length=max_length, batch_size=batch_size, dtype=dtype, mesh=mesh)

@@ -1,0 +1,92 @@
+"""The local JAX backend of the black-box LM contract.
+
+All (context, continuation) pairs of a call are tokenised, sorted by length, padded to
+fixed length buckets and a fixed batch size, and scored by one jitted function per
+bucket with the batch split over every device.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from replug_jax import sharding
+from replug_jax.lm.blackbox import check_pairs
+from replug_jax.models import causal_lm
+from replug_jax.models.tokenizer import TextTokenizer
+
+DOCUMENT_START_TOKENS = ("<|endoftext|>", "<s>", "<|begin_of_text|>")
+
+
+class LocalLM:
+    """A causal LM in JAX behind `score(contexts, continuations)`."""
+
+    def __init__(self, config: causal_lm.CausalLMConfig, params, tokenizer: TextTokenizer, *, name: str = "lm",
+                 max_length: int | None = None, batch_size: int = 4, length_multiple: int = 64,
+                 dtype=jnp.float32, mesh=None):
+        self.config, self.tokenizer, self.name = config, tokenizer, name
+        self.max_length = min(max_length or config.max_position, config.max_position)
+        self.length_multiple, self.dtype = length_multiple, dtype
+        self.start_id = self._document_start_id(tokenizer)
+        self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
+        mesh = mesh or sharding.data_mesh()
+        batch_size = sharding.round_up(batch_size, mesh.devices.size)
+        fn = functools.partial(self._logprob_fn, config=config, dtype=dtype)
+        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh)
+
+    @staticmethod
+    def _logprob_fn(params, ids, mask, *, config, dtype):
+        return causal_lm.token_logprobs(params, config, ids, mask, dtype=dtype)
+
+    @staticmethod
+    def _document_start_id(tokenizer: TextTokenizer) -> int | None:
+        """The token put before an empty context so the first continuation token is predicted."""
+        for token in DOCUMENT_START_TOKENS:
+            tid = tokenizer.backend.token_to_id(token)
+            if tid is not None:
+                return tid
+        return tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
+
+    @property
+    def params(self):
+        return self._batch_fn.params
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
+
+    def pair_tokens(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(context ids, continuation ids) as scored: the context is cut from the left to fit
+        `max_length`; an empty context becomes the document-start token."""
+        cont = self.tokenizer.encode(continuation)
+        if not cont:
+            raise ValueError(f"continuation {continuation[:40]!r} has no tokens")
+        if len(cont) >= self.max_length:
+            raise ValueError(f"continuation of {len(cont)} tokens does not fit the LM's {self.max_length}-token window "
+                             "with at least one context token; split it into shorter pieces")
+        ctx = self.tokenizer.encode(context) if context else []
+        if not ctx:
+            if self.start_id is None:
+                raise ValueError("empty context and the tokenizer has no document-start token to condition on")
+            ctx = [self.start_id]
+        return ctx[-(self.max_length - len(cont)):], cont
+
+    def score(self, contexts: Sequence[str], continuations: Sequence[str], progress: bool = False) -> list[np.ndarray]:
+        """log p of each continuation token given its context and the tokens before it."""
+        check_pairs(contexts, continuations)
+        pairs = [self.pair_tokens(c, y) for c, y in zip(contexts, continuations)]
+        return self.score_token_pairs(pairs, progress=progress)
+
+    def score_token_pairs(self, pairs: list[tuple[list[int], list[int]]], progress: bool = False) -> list[np.ndarray]:
+        """Like `score`, for pre-tokenised (context ids, continuation ids) pairs."""
+        rows = [ctx + cont for ctx, cont in pairs]
+        out: list[np.ndarray | None] = [None] * len(rows)
+        batches = sharding.bucketed_batches(rows, self._batch_fn.batch_size, self.length_multiple, self.max_length,
+                                            self.pad_id, progress, desc="score")
+        for idx, ids, mask in batches:
+            lps = self._batch_fn(ids, mask)  # [b, L]
+            for row, i in enumerate(idx):
+                ctx_len, cont_len = len(pairs[i][0]), len(pairs[i][1])
+                out[i] = lps[row, ctx_len : ctx_len + cont_len].astype(np.float32)
+        return out  # type: ignore[return-value]

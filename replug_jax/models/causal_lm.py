@@ -1,0 +1,168 @@
+"""Decoder-only LMs: the GPT-2 family and the Llama family (RoPE, RMSNorm, SwiGLU, GQA).
+
+Public boundary: `logits(params, config, input_ids, attention_mask)` and
+`token_logprobs(params, config, input_ids, attention_mask)`, pure functions of a parameter
+pytree. Positions are counted over real tokens only and padded keys are masked, so a
+left- or right-padded batch gives the same values as each sequence scored alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from replug_jax.models import layers
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLMConfig:
+    arch: str  # "gpt2" or "llama"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_position: int
+    norm_eps: float
+    hidden_act: str
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    head_dim: int | None = None
+
+    @property
+    def dims_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "CausalLMConfig":
+        """From a Hugging Face `config.json` dict (model_type gpt2, llama, mistral, qwen-free llama kin)."""
+        model_type = cfg.get("model_type")
+        if model_type == "gpt2":
+            hidden = cfg["n_embd"]
+            return cls(
+                arch="gpt2", vocab_size=cfg["vocab_size"], hidden_size=hidden, num_layers=cfg["n_layer"],
+                num_heads=cfg["n_head"], num_kv_heads=cfg["n_head"], intermediate_size=cfg.get("n_inner") or 4 * hidden,
+                max_position=cfg["n_positions"], norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+                hidden_act=cfg.get("activation_function", "gelu_new"), tie_embeddings=True,
+            )
+        if model_type in ("llama", "mistral"):
+            scaling = cfg.get("rope_scaling") or {}
+            if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+                raise ValueError(f"unsupported rope_scaling {scaling!r}: only plain RoPE is implemented")
+            if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+                raise ValueError("Llama variants with attention or MLP biases are not supported")
+            params = cfg.get("rope_parameters") or {}
+            return cls(
+                arch="llama", vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+                num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
+                num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+                intermediate_size=cfg["intermediate_size"], max_position=cfg.get("max_position_embeddings", 2048),
+                norm_eps=cfg.get("rms_norm_eps", 1e-6), hidden_act=cfg.get("hidden_act", "silu"),
+                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                rope_theta=float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+                head_dim=cfg.get("head_dim"),
+            )
+        raise ValueError(f"unsupported causal LM model_type {model_type!r}; supported: gpt2, llama, mistral")
+
+
+def rotary(x, positions, theta: float):
+    """Rotary position embedding in the Hugging Face (rotate-half) layout.
+
+    x: [B, L, H, Dh]; positions: [B, L]. Angles in float32.
+    """
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))  # [Dh/2]
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, L, Dh/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _dense(features: int, dtype, name: str, use_bias: bool):
+    return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32, name=name)
+
+
+class GPT2Block(nn.Module):
+    config: CausalLMConfig
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x, bias, positions):  # x: [B, L, D]
+        c = self.config
+        h = layers.layer_norm(c.norm_eps, self.dtype, "ln_1")(x)
+        qkv = _dense(3 * c.hidden_size, self.dtype, "c_attn", True)(h)
+        q, k, v = (t.reshape(t.shape[:2] + (c.num_heads, c.dims_per_head)) for t in jnp.split(qkv, 3, axis=-1))
+        attn = layers.dot_product_attention(q, k, v, bias).reshape(x.shape)
+        x = x + _dense(c.hidden_size, self.dtype, "c_proj", True)(attn)
+        h = layers.layer_norm(c.norm_eps, self.dtype, "ln_2")(x)
+        h = layers.activation(c.hidden_act)(_dense(c.intermediate_size, self.dtype, "c_fc", True)(h))
+        return x + _dense(c.hidden_size, self.dtype, "mlp_proj", True)(h)
+
+
+class LlamaBlock(nn.Module):
+    config: CausalLMConfig
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x, bias, positions):  # x: [B, L, D]
+        c = self.config
+        dh = c.dims_per_head
+        h = layers.RMSNorm(c.norm_eps, self.dtype, name="input_norm")(x)
+        q = _dense(c.num_heads * dh, self.dtype, "q_proj", False)(h).reshape(x.shape[:2] + (c.num_heads, dh))
+        k = _dense(c.num_kv_heads * dh, self.dtype, "k_proj", False)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
+        v = _dense(c.num_kv_heads * dh, self.dtype, "v_proj", False)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
+        q, k = rotary(q, positions, c.rope_theta), rotary(k, positions, c.rope_theta)
+        attn = layers.dot_product_attention(q, k, v, bias).reshape(x.shape[:2] + (c.num_heads * dh,))
+        x = x + _dense(c.hidden_size, self.dtype, "o_proj", False)(attn)
+        h = layers.RMSNorm(c.norm_eps, self.dtype, name="post_attention_norm")(x)
+        gate = layers.activation(c.hidden_act)(_dense(c.intermediate_size, self.dtype, "gate_proj", False)(h))
+        up = _dense(c.intermediate_size, self.dtype, "up_proj", False)(h)
+        return x + _dense(c.hidden_size, self.dtype, "down_proj", False)(gate * up)
+
+
+class CausalLM(nn.Module):
+    """[B, L] token ids -> [B, L, V] next-token logits (float32)."""
+
+    config: CausalLMConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask):
+        c = self.config
+        positions = layers.positions_from_mask(attention_mask)  # [B, L]
+        wte = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=jnp.float32, name="embed_tokens")
+        x = wte(input_ids)
+        if c.arch == "gpt2":
+            x = x + nn.Embed(c.max_position, c.hidden_size, dtype=self.dtype, param_dtype=jnp.float32, name="embed_positions")(positions)
+        bias = layers.causal_bias(attention_mask)
+        block = GPT2Block if c.arch == "gpt2" else LlamaBlock
+        for i in range(c.num_layers):
+            x = block(c, self.dtype, name=f"layer_{i}")(x, bias, positions)
+        if c.arch == "gpt2":
+            x = layers.layer_norm(c.norm_eps, self.dtype, "final_norm")(x)
+        else:
+            x = layers.RMSNorm(c.norm_eps, self.dtype, name="final_norm")(x)
+        if c.tie_embeddings:
+            return wte.attend(x).astype(jnp.float32)
+        return _dense(c.vocab_size, self.dtype, "lm_head", False)(x).astype(jnp.float32)
+
+
+def logits(params, config: CausalLMConfig, input_ids, attention_mask, dtype=jnp.float32):
+    """Next-token logits [B, L, V] float32 for ids and mask [B, L] (left or right padding)."""
+    return CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask)
+
+
+def token_logprobs(params, config: CausalLMConfig, input_ids, attention_mask, dtype=jnp.float32):
+    """log p(token_t | tokens_<t): [B, L] float32, 0 where nothing precedes the token or it is padding."""
+    return layers.token_logprobs_from_logits(logits(params, config, input_ids, attention_mask, dtype), input_ids, attention_mask)
+
+
+def init_params(config: CausalLMConfig, seed: int = 0):
+    """Random parameters (for tests and shape checks)."""
+    ids = jnp.zeros((1, 8), jnp.int32)
+    return CausalLM(config).init(jax.random.PRNGKey(seed), ids, jnp.ones_like(ids))["params"]

@@ -1,0 +1,116 @@
+"""Llama-family GGUF files (llama.cpp's format) into a CausalLMConfig, params and tokenizer.
+
+Quantised tensors are dequantised to float32 with the `gguf` package. llama.cpp stores
+Q and K projections with rows permuted for its interleaved RoPE; we un-permute them to
+the Hugging Face rotate-half layout that `causal_lm.rotary` uses.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from replug_jax.models.causal_lm import CausalLMConfig
+from replug_jax.models.tokenizer import TextTokenizer, from_gguf_metadata
+from replug_jax.models.weights import WeightsError, llama_params
+
+
+def read_gguf(path: str):
+    """A `gguf.GGUFReader`, or a clear error for a missing, truncated or foreign file."""
+    import gguf
+
+    if not os.path.isfile(path):
+        raise WeightsError(f"{path}: no such GGUF file")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise WeightsError(f"{path}: not a GGUF file (bad magic bytes)")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises assorted errors on short files
+        raise WeightsError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: {e})") from e
+    return reader
+
+
+def metadata(reader) -> dict:
+    """GGUF key/value metadata as plain Python values."""
+    out = {}
+    for key, field in reader.fields.items():
+        try:
+            out[key] = field.contents()
+        except Exception:  # fields of exotic types we never read
+            continue
+    return out
+
+
+def config_from_metadata(meta: dict, has_output_weight: bool) -> CausalLMConfig:
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise WeightsError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
+    g = lambda k, default=None: meta.get(f"llama.{k}", default)
+    hidden = int(g("embedding_length"))
+    heads = int(g("attention.head_count"))
+    return CausalLMConfig(
+        arch="llama",
+        vocab_size=int(g("vocab_size") or len(meta["tokenizer.ggml.tokens"])),
+        hidden_size=hidden,
+        num_layers=int(g("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(g("attention.head_count_kv", heads)),
+        intermediate_size=int(g("feed_forward_length")),
+        max_position=int(g("context_length", 2048)),
+        norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        hidden_act="silu",
+        tie_embeddings=not has_output_weight,
+        rope_theta=float(g("rope.freq_base", 10000.0)),
+        head_dim=int(g("attention.key_length", hidden // heads)),
+    )
+
+
+def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: w [out, in] -> Hugging Face row order."""
+    return w.reshape(num_heads, w.shape[0] // num_heads // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+_GGUF_TO_HF = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def hf_state_dict(reader, config: CausalLMConfig) -> dict[str, np.ndarray]:
+    """Dequantised tensors under Hugging Face Llama names (torch layout: Linear weight [out, in])."""
+    import gguf
+
+    state = {}
+    for t in reader.tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed([int(d) for d in t.shape])))
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        name = t.name
+        if name.startswith("blk."):
+            _, layer, kind, _ = name.split(".", 3)
+            if kind == "attn_q":
+                w = unpermute_rope_rows(w, config.num_heads)
+            elif kind == "attn_k":
+                w = unpermute_rope_rows(w, config.num_kv_heads)
+            if kind not in _GGUF_TO_HF:
+                continue  # e.g. rope_freqs: not used by plain RoPE
+            name = f"model.layers.{layer}.{_GGUF_TO_HF[kind]}.weight"
+        else:
+            name = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                    "output.weight": "lm_head.weight"}.get(name, name)
+        state[name] = w
+    return state
+
+
+def load_gguf(path: str) -> tuple[CausalLMConfig, dict, TextTokenizer]:
+    """(config, params, tokenizer) of a Llama-family GGUF file."""
+    reader = read_gguf(path)
+    meta = metadata(reader)
+    names = {t.name for t in reader.tensors}
+    config = config_from_metadata(meta, has_output_weight="output.weight" in names)
+    try:
+        state = hf_state_dict(reader, config)
+    except (ValueError, IndexError) as e:
+        raise WeightsError(f"{path}: corrupt or truncated GGUF tensor data ({e})") from e
+    return config, llama_params(state, config), from_gguf_metadata(meta)

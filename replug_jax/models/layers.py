@@ -1,0 +1,101 @@
+"""Building blocks shared by the encoder and the causal LMs.
+
+Everything here is a pure function or a small linen module; softmax, norms and
+log-probabilities are computed in float32 whatever the compute dtype, so bf16 on an
+accelerator changes matmul precision only.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+# A large finite negative number for masked attention logits: a fully masked row (a left
+# pad position) then gives a finite, ignorable output instead of NaN.
+MASK_VALUE = -1e30
+
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # BERT ("gelu" is the erf form)
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2 (tanh form)
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+}
+
+
+def activation(name: str):
+    """The activation function a Hugging Face config names, or a clear error."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unsupported activation {name!r}; known: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def dot_product_attention(q, k, v, bias):
+    """Multi-head attention with grouped K/V heads.
+
+    q: [B, L, H, Dh]; k, v: [B, S, Hkv, Dh] with H a multiple of Hkv;
+    bias: [B, 1, L, S] additive (0 or MASK_VALUE). Returns [B, L, H, Dh].
+    """
+    num_heads, num_kv = q.shape[2], k.shape[2]
+    if num_heads != num_kv:
+        k = jnp.repeat(k, num_heads // num_kv, axis=2)
+        v = jnp.repeat(v, num_heads // num_kv, axis=2)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = jnp.einsum("blhd,bshd->bhls", q, k, preferred_element_type=jnp.float32)  # [B, H, L, S]
+    weights = jax.nn.softmax(scores * scale + bias, axis=-1).astype(v.dtype)
+    return jnp.einsum("bhls,bshd->blhd", weights, v)
+
+
+def padding_bias(attention_mask):
+    """Bidirectional bias from a key mask: [B, S] -> [B, 1, 1, S]."""
+    return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, MASK_VALUE).astype(jnp.float32)
+
+
+def causal_bias(attention_mask):
+    """Causal bias that also hides padded keys: [B, L] -> [B, 1, L, L]."""
+    length = attention_mask.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    visible = causal[None, :, :] & (attention_mask[:, None, :] > 0)
+    return jnp.where(visible[:, None], 0.0, MASK_VALUE).astype(jnp.float32)
+
+
+def positions_from_mask(attention_mask):
+    """Position of each token counted over real tokens only, so left padding is harmless: [B, L]."""
+    return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm, computed in float32 as the reference does."""
+
+    eps: float
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * scale).astype(self.dtype)
+
+
+def layer_norm(eps: float, dtype, name: str):
+    """LayerNorm with float32 statistics."""
+    return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=jnp.float32, name=name)
+
+
+def token_logprobs_from_logits(logits, input_ids, attention_mask):
+    """log p(token_t | tokens_<t) for every position.
+
+    logits: [B, L, V] (position t predicts token t+1); input_ids, attention_mask: [B, L].
+    Returns [B, L] float32 with 0 at position 0, at padding, and at the first real token
+    of a left-padded row (nothing before it to condition on).
+    """
+    logits = logits[:, :-1].astype(jnp.float32)  # [B, L-1, V]
+    targets = input_ids[:, 1:]  # [B, L-1]
+    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    lps = target_logits - jax.nn.logsumexp(logits, axis=-1)  # [B, L-1]
+    valid = (attention_mask[:, 1:] > 0) & (attention_mask[:, :-1] > 0)
+    lps = jnp.where(valid, lps, 0.0)
+    return jnp.concatenate([jnp.zeros_like(lps[:, :1]), lps], axis=1)

@@ -1,0 +1,116 @@
+"""Tokenizers: a thin wrapper over a Rust `tokenizers.Tokenizer`, from a Hugging Face
+directory (tokenizer.json, or whatever transformers can convert) or from GGUF metadata.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers
+
+
+@dataclasses.dataclass
+class TextTokenizer:
+    """Encode/decode text; `bos_id`/`eos_id`/`pad_id` may be None when the vocabulary has none."""
+
+    backend: tokenizers.Tokenizer
+    bos_id: int | None = None
+    eos_id: int | None = None
+    pad_id: int | None = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and their (start, end) character spans in `text` (no special tokens)."""
+        e = self.backend.encode(text, add_special_tokens=False)
+        return e.ids, e.offsets
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+
+def from_hf_dir(model_dir: str) -> TextTokenizer:
+    """The tokenizer of a Hugging Face directory (tokenizer.json preferred; no torch needed)."""
+    path = os.path.join(model_dir, "tokenizer.json")
+    if os.path.isfile(path):
+        backend = tokenizers.Tokenizer.from_file(path)
+    else:  # vocab.txt / merges.txt only: let transformers build the fast tokenizer
+        from transformers import AutoTokenizer
+
+        backend = AutoTokenizer.from_pretrained(model_dir).backend_tokenizer
+    backend.no_truncation()
+    backend.no_padding()
+    ids = _special_ids(model_dir, backend)
+    return TextTokenizer(backend, **ids)
+
+
+def _special_ids(model_dir: str, backend: tokenizers.Tokenizer) -> dict:
+    """bos/eos/pad ids from config.json / tokenizer_config.json / special_tokens_map.json."""
+    import json
+
+    found: dict = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                cfg = json.load(f)
+            for key in ("bos", "eos", "pad"):
+                tok = cfg.get(f"{key}_token")
+                tok = tok.get("content") if isinstance(tok, dict) else tok
+                if tok is not None and backend.token_to_id(tok) is not None:
+                    found.setdefault(f"{key}_id", backend.token_to_id(tok))
+    config_path = os.path.join(model_dir, "config.json")
+    if os.path.isfile(config_path):
+        with open(config_path) as f:
+            cfg = json.load(f)
+        for key in ("bos", "eos", "pad"):
+            value = cfg.get(f"{key}_token_id")
+            if isinstance(value, list):
+                value = value[0] if value else None
+            if isinstance(value, int):
+                found.setdefault(f"{key}_id", value)
+    return found
+
+
+# llama.cpp pre-tokenizer names -> Hugging Face pre-tokenizers doing the same splitting.
+_GPT2_STYLE = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+GGUF_PRE_TOKENIZERS = {
+    "gpt2": lambda: _GPT2_STYLE,
+    "default": lambda: _GPT2_STYLE,
+    # SmolLM: digits split one by one, then the GPT-2 regex (llama.cpp LLAMA_VOCAB_PRE_TYPE_SMOLLM).
+    "smollm": lambda: pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _GPT2_STYLE]),
+}
+GGUF_CONTROL_TOKEN_TYPES = (3, 4)  # CONTROL, USER_DEFINED: matched whole, never split
+
+
+def from_gguf_metadata(fields: dict) -> TextTokenizer:
+    """A byte-level BPE tokenizer from GGUF `tokenizer.ggml.*` metadata (model "gpt2")."""
+    model = fields.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(GGUF_PRE_TOKENIZERS)}")
+    tokens = fields["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+    backend = tokenizers.Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    backend.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
+    backend.decoder = decoders.ByteLevel()
+    types = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    specials = [tokenizers.AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k in GGUF_CONTROL_TOKEN_TYPES]
+    backend.add_special_tokens(specials)
+    return TextTokenizer(
+        backend,
+        bos_id=fields.get("tokenizer.ggml.bos_token_id"),
+        eos_id=fields.get("tokenizer.ggml.eos_token_id"),
+        pad_id=fields.get("tokenizer.ggml.padding_token_id"),
+    )

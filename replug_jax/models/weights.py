@@ -1,0 +1,172 @@
+"""Hugging Face checkpoints (safetensors only) into our parameter pytrees.
+
+A state dict is a flat `{hf_name: np.ndarray}`; the converters below rename and transpose
+it into the nested dicts that `encoder.BertEncoder` and `causal_lm.CausalLM` expect.
+Pickled checkpoints (`pytorch_model.bin`) are refused: we never unpickle.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import numpy as np
+from safetensors import safe_open
+
+from replug_jax.models.causal_lm import CausalLMConfig
+from replug_jax.models.encoder import BertConfig
+
+StateDict = dict[str, np.ndarray]
+
+
+class WeightsError(ValueError):
+    """A checkpoint that cannot be loaded, with the reason."""
+
+
+def read_config(model_dir: str) -> dict:
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(path):
+        raise WeightsError(f"{model_dir}: no config.json (expected a Hugging Face model directory)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def safetensors_files(model_dir: str) -> list[str]:
+    """The safetensors shards of a model directory, following `model.safetensors.index.json`."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        missing = [s for s in shards if not os.path.isfile(os.path.join(model_dir, s))]
+        if missing:
+            raise WeightsError(f"{model_dir}: index names missing shards {missing}")
+        return [os.path.join(model_dir, s) for s in shards]
+    files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if not files:
+        pickled = [f for f in os.listdir(model_dir) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
+        hint = f" (found pickled {pickled}: convert them to safetensors; replug_jax never unpickles)" if pickled else ""
+        raise WeightsError(f"{model_dir}: no *.safetensors weights{hint}")
+    return [os.path.join(model_dir, f) for f in files]
+
+
+def read_state_dict(model_dir: str) -> StateDict:
+    """All tensors of a (possibly sharded) safetensors checkpoint as float32 numpy arrays."""
+    state: StateDict = {}
+    for path in safetensors_files(model_dir):
+        with safe_open(path, framework="flax") as f:  # the flax framework reads bf16 too
+            for name in f.keys():
+                state[name] = np.asarray(f.get_tensor(name), dtype=np.float32)
+    return state
+
+
+def _strip_prefix(state: StateDict, prefixes: tuple[str, ...]) -> StateDict:
+    for prefix in prefixes:
+        if any(k.startswith(prefix) for k in state):
+            return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return state
+
+
+def _take(state: StateDict, name: str) -> np.ndarray:
+    if name not in state:
+        raise WeightsError(f"checkpoint is missing tensor {name!r}")
+    return state[name]
+
+
+def _dense(state, name, transpose=True, bias=True):
+    """A torch Linear (weight [out, in]) as a flax Dense (kernel [in, out])."""
+    w = _take(state, f"{name}.weight")
+    out = {"kernel": w.T if transpose else w}
+    if bias:
+        out["bias"] = _take(state, f"{name}.bias")
+    return out
+
+
+def _norm(state, name, bias=True):
+    out = {"scale": _take(state, f"{name}.weight")}
+    if bias:
+        out["bias"] = _take(state, f"{name}.bias")
+    return out
+
+
+def bert_params(state: StateDict, config: BertConfig) -> dict:
+    """BertModel tensors (with or without a `bert.` prefix) -> BertEncoder params."""
+    s = _strip_prefix(state, ("bert.", "model.", "encoder_q."))
+    embed = lambda n: {"embedding": _take(s, f"embeddings.{n}.weight")}
+    params = {
+        "word_embeddings": embed("word_embeddings"),
+        "position_embeddings": embed("position_embeddings"),
+        "token_type_embeddings": embed("token_type_embeddings"),
+        "embeddings_norm": _norm(s, "embeddings.LayerNorm"),
+    }
+    for i in range(config.num_layers):
+        p = f"encoder.layer.{i}"
+        params[f"layer_{i}"] = {
+            "query": _dense(s, f"{p}.attention.self.query"),
+            "key": _dense(s, f"{p}.attention.self.key"),
+            "value": _dense(s, f"{p}.attention.self.value"),
+            "attention_out": _dense(s, f"{p}.attention.output.dense"),
+            "attention_norm": _norm(s, f"{p}.attention.output.LayerNorm"),
+            "intermediate": _dense(s, f"{p}.intermediate.dense"),
+            "output": _dense(s, f"{p}.output.dense"),
+            "output_norm": _norm(s, f"{p}.output.LayerNorm"),
+        }
+    return params
+
+
+def gpt2_params(state: StateDict, config: CausalLMConfig) -> dict:
+    """GPT2Model / GPT2LMHeadModel tensors -> CausalLM params (GPT-2 Conv1D is already [in, out])."""
+    s = _strip_prefix(state, ("transformer.",))
+    params = {
+        "embed_tokens": {"embedding": _take(s, "wte.weight")},
+        "embed_positions": {"embedding": _take(s, "wpe.weight")},
+        "final_norm": _norm(s, "ln_f"),
+    }
+    for i in range(config.num_layers):
+        p = f"h.{i}"
+        params[f"layer_{i}"] = {
+            "ln_1": _norm(s, f"{p}.ln_1"),
+            "c_attn": _dense(s, f"{p}.attn.c_attn", transpose=False),
+            "c_proj": _dense(s, f"{p}.attn.c_proj", transpose=False),
+            "ln_2": _norm(s, f"{p}.ln_2"),
+            "c_fc": _dense(s, f"{p}.mlp.c_fc", transpose=False),
+            "mlp_proj": _dense(s, f"{p}.mlp.c_proj", transpose=False),
+        }
+    return params
+
+
+def llama_params(state: StateDict, config: CausalLMConfig) -> dict:
+    """LlamaForCausalLM tensors -> CausalLM params."""
+    s = {k.removeprefix("model."): v for k, v in state.items()}
+    params = {"embed_tokens": {"embedding": _take(s, "embed_tokens.weight")}, "final_norm": _norm(s, "norm", bias=False)}
+    if not config.tie_embeddings:
+        params["lm_head"] = _dense(s, "lm_head", bias=False)
+    for i in range(config.num_layers):
+        p = f"layers.{i}"
+        linear = lambda n: _dense(s, f"{p}.{n}", bias=False)
+        params[f"layer_{i}"] = {
+            "input_norm": _norm(s, f"{p}.input_layernorm", bias=False),
+            "q_proj": linear("self_attn.q_proj"),
+            "k_proj": linear("self_attn.k_proj"),
+            "v_proj": linear("self_attn.v_proj"),
+            "o_proj": linear("self_attn.o_proj"),
+            "post_attention_norm": _norm(s, f"{p}.post_attention_layernorm", bias=False),
+            "gate_proj": linear("mlp.gate_proj"),
+            "up_proj": linear("mlp.up_proj"),
+            "down_proj": linear("mlp.down_proj"),
+        }
+    return params
+
+
+CAUSAL_CONVERTERS: dict[str, Callable[[StateDict, CausalLMConfig], dict]] = {"gpt2": gpt2_params, "llama": llama_params}
+
+
+def load_bert_dir(model_dir: str) -> tuple[BertConfig, dict]:
+    """(config, params) of a BERT-family Hugging Face directory."""
+    config = BertConfig.from_hf(read_config(model_dir))
+    return config, bert_params(read_state_dict(model_dir), config)
+
+
+def load_causal_lm_dir(model_dir: str) -> tuple[CausalLMConfig, dict]:
+    """(config, params) of a GPT-2 or Llama-family Hugging Face directory."""
+    config = CausalLMConfig.from_hf(read_config(model_dir))
+    return config, CAUSAL_CONVERTERS[config.arch](read_state_dict(model_dir), config)

@@ -1,0 +1,79 @@
+"""The dense retriever's encoder as an object for notebooks and pipelines: text -> embeddings.
+
+`DenseEncoder.embed(texts)` tokenises, sorts by length, pads to fixed length buckets and
+batch sizes (one compile per bucket) and runs `models.encoder.embed` over all devices.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replug_jax import sharding
+from replug_jax.models import encoder as encoder_model
+from replug_jax.models.tokenizer import TextTokenizer
+
+
+class DenseEncoder:
+    """A BERT-family encoder with mean pooling; `normalize=True` makes inner products cosines (the paper's s(d, x))."""
+
+    def __init__(self, config: encoder_model.BertConfig, params, tokenizer: TextTokenizer, *, name: str = "encoder",
+                 max_length: int = 512, normalize: bool = True, batch_size: int = 32, length_multiple: int = 32,
+                 dtype=jnp.float32, mesh=None):
+        self.config, self.tokenizer, self.name = config, tokenizer, name
+        self.max_length = min(max_length, config.max_position)
+        self.normalize, self.length_multiple, self.dtype = normalize, length_multiple, dtype
+        mesh = mesh or sharding.data_mesh()
+        batch_size = sharding.round_up(batch_size, mesh.devices.size)
+        fn = functools.partial(self._embed_fn, config=config, normalize=normalize, dtype=dtype)
+        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh)
+
+    @staticmethod
+    def _embed_fn(params, ids, mask, *, config, normalize, dtype):
+        return encoder_model.embed(params, config, ids, mask, normalize=normalize, dtype=dtype)
+
+    @property
+    def params(self):
+        return self._batch_fn.params
+
+    @property
+    def dim(self) -> int:
+        return self.config.hidden_size
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """[CLS] text [SEP] ids, truncated to `max_length` (keeping [SEP]), with a warning when it truncates."""
+        rows = self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        long = sum(len(r) > self.max_length for r in rows)
+        if long:
+            warnings.warn(f"{long} of {len(rows)} texts exceed {self.max_length} encoder tokens and were truncated")
+            rows = [r if len(r) <= self.max_length else r[: self.max_length - 1] + r[-1:] for r in rows]
+        return rows
+
+    def embed(self, texts: list[str], progress: bool = False) -> np.ndarray:
+        """Embeddings [N, D] float32 (unit rows if `normalize`)."""
+        if isinstance(texts, str):
+            raise TypeError("embed takes a list of texts, not a single string")
+        return self.embed_token_rows(self.tokenize(list(texts)), progress=progress)
+
+    def embed_token_rows(self, rows: list[list[int]], progress: bool = False) -> np.ndarray:
+        """Embeddings of already-tokenised rows (with special tokens): [N, D] float32."""
+        out = np.zeros((len(rows), self.dim), dtype=np.float32)
+        batches = sharding.bucketed_batches(rows, self._batch_fn.batch_size, self.length_multiple, self.max_length,
+                                            self.config.pad_token_id, progress, desc="embed")
+        for idx, ids, mask in batches:
+            out[idx] = self._batch_fn(ids, mask)
+        return out
+
+    def fingerprint(self) -> str:
+        """A short hash of the weights and settings; an index built with another encoder is refused."""
+        h = hashlib.sha256(json.dumps([self.name, self.normalize, self.max_length], default=str).encode())
+        for leaf in jax.tree_util.tree_leaves(self.params):
+            a = np.asarray(leaf)
+            h.update(a.reshape(-1)[:: max(1, a.size // 256)].tobytes())
+        return h.hexdigest()[:16]
+

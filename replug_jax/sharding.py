@@ -1,0 +1,102 @@
+"""Device mesh, shardings and fixed-shape batching shared by every jitted batch function.
+
+All batch work (corpus embedding, LM scoring, the ensemble) uses one 1-D mesh with the
+axis "data": the batch is split over all devices, parameters are replicated. Shapes are
+padded to buckets so a function compiles once per bucket, not once per call.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DATA_AXIS = "data"
+
+
+def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A 1-D mesh over `devices` (default: all) with axis 'data'."""
+    devices = list(devices) if devices is not None else jax.devices()
+    return Mesh(np.array(devices), (DATA_AXIS,))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) axis split over the mesh."""
+    return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def round_up(n: int, multiple: int) -> int:
+    """Smallest multiple of `multiple` that is >= n (and >= multiple)."""
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def length_bucket(length: int, multiple: int, cap: int) -> int:
+    """Padded sequence length for `length` tokens: a multiple of `multiple`, at most `cap`."""
+    if length > cap:
+        raise ValueError(f"sequence of {length} tokens exceeds the maximum length {cap}")
+    return min(round_up(length, multiple), cap)
+
+
+def pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad token rows into ids and mask arrays of shape [num_rows, length] (int32)."""
+    ids = np.full((num_rows, length), pad_id, dtype=np.int32)
+    mask = np.zeros((num_rows, length), dtype=np.int32)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int, multiple: int, cap: int, pad_id: int,
+                     progress: bool = False, desc: str = "batches"):
+    """Rows sorted by length and yielded as fixed-shape batches: (row indices, ids, mask).
+
+    ids and mask are [len(indices), L] with L = length_bucket(longest row); the caller's
+    ShardedBatchFn pads the row count up to its batch size.
+    """
+    from tqdm.auto import tqdm
+
+    order = np.argsort([len(r) for r in rows], kind="stable")
+    for start in tqdm(range(0, len(rows), batch_size), disable=not progress, desc=desc, unit="batch"):
+        idx = order[start : start + batch_size]
+        batch = [rows[i] for i in idx]
+        length = length_bucket(max(len(r) for r in batch), multiple, cap)
+        ids, mask = pad_rows(batch, length, pad_id, len(batch))
+        yield idx, ids, mask
+
+
+class ShardedBatchFn:
+    """`fn(params, *batch_arrays) -> batch_array` jitted once per input shape, batch over the mesh.
+
+    The batch size must be a multiple of the device count; `__call__` pads fewer rows up
+    to `batch_size` and returns only the real rows as numpy.
+    """
+
+    def __init__(self, fn: Callable, params, batch_size: int, mesh: Mesh | None = None):
+        self.mesh = mesh or data_mesh()
+        n = self.mesh.devices.size
+        if batch_size % n:
+            raise ValueError(f"batch size {batch_size} is not a multiple of the {n} devices")
+        self.batch_size = batch_size
+        self.params = jax.device_put(params, replicated(self.mesh))
+        self._batch = batch_sharding(self.mesh)
+        self.jitted = jax.jit(fn, in_shardings=(replicated(self.mesh), self._batch, self._batch), out_shardings=self._batch)
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        rows = ids.shape[0]
+        if rows > self.batch_size:
+            raise ValueError(f"{rows} rows exceed the batch size {self.batch_size}")
+        if rows < self.batch_size:
+            pad = ((0, self.batch_size - rows), (0, 0))
+            ids, mask = np.pad(ids, pad), np.pad(mask, pad)
+        ids, mask = jax.device_put((ids, mask), self._batch)
+        return np.asarray(self.jitted(self.params, ids, mask))[:rows]
+
+    def compiled_shapes(self) -> int:
+        """How many distinct shapes have been compiled (for tests of 'compiles once')."""
+        return self.jitted._cache_size()
