@@ -1,0 +1,32 @@
+"""Offline demo: REPLUG on Wikipedia with the packaged MiniLM retriever and SmolLM2-135M.
+
+    python -m replug_jax.main --config experiments/configs/demo.py --workdir runs/demo
+
+The 106 Wikipedia articles shipped in gensim's test data are split BY ARTICLE into a
+retrieval datastore and held-out evaluation articles (and training articles for LSR), so
+no held-out passage is in the datastore: REPLUG must not retrieve the text it is scored on.
+Sized to finish in about 10 minutes on 2 CPU cores.
+"""
+import importlib.util
+import os
+
+
+def _base_config():
+    """get_config() of lm_eval.py beside this file (config files are loaded by path, not as a package)."""
+    spec = importlib.util.spec_from_file_location("lm_eval_config", os.path.join(os.path.dirname(__file__), "lm_eval.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def get_config():
+    c = _base_config()
+    c.corpus = "gensim_wiki"  # the split is written to WORKDIR/data/*.jsonl
+    c.eval_data = "gensim_wiki"
+    c.eval_fraction = 0.1
+    c.train_fraction = 0.1
+    c.k = 4
+    c.k_sweep = (1, 2, 4)
+    c.max_eval_docs = 6
+    c.max_windows_per_doc = 5
+    return c

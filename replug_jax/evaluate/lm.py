@@ -1,0 +1,141 @@
+"""Language-modelling evaluation: perplexity and bits per byte with and without retrieval.
+
+Methods, all scored on the same continuations through the black-box `lm.score`:
+  none     the LM alone, context = the previous tokens of the document;
+  <name>   a REPLUG ensemble over the top-k documents of retriever <name> (dense, BM25,
+           random, a trained retriever), each document prepended separately;
+  concat   the top-k dense documents concatenated into one prompt (as far as they fit).
+A k sweep reuses the passes of the largest k: the top-k' documents of a top-k search are
+its first k' rows. Windows without a retrieval query (a document's first) use `none`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from replug_jax import replug
+from replug_jax.evaluate.windows import Window
+
+DOC_TEMPLATE = "{title}\n{text}\n\n"
+
+
+@dataclasses.dataclass
+class Totals:
+    """Summed log-probability of a method over all continuations."""
+
+    logprob: float = 0.0
+    tokens: int = 0
+    num_bytes: int = 0
+
+    def add(self, lps: np.ndarray, num_bytes: int) -> None:
+        self.logprob += float(np.sum(lps, dtype=np.float64))
+        self.tokens += int(lps.shape[0])
+        self.num_bytes += num_bytes
+
+    def metrics(self) -> dict:
+        return {"perplexity": math.exp(-self.logprob / self.tokens),
+                "bits_per_byte": -self.logprob / (math.log(2) * self.num_bytes)}
+
+
+def format_docs(datastore, rows: Sequence[int], template: str = DOC_TEMPLATE) -> list[str]:
+    return [template.format(title=datastore.titles[r], text=datastore.texts[r]) for r in rows]
+
+
+def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.ndarray, rows: np.ndarray, k: int,
+             temperature: float) -> dict[int, np.ndarray]:
+    """REPLUG mixture of the first k documents' token log-probs, for windows that have any document.
+
+    doc_lps[w][i]: [T_w] log-probs with document i prepended; lengths[w] = T_w; scores, rows: [W, K].
+    """
+    stacked = np.zeros((len(doc_lps), k, max(lengths, default=1)), np.float32)  # [W, k, T]
+    for w, per_doc in enumerate(doc_lps):
+        for i in range(min(k, len(per_doc))):
+            stacked[w, i, : lengths[w]] = per_doc[i]
+    mask = rows[:, :k] >= 0  # [W, k]
+    mixed = np.asarray(replug.ensemble_token_logprobs(stacked, scores[:, :k].astype(np.float32), mask, temperature))
+    return {w: mixed[w, : lengths[w]] for w in range(len(doc_lps)) if mask[w].any()}
+
+
+def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: int, k_sweep: Sequence[int] = (),
+                sweep_retrievers: Sequence[str] = ("replug", "random"), concat_retriever: str | None = "replug",
+                temperature: float = 1.0, temperatures: dict | None = None, doc_template: str = DOC_TEMPLATE,
+                progress: bool = True) -> dict:
+    """Perplexity and bits per byte of every method; see the module docstring.
+
+    retrievers: name -> object with `retrieve(queries, k, exclude_sources) -> (scores [Q,k], rows [Q,k])`.
+    temperatures: per-retriever softmax temperature (default `temperature`).
+    """
+    temperatures = temperatures or {}
+    base = lm.score([w.prefix for w in windows], [w.continuation for w in windows], progress=progress)
+    queried = [i for i, w in enumerate(windows) if w.query]
+    queries = [windows[i].query for i in queried]
+    exclude = [[windows[i].doc_id] for i in queried]
+
+    totals: dict[str, Totals] = {"none": Totals()}
+    sweep: dict[str, dict[int, Totals]] = {}
+    for name, retriever in retrievers.items():
+        depth = max([k, *k_sweep]) if name in sweep_retrievers else k
+        scores, rows = retriever.retrieve(queries, depth, exclude_sources=exclude)
+        doc_lps = _score_with_docs(lm, [windows[i] for i in queried], datastore, rows, doc_template, progress)
+        tau = temperatures.get(name, temperature)
+        for kk in sorted({k, *(k_sweep if name in sweep_retrievers else ())}):
+            mixed = ensemble(doc_lps, [len(base[i]) for i in queried], scores, rows, kk, tau) if queried else {}
+            mixed = {queried[w]: lps for w, lps in mixed.items()}
+            t = _totals(windows, base, mixed)
+            sweep.setdefault(name, {})[kk] = t
+            if kk == k:
+                totals[name] = t
+        if name == concat_retriever:
+            totals["concat"] = _totals(windows, base, _score_concat(lm, [windows[i] for i in queried], queried, datastore,
+                                                                      rows[:, :k], doc_template, progress))
+    for w, lps in zip(windows, base):
+        totals["none"].add(lps, w.num_bytes)
+
+    results = {
+        "perplexity": {m: t.metrics()["perplexity"] for m, t in totals.items()},
+        "bits_per_byte": {m: t.metrics()["bits_per_byte"] for m, t in totals.items()},
+        "tokens": totals["none"].tokens,
+        "bytes": totals["none"].num_bytes,
+        "windows": len(windows),
+        "windows_with_retrieval": len(queried),
+        "k": k,
+        "temperature": {name: temperatures.get(name, temperature) for name in retrievers},
+        "k_sweep": {name: {str(kk): t.metrics() for kk, t in by_k.items()} for name, by_k in sweep.items()
+                    if name in sweep_retrievers},
+    }
+    return results
+
+
+def _score_with_docs(lm, windows, datastore, rows, template, progress) -> list[list[np.ndarray]]:
+    """doc_lps[w][i]: log-probs of window w's continuation with its i-th document prepended."""
+    contexts, continuations, owner = [], [], []
+    for w, window in enumerate(windows):
+        valid = [r for r in rows[w] if r >= 0]
+        for doc in format_docs(datastore, valid, template):
+            contexts.append(doc + window.prefix)
+            continuations.append(window.continuation)
+            owner.append(w)
+    flat = lm.score(contexts, continuations, progress=progress) if contexts else []
+    out: list[list[np.ndarray]] = [[] for _ in windows]
+    for w, lps in zip(owner, flat):
+        out[w].append(lps)
+    return out
+
+
+def _score_concat(lm, windows, window_ids, datastore, rows, template, progress) -> dict[int, np.ndarray]:
+    """All top-k documents in one prompt, the best closest to the input; the LM cuts from the left to fit."""
+    keep = [j for j, row in enumerate(rows) if (row >= 0).any()]
+    contexts = ["".join(format_docs(datastore, [r for r in rows[j][::-1] if r >= 0], template)) + windows[j].prefix
+                for j in keep]
+    lps = lm.score(contexts, [windows[j].continuation for j in keep], progress=progress) if keep else []
+    return {window_ids[j]: x for j, x in zip(keep, lps)}
+
+
+def _totals(windows: list[Window], base: list[np.ndarray], retrieved: dict[int, np.ndarray]) -> Totals:
+    t = Totals()
+    for i, w in enumerate(windows):
+        t.add(retrieved.get(i, base[i]), w.num_bytes)
+    return t

@@ -1,0 +1,72 @@
+"""Results on disk: results.json, a Markdown table (also printed), and a plot of perplexity against k."""
+from __future__ import annotations
+
+import json
+import os
+
+METHOD_ORDER = ("none", "replug", "replug_lsr", "random", "concat", "bm25")
+
+
+def _ordered(methods):
+    known = [m for m in METHOD_ORDER if m in methods]
+    return known + sorted(m for m in methods if m not in METHOD_ORDER)
+
+
+def markdown_table(results: dict) -> str:
+    """Perplexity and bits per byte per method, with the change against no retrieval."""
+    ppl, bpb = results["perplexity"], results["bits_per_byte"]
+    lines = [f"Held-out LM evaluation: {results['tokens']} tokens, {results['bytes']} bytes, "
+             f"{results['windows']} windows ({results['windows_with_retrieval']} with retrieval), k = {results['k']}", "",
+             "| method | perplexity | bits per byte | vs none |", "|---|---:|---:|---:|"]
+    for m in _ordered(ppl):
+        change = 100.0 * (ppl[m] / ppl["none"] - 1.0)
+        lines.append(f"| {m} | {ppl[m]:.3f} | {bpb[m]:.4f} | {change:+.2f}% |")
+    sweep = results.get("k_sweep") or {}
+    if sweep:
+        ks = sorted({int(k) for by_k in sweep.values() for k in by_k})
+        lines += ["", "Perplexity against the number of ensembled documents k:", "",
+                  "| method | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---:|" * len(ks)]
+        for m in _ordered(sweep):
+            cells = [f"{sweep[m][str(k)]['perplexity']:.3f}" if str(k) in sweep[m] else "" for k in ks]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_k_sweep(results: dict, path: str) -> str | None:
+    """Perplexity against k for each retrieval method, with no retrieval as a line; returns the path."""
+    sweep = results.get("k_sweep") or {}
+    if not sweep:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=120)
+    for m in _ordered(sweep):
+        ks = sorted(int(k) for k in sweep[m])
+        ax.plot(ks, [sweep[m][str(k)]["perplexity"] for k in ks], marker="o", label=m)
+    ax.axhline(results["perplexity"]["none"], color="gray", linestyle="--", label="none")
+    ax.set_xlabel("documents ensembled (k)")
+    ax.set_ylabel("perplexity")
+    ax.set_title("Held-out perplexity against k")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_results(results: dict, workdir: str) -> str:
+    """results.json, results.md and perplexity_vs_k.png in `workdir`; returns the table."""
+    os.makedirs(workdir, exist_ok=True)
+    tmp = os.path.join(workdir, "results.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=2, sort_keys=True)
+    os.replace(tmp, os.path.join(workdir, "results.json"))
+    table = markdown_table(results)
+    with open(os.path.join(workdir, "results.md"), "w") as f:
+        f.write(table)
+    plot_k_sweep(results, os.path.join(workdir, "perplexity_vs_k.png"))
+    return table

@@ -1,0 +1,29 @@
+"""Entry point: python -m replug_jax.main --config experiments/configs/demo.py --workdir runs/demo
+
+Single values are overridden on the command line (`--config.k=4`). The config's `job`
+names what runs; the work itself lives in importable modules.
+"""
+from __future__ import annotations
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "directory for datastore, embeddings, index and results")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    logging.info("config:\n%s", config)
+    if config.job == "lm_eval":
+        from replug_jax.evaluate.run import run_lm_eval
+
+        run_lm_eval(config, _WORKDIR.value)
+    else:
+        raise ValueError(f"unknown job {config.job!r} (known: lm_eval)")
+
+
+if __name__ == "__main__":
+    app.run(main)

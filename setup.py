@@ -1,0 +1,41 @@
+"""replug_jax: REPLUG (retrieval-augmented black-box language models) in JAX/Flax."""
+from setuptools import find_packages, setup
+
+# Bounded to the versions the test suite was run with (see README "Tested with").
+INSTALL_REQUIRES = [
+    "jax>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "numpy>=2.0,<3",
+    "faiss-cpu>=1.15,<1.16",
+    "transformers>=5.23,<6",  # tokenizers and (in tests) the PyTorch reference; v5 has no Flax models
+    "tokenizers>=0.23,<0.24",
+    "huggingface_hub>=1.0,<3",
+    "safetensors>=0.8,<0.9",
+    "gguf==0.19.0",
+    "ml_collections>=1.1,<2",
+    "absl-py>=2.5,<3",
+    "tqdm>=4.66,<5",
+    "tensorflow-datasets>=4.9.10,<5",  # array_record data sources; TensorFlow is not required
+    "bm25s>=0.3.16,<0.4",
+    "matplotlib>=3.8,<4",
+]
+
+TEST_REQUIRES = [
+    "pytest>=8,<10",
+    "torch==2.13.0",  # CPU build; the PyTorch reference in tests only (other versions pull a CUDA build)
+    "accelerate>=1.10,<2",  # transformers needs it to load GGUF files into PyTorch (the SmolLM2 reference)
+]
+
+setup(
+    name="replug_jax",
+    version="0.1.0",
+    description="REPLUG: retrieval-augmented black-box language models, in JAX/Flax",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["replug_jax", "replug_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+)

@@ -1,0 +1,26 @@
+"""Test setup: 8 fake CPU devices (set before jax is imported) and shared model fixtures."""
+import os
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_platforms", "cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The packaged SmolLM2-135M GGUF, loaded once (a LocalLM over all 8 devices)."""
+    import replug_jax as rj
+
+    return rj.load_lm("smollm2", batch_size=8)
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    import replug_jax as rj
+
+    return rj.load_encoder("minilm", batch_size=8)

@@ -1,0 +1,115 @@
+"""Our Flax models against the transformers PyTorch models built from the same tiny random configs."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import replug_jax as rj
+from replug_jax.models import causal_lm, encoder, weights
+
+from tests import hf_tiny
+
+RNG = np.random.default_rng(0)
+
+
+def random_ids(length, vocab=hf_tiny.VOCAB):
+    return [int(t) for t in RNG.integers(1, vocab, size=length)]
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_bert_matches_torch(tmp_path, shard):
+    ref = hf_tiny.tiny_bert(str(tmp_path), shard=shard)
+    if shard:
+        assert (tmp_path / "model.safetensors.index.json").exists()
+    config, params = weights.load_bert_dir(str(tmp_path))
+    ids = np.array([random_ids(12), random_ids(9) + [0, 0, 0]])
+    mask = np.array([[1] * 12, [1] * 9 + [0] * 3])
+    with torch.no_grad():
+        states = ref(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+    ours = np.asarray(encoder.BertEncoder(config).apply({"params": params}, ids, mask))
+    assert np.abs(ours - states)[mask > 0].max() <= 1e-4
+    pooled = (states * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+    pooled /= np.linalg.norm(pooled, axis=-1, keepdims=True)
+    emb = np.asarray(encoder.embed(params, config, ids, mask, normalize=True))
+    assert np.abs(emb - pooled).max() <= 1e-5
+
+
+@pytest.mark.parametrize("builder", ["gpt2", "llama_untied", "llama_tied", "llama_sharded"])
+def test_causal_lm_logits_match_torch(tmp_path, builder):
+    if builder == "gpt2":
+        ref = hf_tiny.tiny_gpt2(str(tmp_path))
+    else:
+        ref = hf_tiny.tiny_llama(str(tmp_path), tie=builder == "llama_tied", shard=builder == "llama_sharded")
+    config, params = weights.load_causal_lm_dir(str(tmp_path))
+    assert config.tie_embeddings == (builder in ("gpt2", "llama_tied"))
+    ids = random_ids(40)
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0].numpy()
+    ours = np.asarray(causal_lm.logits(params, config, jnp.array([ids]), jnp.ones((1, 40), jnp.int32)))[0]
+    assert np.abs(ours - expected).max() <= 1e-4
+    lps = np.asarray(causal_lm.token_logprobs(params, config, jnp.array([ids]), jnp.ones((1, 40), jnp.int32)))[0]
+    np.testing.assert_allclose(lps[1:], hf_tiny.torch_logprobs(ref, ids), atol=1e-5)
+    assert lps[0] == 0.0
+
+
+@pytest.mark.parametrize("builder", ["gpt2", "llama"])
+def test_padding_does_not_change_logprobs(tmp_path, builder):
+    getattr(hf_tiny, f"tiny_{builder}")(str(tmp_path))
+    config, params = weights.load_causal_lm_dir(str(tmp_path))
+    seqs = [random_ids(n) for n in (17, 30, 5)]
+    alone = [np.asarray(causal_lm.token_logprobs(params, config, jnp.array([s]), jnp.ones((1, len(s)), jnp.int32)))[0] for s in seqs]
+    width = 32
+    for side in ("left", "right"):
+        ids = np.zeros((3, width), np.int32)
+        mask = np.zeros((3, width), np.int32)
+        for i, s in enumerate(seqs):
+            sl = slice(width - len(s), width) if side == "left" else slice(0, len(s))
+            ids[i, sl], mask[i, sl] = s, 1
+        batch = np.asarray(causal_lm.token_logprobs(params, config, ids, mask))
+        assert np.isfinite(batch).all()
+        for i, s in enumerate(seqs):
+            got = batch[i][mask[i] > 0]
+            np.testing.assert_allclose(got, alone[i], atol=2e-5, err_msg=f"{side} padding, row {i}")
+
+
+def test_local_lm_end_to_end_matches_torch_and_compiles_once(tmp_path):
+    ref = hf_tiny.tiny_llama(str(tmp_path))
+    lm = rj.load_lm(str(tmp_path), batch_size=8, max_length=64)
+    contexts = ["hello there", "a", "", "the quick brown fox"]
+    conts = [" world", " bc", "start", " jumps over"]
+    scores = lm.score(contexts, conts)
+    for ctx, cont, got in zip(contexts, conts, scores):
+        ctx_ids, cont_ids = lm.pair_tokens(ctx, cont)
+        assert len(got) == len(cont_ids) == len(lm.tokenizer.encode(cont))
+        expected = hf_tiny.torch_logprobs(ref, ctx_ids + cont_ids)[len(ctx_ids) - 1:]
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    # everything above fit one length bucket: one compilation, reused by a second call
+    assert lm._batch_fn.compiled_shapes() == 1
+    lm.score(["other text of another length"], [" yes"])
+    assert lm._batch_fn.compiled_shapes() == 1
+
+
+def test_encoder_batches_compile_once_per_bucket(tmp_path):
+    hf_tiny.tiny_bert(str(tmp_path))
+    enc = rj.load_encoder(str(tmp_path), batch_size=8)
+    texts = ["short", "a bit longer text", "x" * 20] * 5  # 15 texts: a full and a partial batch
+    E = enc.embed(texts)
+    assert E.shape == (15, 32)
+    np.testing.assert_allclose(np.linalg.norm(E, axis=-1), 1.0, atol=1e-5)
+    assert enc._batch_fn.compiled_shapes() == 1
+    # order and batching do not change an embedding
+    np.testing.assert_allclose(enc.embed(texts[:1])[0], E[0], atol=1e-6)
+
+
+def test_sharded_scoring_equals_single_device(tmp_path):
+    from replug_jax import sharding
+
+    hf_tiny.tiny_gpt2(str(tmp_path))
+    assert len(jax.devices()) == 8
+    many = rj.load_lm(str(tmp_path), batch_size=8)
+    one = rj.load_lm(str(tmp_path), batch_size=8, mesh=sharding.data_mesh(jax.devices()[:1]))
+    contexts = [f"context number {i}" for i in range(11)]
+    conts = [f" continuation {i}" * (1 + i % 3) for i in range(11)]
+    for a, b in zip(many.score(contexts, conts), one.score(contexts, conts)):
+        np.testing.assert_allclose(a, b, atol=1e-6)

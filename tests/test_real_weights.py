@@ -1,0 +1,78 @@
+"""The packaged real weights (all-MiniLM-L6-v2, SmolLM2-135M GGUF) against transformers in PyTorch."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from replug_jax.models import registry
+
+TEXTS = [
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris.",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+    "In 1969, Apollo 11 landed the first humans on the Moon: Neil Armstrong and Buzz Aldrin.",
+    "short",
+    "Ünïcödé text, numbers 3.14159 and symbols #@!$ should tokenize too.",
+]
+
+PARAGRAPH = (
+    "Anarchism is a political philosophy and movement that is skeptical of all justifications for authority "
+    "and seeks to abolish the institutions it claims maintain unnecessary coercion and hierarchy, typically "
+    "including the state and capitalism. Anarchism advocates for the replacement of the state with stateless "
+    "societies and voluntary free associations. As a historically left-wing movement, this reading of anarchism "
+    "is placed on the farthest left of the political spectrum, usually described as the libertarian wing of the "
+    "socialist movement."
+)
+
+
+def test_minilm_matches_sentence_transformers_pooling(minilm):
+    from transformers import AutoModel, AutoTokenizer
+
+    path = registry.packaged_path("minilm")
+    model, tok = AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    batch = tok(TEXTS, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.no_grad():
+        states = model(**batch).last_hidden_state
+    mask = batch["attention_mask"][..., None].float()
+    ref = torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1), dim=-1).numpy()
+    ours = minilm.embed(TEXTS)
+    cos = (ours * ref).sum(-1)
+    assert cos.min() >= 0.9999, cos
+    assert np.abs(ours - ref).max() < 1e-4
+
+
+@pytest.fixture(scope="module")
+def torch_smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = registry.packaged_path("smollm2")
+    folder, name = os.path.split(path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+def test_smollm2_tokenizer_matches_transformers_gguf_tokenizer(smollm2, torch_smollm2):
+    _, ref_tok = torch_smollm2
+    for text in TEXTS + [PARAGRAPH, "<|im_start|>user\nhi<|im_end|>", "  leading spaces and 12345 digits"]:
+        assert smollm2.tokenizer.encode(text) == ref_tok(text, add_special_tokens=False).input_ids, text
+
+
+def test_smollm2_gguf_logprobs_and_perplexity_match_torch(smollm2, torch_smollm2):
+    model, _ = torch_smollm2
+    ids = [smollm2.start_id] + smollm2.tokenizer.encode(PARAGRAPH)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    ref = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()
+    ours = smollm2.score([""], [PARAGRAPH])[0]
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 2e-3
+    ppl_ours, ppl_ref = np.exp(-ours.mean()), np.exp(-ref.mean())
+    assert abs(ppl_ours / ppl_ref - 1) <= 0.005, (ppl_ours, ppl_ref)
+    assert 3 < ppl_ours < 60  # a real LM on real English, not noise
+
+
+def test_smollm2_uses_context(smollm2):
+    """A prepended document that states a made-up fact raises its probability: the premise of REPLUG."""
+    doc = "Velmora is a small town whose mayor is Tobias Grint."
+    with_doc, without = smollm2.score([doc + " The mayor of Velmora is", "The mayor of Velmora is"], [" Tobias Grint"] * 2)
+    assert with_doc.sum() > without.sum() + 5.0, (with_doc.sum(), without.sum())
