@@ -1,0 +1,46 @@
+"""Shared helpers for the benchmark scripts: timing, the machine's matmul peak, result rows."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+
+def best_time(fn, repeats: int = 3) -> float:
+    """Best wall time of `repeats` calls (after the caller's warm-up), in seconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """fp32 GEMM throughput of numpy on this machine right now (the roofline for CPU numbers)."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    return 2 * n**3 / best_time(lambda: a @ a, repeats) / 1e9
+
+
+def transformer_flops_per_token(num_params_non_embedding: int, vocab: int, hidden: int, layers: int, seq: int) -> float:
+    """Forward FLOPs per token: 2 * matmul params + the LM head + attention (QK^T and AV, causal average)."""
+    return 2 * num_params_non_embedding + 2 * vocab * hidden + 2 * layers * seq * hidden
+
+
+def write_rows(rows: list[dict], path: str) -> None:
+    """Append benchmark rows (with the command that produced them) to a JSON-lines file."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        cells = [f"{row[c]:.3g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns]
+        print("| " + " | ".join(cells) + " |")

@@ -1,0 +1,152 @@
+"""The language-modelling evaluation job: config in, results.json / results.md / plot out.
+
+Only this module and main.py read configs; everything they call takes plain arguments.
+Re-running with the same workdir reuses the datastore, embeddings and indexes that are
+still valid (fingerprints of encoder and datastore are checked on load).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import resource
+import time
+
+import jax.numpy as jnp
+from absl import logging
+
+import replug_jax as rj
+from replug_jax.data import wiki
+from replug_jax.evaluate import lm as lm_eval
+from replug_jax.evaluate import report
+from replug_jax.evaluate.windows import document_windows
+from replug_jax.retrieval import datastore as ds
+from replug_jax.retrieval.bm25 import BM25Index
+from replug_jax.retrieval.embeddings import embed_corpus
+from replug_jax.retrieval.index import DenseIndex, IndexRefused
+from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever, index_meta
+
+GENSIM_WIKI = "gensim_wiki"
+
+
+def read_documents(source: str) -> list[ds.Document]:
+    """Documents from a JSONL file, a .txt file, or a directory of .txt files."""
+    if not source:
+        raise ValueError("no document source given (set --config.corpus / --config.eval_data)")
+    if os.path.isdir(source):
+        paths = sorted(glob.glob(os.path.join(source, "*.txt")))
+        if not paths:
+            raise ValueError(f"{source}: directory has no .txt files")
+        return list(ds.read_text_files(paths))
+    if not os.path.isfile(source):
+        raise ValueError(f"{source}: no such file")
+    if source.endswith(".txt"):
+        return list(ds.read_text_files([source]))
+    return list(ds.read_jsonl(source))
+
+
+def demo_split(workdir: str, eval_fraction: float, train_fraction: float, seed: int) -> dict[str, str]:
+    """Split gensim's Wikipedia articles by article into WORKDIR/data/{datastore,eval,train}.jsonl."""
+    parts = wiki.split_articles(wiki.load_wiki_articles(), eval_fraction=eval_fraction, train_fraction=train_fraction,
+                                seed=seed)
+    paths = {}
+    for name, docs in parts.items():
+        paths[name] = os.path.join(workdir, "data", f"{name}.jsonl")
+        wiki.write_jsonl(docs, paths[name])
+    return paths
+
+
+def data_paths(config, workdir: str) -> dict[str, str]:
+    """{"datastore": ..., "eval": ..., "train": ...} paths, materialising the demo split if asked for."""
+    if GENSIM_WIKI in (config.corpus, config.eval_data):
+        split = demo_split(workdir, config.get("eval_fraction", 0.1), config.get("train_fraction", 0.1), config.seed)
+    else:
+        split = {}
+    resolve = lambda value, part: split[part] if value == GENSIM_WIKI else value
+    paths = {"datastore": resolve(config.corpus, "datastore"), "eval": resolve(config.eval_data, "eval")}
+    if config.get("train_data"):
+        paths["train"] = resolve(config.train_data, "train")
+    return paths
+
+
+def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) -> ds.Datastore:
+    """Chunk the corpus into `doc_tokens`-token passages; reuse WORKDIR/datastore.jsonl if built from the same input."""
+    path = os.path.join(workdir, "datastore.jsonl")
+    stamp_path = path + ".source.json"
+    stamp = {"corpus": os.path.abspath(corpus_path), "size": os.path.getsize(corpus_path),
+             "mtime_ns": os.stat(corpus_path).st_mtime_ns, "doc_tokens": doc_tokens,
+             "tokenizer_vocab": tokenizer.vocab_size}
+    if os.path.isfile(path) and os.path.isfile(stamp_path):
+        with open(stamp_path) as f:
+            if json.load(f) == stamp:
+                return ds.Datastore.load(path)
+    store = ds.chunk_documents(read_documents(corpus_path), tokenizer, chunk_tokens=doc_tokens)
+    store.save(path)
+    with ds.atomic_open(stamp_path) as f:
+        json.dump(stamp, f)
+    return store
+
+
+def build_dense_index(encoder, store: ds.Datastore, workdir: str, *, metric: str, factory: str,
+                      embedding_dtype: str, name: str = "dense") -> DenseIndex:
+    """Embeddings (streamed to disk, resumable) and a FAISS index, reused while their fingerprints match."""
+    folder = os.path.join(workdir, f"index_{name}")
+    meta = {**index_meta(encoder, store), "metric": metric, "factory": factory}
+    try:
+        return DenseIndex.load(folder, expected=meta)
+    except (FileNotFoundError, IndexRefused) as e:
+        logging.info("building index %s (%s)", folder, e)
+    embeddings = embed_corpus(encoder, store.texts, os.path.join(workdir, f"embeddings_{name}.npy"), dtype=embedding_dtype)
+    index = DenseIndex.build(embeddings, metric=metric, factory=factory, meta=index_meta(encoder, store))
+    index.save(folder)
+    return index
+
+
+def make_retrievers(methods, encoder, store: ds.Datastore, index: DenseIndex, seed: int) -> dict:
+    retrievers = {"replug": DenseRetriever(encoder, index, store)}
+    if "random" in methods:
+        retrievers["random"] = RandomRetriever(store, seed=seed)
+    if "bm25" in methods:
+        retrievers["bm25"] = BM25Retriever(BM25Index.build(store.texts), store)
+    return retrievers
+
+
+def make_windows(eval_path: str, tokenizer, config) -> list:
+    docs = read_documents(eval_path)[: config.max_eval_docs]
+    windows = []
+    for doc in docs:
+        windows += document_windows(doc.id, doc.text, tokenizer, stride_tokens=config.stride_tokens,
+                                    query_tokens=config.query_tokens, context_tokens=config.context_tokens,
+                                    max_windows=config.max_windows_per_doc or None)
+    if not windows:
+        raise ValueError(f"{eval_path}: no evaluation windows (empty held-out documents?)")
+    return windows
+
+
+def run_lm_eval(config, workdir: str) -> dict:
+    """Build or reuse the retrieval side, score every method, write and print the results."""
+    start = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    dtype = jnp.dtype(config.dtype)
+    paths = data_paths(config, workdir)
+    encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
+                              normalize=config.metric == "cosine", dtype=dtype)
+    lm = rj.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None, dtype=dtype)
+    store = build_datastore(paths["datastore"], lm.tokenizer, config.doc_tokens, workdir)
+    index = build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
+                              embedding_dtype=config.embedding_dtype)
+    retrievers = make_retrievers(config.methods, encoder, store, index, config.seed)
+    windows = make_windows(paths["eval"], lm.tokenizer, config)
+    logging.info("datastore %d chunks; %d evaluation windows", len(store), len(windows))
+    results = lm_eval.evaluate_lm(
+        lm, windows, store, retrievers, k=config.k, k_sweep=tuple(config.k_sweep),
+        concat_retriever="replug" if "concat" in config.methods else None, temperature=config.temperature,
+        temperatures={"bm25": config.bm25_temperature})
+    results.update({"encoder": config.encoder, "lm": config.lm, "datastore_chunks": len(store),
+                    "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
+                    "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
+                    "metric": config.metric, "seconds": time.time() - start,
+                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+    print(report.write_results(results, workdir))
+    print(f"results in {os.path.join(workdir, 'results.json')}")
+    return results

@@ -1,0 +1,153 @@
+"""The REPLUG ensemble (Shi et al., 2023, §3.2) as pure JAX functions, plus a sharded variant.
+
+Each of the K retrieved documents d_k is prepended to the input x and scored by the
+black-box LM separately; the K predictions are mixed in probability space with weights
+from the retrieval scores s_k = s(d_k, x):
+
+    λ_k            = softmax_k(s_k / τ)                      (over valid documents only)
+    p(y_t | x)     = Σ_k λ_k · p(y_t | d_k ∘ x, y_<t)
+    log p(y_t | x) = logsumexp_k( log λ_k + log p(y_t | d_k ∘ x, y_<t) )
+
+The paper writes λ = softmax(s) (τ = 1); τ is exposed because cosine similarities are
+confined to [-1, 1], where τ = 1 gives an almost uniform mixture.
+
+Masking and infinities (no NaN is ever produced by the functions here from masked input):
+  * `doc_mask[b, k] = False` marks a padding slot: its weight is 0 (log λ = -inf) and its
+    log-probabilities are never read (`where`, not multiplication), so they may be garbage
+    or NaN.
+  * A score of -inf is allowed and means weight 0, like a masked document.
+  * A row with no valid document (all masked or all scores -inf) has log λ = -inf
+    everywhere and its ensemble log-probabilities are -inf (probability 0): callers must
+    not evaluate such rows. Gradients through such rows are 0, not NaN.
+  * NaN scores or log-probabilities of a *valid* document do propagate: that is a bug
+    upstream, and hiding it would be worse. Scores of +inf are not supported.
+
+Shapes: B queries, K documents per query, T continuation tokens, V vocabulary.
+Computation is done in at least float32 (bf16 inputs are promoted).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+from replug_jax.sharding import DATA_AXIS
+
+__all__ = [
+    "ensemble_log_weights",
+    "ensemble_logprobs",
+    "ensemble_token_logprobs",
+    "ensemble_next_token_logprobs",
+    "sharded_ensemble_token_logprobs",
+]
+
+
+def _as_float(x) -> jax.Array:
+    x = jnp.asarray(x)
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _check_temperature(temperature) -> None:
+    if isinstance(temperature, (int, float)) and not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def _masked_logsumexp(x: jax.Array, valid: jax.Array, axis: int) -> jax.Array:
+    """log Σ_{valid} exp(x) along `axis`; -inf (with zero gradient) where nothing is valid.
+
+    Entries that are not valid are never read, so they may be NaN. The max shift uses
+    `stop_gradient`, and both the log and the shift use the double-`where` trick so that
+    empty sums give neither NaN values nor NaN gradients.
+    """
+    x = jnp.where(valid, x, -jnp.inf)
+    m = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    total = jnp.sum(jnp.where(valid, jnp.exp(x - m), 0.0), axis=axis)
+    ok = total > 0
+    return jnp.where(ok, jnp.log(jnp.where(ok, total, 1.0)) + jnp.squeeze(m, axis), -jnp.inf)
+
+
+def ensemble_log_weights(scores, doc_mask, temperature=1.0) -> jax.Array:
+    """log λ = log softmax(scores / τ) over the valid documents of each row.
+
+    scores: [B, K] retrieval scores (-inf allowed: weight 0); doc_mask: [B, K] bool.
+    Returns [B, K]: -inf for masked or -inf-scored documents; a row with no valid
+    document is all -inf (its weights sum to 0, not 1).
+    """
+    _check_temperature(temperature)
+    z = _as_float(scores) / temperature  # [B, K]
+    valid = jnp.asarray(doc_mask, bool) & (z != -jnp.inf)  # [B, K]; a NaN score stays valid and propagates
+    lse = _masked_logsumexp(z, valid, axis=-1)  # [B]
+    safe_z = jnp.where(valid, z, 0.0)
+    safe_lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    return jnp.where(valid, safe_z - safe_lse[:, None], -jnp.inf)
+
+
+def ensemble_logprobs(doc_logprobs, scores, doc_mask, temperature=1.0) -> jax.Array:
+    """The REPLUG mixture for any trailing shape: [B, K, *S] -> [B, *S].
+
+    out[b, ...] = logsumexp_k(log λ[b, k] + doc_logprobs[b, k, ...]); documents with
+    zero weight are skipped entirely (their log-probabilities may be NaN).
+    """
+    lp = _as_float(doc_logprobs)  # [B, K, *S]
+    log_w = ensemble_log_weights(scores, doc_mask, temperature)  # [B, K]
+    extra = (1,) * (lp.ndim - 2)
+    log_w = log_w.reshape(log_w.shape + extra)  # [B, K, 1, ...]
+    valid = log_w != -jnp.inf  # [B, K, 1, ...]
+    terms = jnp.where(valid, jnp.where(valid, log_w, 0.0) + lp, -jnp.inf)  # [B, K, *S]
+    valid = jnp.broadcast_to(valid, terms.shape)
+    return _masked_logsumexp(terms, valid, axis=1)  # [B, *S]
+
+
+def ensemble_token_logprobs(doc_token_logprobs, scores, doc_mask, temperature=1.0) -> jax.Array:
+    """log p(y_t | x) for a scored continuation.
+
+    doc_token_logprobs: [B, K, T] = log p(y_t | d_k ∘ x, y_<t) from the black-box LM
+    (pad tokens may hold anything; the caller masks them in T afterwards).
+    scores: [B, K]; doc_mask: [B, K] bool. Returns [B, T].
+    """
+    return ensemble_logprobs(doc_token_logprobs, scores, doc_mask, temperature)
+
+
+def ensemble_next_token_logprobs(doc_next_logprobs, scores, doc_mask, temperature=1.0) -> jax.Array:
+    """The mixture over the whole vocabulary, for generation.
+
+    doc_next_logprobs: [B, K, V] = log p(· | d_k ∘ x) (normalised per document).
+    Returns [B, V], normalised (exp sums to 1) for every row with a valid document.
+    """
+    return ensemble_logprobs(doc_next_logprobs, scores, doc_mask, temperature)
+
+
+def sharded_ensemble_token_logprobs(mesh: Mesh):
+    """`ensemble_token_logprobs` with the batch axis split over `mesh` (axis "data").
+
+    Returns fn(doc_token_logprobs [B, K, T], scores [B, K], doc_mask [B, K], temperature)
+    -> [B, T], jitted (once per input shape; temperature is a traced scalar, so changing
+    it does not recompile). Any B works: inside the jitted function the batch is padded
+    up to a multiple of the device count with rows whose documents are all masked (so
+    they compute -inf without NaN), each device runs the ensemble on its B / n rows via
+    `jax.shard_map`, and the padding rows are sliced off before returning.
+    """
+    n = mesh.devices.size
+    per_device = jax.shard_map(
+        ensemble_token_logprobs,
+        mesh=mesh,
+        in_specs=(P(DATA_AXIS), P(DATA_AXIS), P(DATA_AXIS), P()),
+        out_specs=P(DATA_AXIS),
+    )
+
+    @jax.jit
+    def fn(doc_token_logprobs, scores, doc_mask, temperature=1.0):
+        lp = _as_float(doc_token_logprobs)  # [B, K, T]
+        s = _as_float(scores)  # [B, K]
+        mask = jnp.asarray(doc_mask, bool)  # [B, K]
+        b = lp.shape[0]
+        pad = -(-b // n) * n - b
+        if pad:
+            lp = jnp.pad(lp, ((0, pad), (0, 0), (0, 0)))
+            s = jnp.pad(s, ((0, pad), (0, 0)))
+            mask = jnp.pad(mask, ((0, pad), (0, 0)), constant_values=False)
+        out = per_device(lp, s, mask, jnp.asarray(temperature, s.dtype))  # [B + pad, T]
+        return out[:b]
+
+    return fn

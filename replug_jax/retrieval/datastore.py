@@ -1,0 +1,200 @@
+"""The retrieval corpus: documents in, token-window chunks out, saved as JSONL.
+
+    docs = read_jsonl("corpus.jsonl")                  # or read_text_files / read_tfds
+    ds = chunk_documents(docs, lm.tokenizer, 128)      # Datastore: ids, titles, texts, sources
+    ds.save("ds.jsonl"); ds = Datastore.load("ds.jsonl")
+
+A chunk is a window of `chunk_tokens` consecutive tokens of one document. Chunk text is
+cut from the document with the tokenizer's character offsets (never decoded), so every
+chunk is an exact substring and a document's chunks concatenate back to its text.
+Row i of the datastore is row i of the embeddings and of the index.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from replug_jax.models.tokenizer import TextTokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    id: str
+    title: str
+    text: str
+
+
+def read_jsonl(path: str) -> Iterator[Document]:
+    """Documents from a JSONL file of {"text": ..., "title"?: ..., "id"?: ...}; id defaults to the 1-based line number."""
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {line_no}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ValueError(f"{path}, line {line_no}: expected an object with a string \"text\" field")
+            yield Document(str(record.get("id", line_no)), str(record.get("title") or ""), record["text"])
+
+
+def read_text_files(paths: Iterable[str]) -> Iterator[Document]:
+    """One document per UTF-8 text file; id = the file name without extension, empty title."""
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            yield Document(os.path.splitext(os.path.basename(path))[0], "", f.read())
+
+
+def read_tfds(name: str, split: str, text_key: str = "text", title_key: str | None = None,
+              data_dir: str | None = None, download: bool = True) -> Iterator[Document]:
+    """Documents from a TensorFlow Datasets array_record dataset, via `tfds.data_source` (no TensorFlow).
+
+    The dataset must be an array_record build (prepared in `data_dir`, or downloadable when
+    `download`). Ids are f"{split}/{record index}"; bytes features are decoded as UTF-8.
+    Not exercised by the tests (they run offline).
+    """
+    import tensorflow_datasets as tfds
+
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
+    for i in range(len(source)):
+        record = source[i]
+        title = _as_text(record[title_key]) if title_key else ""
+        yield Document(f"{split}/{i}", title, _as_text(record[text_key]))
+
+
+def _as_text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def hash_strings(*columns: Iterable[str]) -> str:
+    """A short sha256 of string columns, length-prefixed so different splits never collide."""
+    h = hashlib.sha256()
+    for column in columns:
+        h.update(b"|column|")
+        for s in column:
+            b = s.encode("utf-8")
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "w"):
+    """Write a file through a temp file in the same folder, renamed over `path` only on success."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+@dataclasses.dataclass
+class Datastore:
+    """Chunks as parallel lists: row i is (ids[i], titles[i], texts[i], sources[i] = its document's id)."""
+
+    ids: list[str]
+    titles: list[str]
+    texts: list[str]
+    sources: list[str]
+
+    def __post_init__(self):
+        n = len(self.ids)
+        if n == 0:
+            raise ValueError("empty corpus: no chunks (no documents, or only empty texts)")
+        if not len(self.titles) == len(self.texts) == len(self.sources) == n:
+            raise ValueError("ids, titles, texts and sources must have the same length")
+        if len(set(self.ids)) != n:
+            seen: set[str] = set()
+            dup = next(i for i in self.ids if i in seen or seen.add(i))
+            raise ValueError(f"duplicate chunk id {dup!r} (are two documents sharing an id?)")
+        self._rows_by_source: dict[str, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def fingerprint(self) -> str:
+        """A short hash of ids and texts; an index built over another datastore is refused."""
+        return hash_strings(self.ids, self.texts)
+
+    def rows_of_sources(self, sources: Iterable[str]) -> np.ndarray:
+        """Rows [R] int64 of every chunk cut from the given source documents (unknown ids: none)."""
+        if self._rows_by_source is None:
+            groups: dict[str, list[int]] = {}
+            for row, source in enumerate(self.sources):
+                groups.setdefault(source, []).append(row)
+            self._rows_by_source = {s: np.asarray(r, np.int64) for s, r in groups.items()}
+        found = [self._rows_by_source[s] for s in set(sources) if s in self._rows_by_source]
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+    def save(self, path: str) -> None:
+        """One JSON object per chunk, written atomically."""
+        with atomic_open(path) as f:
+            for row in zip(self.ids, self.titles, self.texts, self.sources):
+                f.write(json.dumps(dict(zip(("id", "title", "text", "source"), row)), ensure_ascii=False) + "\n")
+
+    @classmethod
+    def load(cls, path: str) -> "Datastore":
+        columns: dict[str, list[str]] = {"id": [], "title": [], "text": [], "source": []}
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, start=1):
+                try:
+                    record = json.loads(line)
+                    for key, column in columns.items():
+                        column.append(record[key])
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise ValueError(f"{path}, line {line_no}: not a datastore chunk ({e!r})") from None
+        return cls(columns["id"], columns["title"], columns["text"], columns["source"])
+
+
+def chunk_documents(documents: Iterable[Document], tokenizer: TextTokenizer, chunk_tokens: int = 128,
+                    min_tokens: int = 16) -> Datastore:
+    """Cut each document into consecutive windows of `chunk_tokens` tokens of `tokenizer`.
+
+    Chunk j of a document spans from its first token's start (0 for j = 0) to the next
+    chunk's first token's start (the end of the text for the last chunk), so the chunks
+    tile the document exactly. A trailing window of fewer than `min_tokens` tokens is
+    merged into the previous chunk (which then has up to chunk_tokens + min_tokens - 1
+    tokens); a document shorter than `min_tokens` stays one chunk. Documents with no
+    tokens are skipped. Chunk ids are f"{document id}#{chunk number}".
+    """
+    if chunk_tokens < 1 or min_tokens < 0:
+        raise ValueError(f"chunk_tokens must be >= 1 and min_tokens >= 0, got {chunk_tokens}, {min_tokens}")
+    ids, titles, texts, sources = [], [], [], []
+    for doc in documents:
+        for j, (start, end) in enumerate(_chunk_spans(doc.text, tokenizer, chunk_tokens, min_tokens)):
+            ids.append(f"{doc.id}#{j}")
+            titles.append(doc.title)
+            texts.append(doc.text[start:end])
+            sources.append(doc.id)
+    return Datastore(ids, titles, texts, sources)
+
+
+def _chunk_spans(text: str, tokenizer: TextTokenizer, chunk_tokens: int, min_tokens: int) -> list[tuple[int, int]]:
+    """Character spans [(start, end)] of one document's chunks."""
+    _, offsets = tokenizer.encode_with_offsets(text)
+    n = len(offsets)
+    if n == 0:
+        return []
+    firsts = list(range(0, n, chunk_tokens))  # first token of each window
+    if len(firsts) > 1 and n - firsts[-1] < min_tokens:
+        firsts.pop()
+    # sorted(set(...)): a character split over several byte-level tokens never yields an empty chunk
+    bounds = sorted({0, len(text), *(offsets[t][0] for t in firsts[1:])})
+    return list(zip(bounds[:-1], bounds[1:]))
+

@@ -1,0 +1,92 @@
+"""Corpus embeddings on disk: resumable, reusable, never all in memory.
+
+    E = embed_corpus(encoder, datastore.texts, "work/emb.npy", dtype="float16")  # np.memmap [N, D]
+
+Blocks of `block_size` texts go through `encoder.embed` and are written into an .npy
+memmap. A JSON sidecar (`<path>.json`) records the rows done, the encoder fingerprint,
+a hash of the texts, the dtype, N and D; it is rewritten (atomically) only after a block
+is flushed to disk, so an interrupted run resumes from the last completed block and a
+finished run with the same encoder and texts is returned without recomputation.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from replug_jax.retrieval.datastore import atomic_open, hash_strings
+
+DTYPES = ("float32", "float16")
+
+
+def sidecar_path(path: str) -> str:
+    return path + ".json"
+
+
+def embed_corpus(encoder, texts: Sequence[str], path: str, dtype: str = "float32", block_size: int = 4096,
+                 progress: bool = True) -> np.memmap:
+    """Embeddings [N, D] of `texts` in the .npy file `path`, returned read-only memory-mapped.
+
+    `encoder` needs `embed(list[str]) -> [n, D]`, `fingerprint()` and `dim` (a DenseEncoder).
+    """
+    from tqdm.auto import tqdm
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    n, d = len(texts), int(encoder.dim)
+    if n == 0:
+        raise ValueError("empty corpus: no texts to embed")
+    want = {"encoder": encoder.fingerprint(), "texts": hash_strings(texts), "dtype": dtype, "count": n, "dim": d}
+    done = _rows_done(path, want)
+    if done == n:
+        return np.load(path, mmap_mode="r")
+    if done == 0:
+        out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(n, d))  # [N, D] on disk
+        _write_sidecar(path, want, 0)
+    else:
+        out = np.load(path, mmap_mode="r+")
+    with tqdm(total=n, initial=done, disable=not progress, desc="embed corpus", unit="rows") as bar:
+        for start in range(done, n, block_size):
+            stop = min(start + block_size, n)
+            block = np.asarray(encoder.embed(list(texts[start:stop])))  # [b, D] float32
+            if block.shape != (stop - start, d):
+                raise ValueError(f"encoder returned shape {block.shape} for {stop - start} texts of dimension {d}")
+            out[start:stop] = block.astype(dtype)
+            out.flush()  # the data reaches the file before the sidecar says it did
+            _write_sidecar(path, want, stop)
+            bar.update(stop - start)
+    del out
+    return np.load(path, mmap_mode="r")
+
+
+def _rows_done(path: str, want: dict) -> int:
+    """Rows already embedded for the same encoder/texts/dtype/shape; 0 means start from scratch."""
+    try:
+        with open(sidecar_path(path), encoding="utf-8") as f:
+            state = json.load(f)
+        header = np.load(path, mmap_mode="r")
+    except (OSError, ValueError):
+        return 0
+    if any(state.get(key) != value for key, value in want.items()):
+        return 0
+    if header.shape != (want["count"], want["dim"]) or header.dtype != np.dtype(want["dtype"]):
+        return 0
+    rows = state.get("rows_done")
+    return rows if isinstance(rows, int) and 0 <= rows <= want["count"] else 0
+
+
+def _write_sidecar(path: str, want: dict, rows_done: int) -> None:
+    with atomic_open(sidecar_path(path)) as f:
+        json.dump({**want, "rows_done": rows_done}, f, indent=1)
+
+
+def embedding_info(path: str) -> dict | None:
+    """The sidecar of an embeddings file (rows_done, encoder, texts, dtype, count, dim), or None."""
+    if not os.path.isfile(sidecar_path(path)):
+        return None
+    with open(sidecar_path(path), encoding="utf-8") as f:
+        return json.load(f)

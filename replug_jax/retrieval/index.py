@@ -1,0 +1,210 @@
+"""Host-side dense index: a FAISS wrapper with numpy in and out, saved with metadata.
+
+    index = DenseIndex.build(E, metric="cosine", factory="IVF256,PQ16", meta=index_meta(enc, ds))
+    scores, rows = index.search(Q, k=4, exclude=[{12, 13}, None])   # [Q, k] float32, [Q, k] int64
+    index.save("work/index"); index = DenseIndex.load("work/index", expected=index_meta(enc, ds))
+
+Missing results are score -inf and row -1. `exclude` (also used by the BM25 index and the
+random retriever, through `search_excluding`) keeps rows out of a query's results: the
+search goes deeper (doubling) until k allowed rows are found or the index is exhausted.
+Saving writes a temp folder and renames it into place, so a crash never leaves a
+half-written index (at worst, between the two renames, the previous index sits at
+`<dir>.old-*`).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Callable, Sequence
+
+import faiss
+import numpy as np
+
+from replug_jax.retrieval.datastore import atomic_open
+
+METRICS = ("cosine", "ip")
+META_FILE = "meta.json"
+INDEX_FILE = "index.faiss"
+
+# exclude: per query, None or an iterable of rows; or a callable (query number, rows [m] int64) -> bool [m].
+Exclude = Sequence | Callable[[int, np.ndarray], np.ndarray] | None
+# search_fn(query numbers [q] int64, depth) -> (scores [q, depth], rows [q, depth]), best first, -1 = none.
+SearchFn = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+
+
+class IndexRefused(ValueError):
+    """A saved index does not match what the caller expects (encoder, datastore, dimension, ...)."""
+
+
+def check_k(k: int, count: int) -> None:
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if k > count:
+        raise ValueError(f"k={k} is larger than the corpus ({count} rows)")
+
+
+def search_excluding(search_fn: SearchFn, count: int, num_queries: int, k: int,
+                     exclude: Exclude = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k (scores [Q, k] float32, rows [Q, k] int64) of `search_fn` without excluded rows."""
+    check_k(k, count)
+    if exclude is None:
+        scores, rows = search_fn(np.arange(num_queries), k)
+        rows = np.asarray(rows, np.int64)
+        return np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows
+    is_excluded, extra = _exclusion(exclude, num_queries, k)
+    out_scores = np.full((num_queries, k), -np.inf, np.float32)
+    out_rows = np.full((num_queries, k), -1, np.int64)
+    todo, depth = np.arange(num_queries), min(count, k + extra)
+    while todo.size:
+        scores, rows = search_fn(todo, depth)  # [q, depth]
+        rows = np.asarray(rows, np.int64)
+        unfinished = []
+        for j, q in enumerate(todo.tolist()):
+            found = rows[j] >= 0
+            keep = np.flatnonzero(found & ~is_excluded(q, rows[j]))[:k]
+            exhausted = depth >= count or found.sum() < depth
+            if keep.size == k or exhausted:
+                out_scores[q, : keep.size], out_rows[q, : keep.size] = scores[j, keep], rows[j, keep]
+            else:
+                unfinished.append(q)
+        todo, depth = np.asarray(unfinished, np.int64), min(count, depth * 2)
+    return out_scores, out_rows
+
+
+def _exclusion(exclude: Exclude, num_queries: int, k: int):
+    """(is_excluded(q, rows [m]) -> bool [m], how many rows to search past k at first)."""
+    if callable(exclude):
+        return exclude, k
+    if isinstance(exclude, (set, frozenset)) or len(exclude) != num_queries:
+        raise ValueError(f"exclude must be a callable or a per-query list of {num_queries} row collections")
+    per_query = [np.zeros(0, np.int64) if e is None else np.fromiter(e, np.int64) for e in exclude]
+    return (lambda q, rows: np.isin(rows, per_query[q])), max((len(e) for e in per_query), default=0)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str):
+    """Yield a temp folder next to `path`; on success it replaces `path`, on error it is removed."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(path)}.tmp-")
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if os.path.exists(path):
+        old = tempfile.mkdtemp(dir=parent, prefix=f"{os.path.basename(path)}.old-")
+        os.replace(path, old)  # rename over the empty placeholder
+    os.replace(tmp, path)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_meta(folder: str, meta: dict) -> None:
+    with atomic_open(os.path.join(folder, META_FILE)) as f:
+        json.dump(meta, f, indent=1, sort_keys=True)
+
+
+def read_meta(folder: str, expected: dict | None = None) -> dict:
+    """The metadata of a saved index; IndexRefused naming the first field that differs from `expected`."""
+    path = os.path.join(folder, META_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no index at {folder} (missing {META_FILE})")
+    with open(path, encoding="utf-8") as f:
+        meta = json.load(f)
+    for key, value in (expected or {}).items():
+        if meta.get(key) != value:
+            raise IndexRefused(f"index at {folder}: {key} is {meta.get(key)!r}, expected {value!r}")
+    return meta
+
+
+class DenseIndex:
+    """A FAISS index over embedding rows; `meta` holds dimension, metric, count, factory and caller fields."""
+
+    def __init__(self, index: faiss.Index, meta: dict):
+        self.index, self.meta = index, meta
+
+    @property
+    def count(self) -> int:
+        return int(self.index.ntotal)
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @classmethod
+    def build(cls, embeddings: np.ndarray, metric: str = "cosine", factory: str = "Flat", train_size: int = 100_000,
+              meta: dict | None = None, block_size: int = 65_536, seed: int = 0) -> "DenseIndex":
+        """Index embeddings [N, D] (an array or a memmap, read `block_size` rows at a time).
+
+        metric "cosine" normalises rows and queries and uses inner product; "ip" uses raw
+        inner products. `factory` is any faiss.index_factory string ("Flat", "IVF256,PQ16",
+        "HNSW32"); indexes that need training are trained on up to `train_size` random rows.
+        """
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        if embeddings.ndim != 2 or embeddings.shape[0] == 0:
+            raise ValueError(f"empty embeddings: need a non-empty [N, D] array, got shape {embeddings.shape}")
+        n, d = embeddings.shape
+        index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
+        self = cls(index, {**(meta or {}), "dimension": d, "metric": metric, "count": n, "factory": factory})
+        if not index.is_trained:
+            sample = np.sort(np.random.default_rng(seed).choice(n, min(n, train_size), replace=False))
+            index.train(self._prepare(embeddings[sample]))
+        for start in range(0, n, block_size):
+            index.add(self._prepare(embeddings[start : start + block_size]))
+        return self
+
+    def _prepare(self, x: np.ndarray) -> np.ndarray:
+        """float32 C-contiguous copy [n, D], rows unit-normalised for the cosine metric."""
+        x = np.array(x, dtype=np.float32, order="C", copy=True)
+        if self.meta["metric"] == "cosine":
+            faiss.normalize_L2(x)
+        return x
+
+    def set_search_params(self, **params) -> None:
+        """FAISS search parameters, e.g. nprobe=32 (IVF) or efSearch=128 (HNSW); kept in `meta` and saved."""
+        space = faiss.ParameterSpace()
+        for name, value in params.items():
+            space.set_index_parameter(self.index, name, value)
+        self.meta["search_params"] = {**self.meta.get("search_params", {}), **params}
+
+    def search(self, queries: np.ndarray, k: int, exclude: Exclude = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k (scores [Q, k] float32, rows [Q, k] int64) for queries [Q, D]; see `search_excluding`."""
+        queries = np.asarray(queries)
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise ValueError(f"queries must be [Q, {self.dim}] (the index dimension), got shape {queries.shape}")
+        prepared = self._prepare(queries)  # [Q, D]
+
+        def search_fn(todo, depth):
+            return self.index.search(prepared[todo], depth)
+
+        return search_excluding(search_fn, self.count, len(prepared), k, exclude)
+
+    def save(self, path: str) -> None:
+        """index.faiss + meta.json in the folder `path`, replaced atomically."""
+        with atomic_directory(path) as tmp:
+            faiss.write_index(self.index, os.path.join(tmp, INDEX_FILE))
+            write_meta(tmp, self.meta)
+
+    @classmethod
+    def load(cls, path: str, expected: dict | None = None, mmap: bool = False) -> "DenseIndex":
+        """A saved index; IndexRefused if a field of `expected` differs or the file disagrees with its metadata."""
+        meta = read_meta(path, expected)
+        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+        index = faiss.read_index(os.path.join(path, INDEX_FILE), flags)
+        if (index.ntotal, index.d) != (meta.get("count"), meta.get("dimension")):
+            raise IndexRefused(f"index at {path}: file holds {index.ntotal} x {index.d}, metadata says "
+                               f"{meta.get('count')} x {meta.get('dimension')}")
+        self = cls(index, meta)
+        if meta.get("search_params"):
+            self.set_search_params(**meta["search_params"])
+        return self

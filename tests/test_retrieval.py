@@ -1,0 +1,307 @@
+"""The retrieval layer: chunking, datastore files, resumable corpus embedding, FAISS and BM25 indexes, retrievers.
+
+Real FAISS and bm25s on tiny data; the end-to-end test uses the packaged MiniLM encoder.
+"""
+import json
+import os
+
+import faiss
+import numpy as np
+import pytest
+
+from replug_jax.models.tokenizer import from_hf_dir
+from replug_jax.retrieval import embeddings
+from replug_jax.retrieval.bm25 import BM25Index
+from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, read_jsonl, read_text_files
+from replug_jax.retrieval.index import DenseIndex, IndexRefused
+from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever, index_meta
+
+from tests.hf_tiny import save_tiny_tokenizer
+
+SENTENCES = [
+    "Paris is the capital and largest city of France.",
+    "The cat slept on the warm windowsill all afternoon.",
+    "Photosynthesis converts sunlight into chemical energy in plants.",
+    "The Pacific Ocean is the largest and deepest ocean on Earth.",
+    "Beethoven composed nine symphonies.",
+    "A bicycle has two wheels and is powered by pedals.",
+    "Mount Everest is the highest mountain above sea level.",
+    "Python is a popular programming language.",
+    "The Great Wall of China stretches thousands of kilometres.",
+    "Bread is baked from flour, water and yeast.",
+]
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer(tmp_path_factory):
+    """One token per byte: re-encoding a chunk gives exactly its token count."""
+    path = tmp_path_factory.mktemp("tok")
+    save_tiny_tokenizer(str(path), vocab_size=257)
+    return from_hf_dir(str(path))
+
+
+def sentence_store() -> Datastore:
+    return Datastore([f"s{i}#0" for i in range(len(SENTENCES))], [""] * len(SENTENCES), list(SENTENCES),
+                     [f"s{i}" for i in range(len(SENTENCES))])
+
+
+# ---------------------------------------------------------------- datastore
+
+
+def test_chunks_are_exact_windows_that_tile_the_document(byte_tokenizer):
+    docs = [Document("a", "A", "x" * 100), Document("b", "", "short"), Document("empty", "", ""),
+            Document("c", "C", "y" * 70)]
+    ds = chunk_documents(docs, byte_tokenizer, chunk_tokens=32, min_tokens=8)
+    # a: 32+32+36 (the 4-token tail merged); b: one short chunk; empty: skipped; c: 32+32+6 -> 32+38
+    assert ds.ids == ["a#0", "a#1", "a#2", "b#0", "c#0", "c#1"]
+    assert [len(byte_tokenizer.encode(t)) for t in ds.texts] == [32, 32, 36, 5, 32, 38]
+    assert ds.sources == ["a", "a", "a", "b", "c", "c"] and ds.titles[:3] == ["A"] * 3
+    for doc in docs[:2] + docs[3:]:
+        assert "".join(t for t, s in zip(ds.texts, ds.sources) if s == doc.id) == doc.text
+    assert chunk_documents(docs, byte_tokenizer, 32, 8).ids == ds.ids  # stable
+
+
+def test_chunks_with_a_real_wordpiece_tokenizer(minilm):
+    text = " ".join(SENTENCES * 3) + "  Ünïcödé tail…"
+    ds = chunk_documents([Document("d", "", text)], minilm.tokenizer, chunk_tokens=24)
+    assert "".join(ds.texts) == text
+    assert all(t in text for t in ds.texts)
+    for chunk in ds.texts[:-1]:  # a window may start inside a word: re-encoding it can shift by a token
+        assert abs(len(minilm.tokenizer.encode(chunk)) - 24) <= 2
+
+
+def test_datastore_round_trip_and_errors(tmp_path, byte_tokenizer):
+    ds = chunk_documents([Document("a", "Title é", "some text " * 20), Document("b", "", "b\n\"quoted\"")],
+                         byte_tokenizer, chunk_tokens=40)
+    path = str(tmp_path / "ds.jsonl")
+    ds.save(path)
+    back = Datastore.load(path)
+    assert (back.ids, back.titles, back.texts, back.sources) == (ds.ids, ds.titles, ds.texts, ds.sources)
+    assert back.fingerprint() == ds.fingerprint() and len(back) == len(ds)
+    assert os.listdir(tmp_path) == ["ds.jsonl"]  # no temp file left behind
+    assert sorted(back.rows_of_sources(["b", "nope"]).tolist()) == [len(ds) - 1]
+    with pytest.raises(ValueError, match="empty corpus"):
+        chunk_documents([Document("e", "", "")], byte_tokenizer)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="empty corpus"):
+        Datastore.load(str(tmp_path / "empty.jsonl"))
+    with pytest.raises(ValueError, match="duplicate chunk id"):
+        chunk_documents([Document("a", "", "x"), Document("a", "", "y")], byte_tokenizer)
+
+
+def test_readers(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"text": "one"}\n\n{"text": "two", "title": "T", "id": "x"}\n')
+    assert list(read_jsonl(str(good))) == [Document("1", "", "one"), Document("x", "T", "two")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "one"}\n{"title": "no text"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: .*\"text\""):
+        list(read_jsonl(str(bad)))
+    bad.write_text('{"text": "one"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: not valid JSON"):
+        list(read_jsonl(str(bad)))
+    (tmp_path / "Paris.txt").write_text("Paris text")
+    assert list(read_text_files([str(tmp_path / "Paris.txt")])) == [Document("Paris", "", "Paris text")]
+
+
+# ---------------------------------------------------------------- corpus embeddings
+
+
+class FakeEncoder:
+    """Deterministic embeddings from the text bytes; counts the rows it embedded."""
+
+    dim = 6
+
+    def __init__(self, name="fake"):
+        self.name, self.rows = name, 0
+
+    def fingerprint(self):
+        return self.name
+
+    def embed(self, texts):
+        self.rows += len(texts)
+        return np.array([[len(t), sum(t.encode()) % 97, t.count("1"), t.count("2"), 1.0, -1.0] for t in texts],
+                        np.float32)
+
+
+def test_embed_corpus_resumes_and_reuses(tmp_path, monkeypatch):
+    texts = [f"text {i} " * (i % 5 + 1) for i in range(23)]
+    reference = FakeEncoder().embed(texts)
+    path = str(tmp_path / "emb.npy")
+    enc = FakeEncoder()
+    real_embed, calls = enc.embed, []
+
+    def failing(block):
+        calls.append(len(block))
+        if len(calls) == 3:
+            raise KeyboardInterrupt("interrupted")
+        return real_embed(block)
+
+    monkeypatch.setattr(enc, "embed", failing)
+    with pytest.raises(KeyboardInterrupt):
+        embeddings.embed_corpus(enc, texts, path, block_size=5, progress=False)
+    assert embeddings.embedding_info(path)["rows_done"] == 10
+    monkeypatch.setattr(enc, "embed", real_embed)
+    enc.rows = 0
+    out = embeddings.embed_corpus(enc, texts, path, block_size=5, progress=False)
+    assert enc.rows == 13 and isinstance(out, np.memmap) and out.shape == (23, 6)
+    np.testing.assert_array_equal(out, reference)
+    again = embeddings.embed_corpus(enc, texts, path, block_size=5, progress=False)
+    assert enc.rows == 13  # reused, nothing recomputed
+    np.testing.assert_array_equal(again, reference)
+    other = FakeEncoder("other")  # another encoder: recomputed from scratch
+    embeddings.embed_corpus(other, texts, path, block_size=5, progress=False)
+    assert other.rows == 23
+    half = embeddings.embed_corpus(other, texts[:-1], path, dtype="float16", block_size=50, progress=False)
+    assert other.rows == 45 and half.dtype == np.float16
+    np.testing.assert_allclose(half, reference[:-1], rtol=1e-3)
+
+
+# ---------------------------------------------------------------- dense index
+
+
+def brute_force(emb, queries, k, cosine=True, exclude=None):
+    if cosine:
+        emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+        queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    sims = queries @ emb.T  # [Q, N]
+    for q, rows in enumerate(exclude or []):
+        sims[q, list(rows or [])] = -np.inf
+    rows = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(sims, rows, 1), rows
+
+
+@pytest.fixture(scope="module")
+def vectors():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(300, 16)).astype(np.float32), rng.normal(size=(7, 16)).astype(np.float32) * 3
+
+
+@pytest.mark.parametrize("metric", ["cosine", "ip"])
+def test_flat_index_matches_brute_force(vectors, metric):
+    emb, queries = vectors
+    index = DenseIndex.build(emb * np.arange(1, 301)[:, None] ** 0.3, metric=metric)
+    scores, rows = index.search(queries, 10)
+    want_scores, want_rows = brute_force(emb * np.arange(1, 301)[:, None] ** 0.3, queries, 10, metric == "cosine")
+    assert scores.dtype == np.float32 and rows.dtype == np.int64 and rows.shape == (7, 10)
+    np.testing.assert_array_equal(rows, want_rows)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-4, atol=1e-4)
+
+
+def test_exclusion_matches_brute_force_and_runs_out(vectors):
+    emb, queries = vectors
+    index = DenseIndex.build(emb)
+    _, top = brute_force(emb, queries, 60)
+    exclude = [set(top[q, : 5 * q].tolist()) for q in range(7)]  # query 6 loses its 30 best rows
+    scores, rows = index.search(queries, 8, exclude=exclude)
+    want_scores, want_rows = brute_force(emb, queries, 8, exclude=exclude)
+    np.testing.assert_array_equal(rows, want_rows)
+    np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+    as_callable = index.search(queries, 8, exclude=lambda q, r: np.isin(r, list(exclude[q])))
+    np.testing.assert_array_equal(as_callable[1], want_rows)
+    # everything but 3 rows excluded: 3 results, then -1 / -inf
+    scores, rows = index.search(queries[:1], 5, exclude=[set(range(297))])
+    assert rows[0, :3].tolist() == (brute_force(emb[297:], queries[:1], 3)[1][0] + 297).tolist()
+    assert rows[0, 3:].tolist() == [-1, -1] and np.isneginf(scores[0, 3:]).all()
+
+
+def test_ivf_and_hnsw_recall_on_clustered_vectors():
+    rng = np.random.default_rng(1)
+    centers = rng.normal(size=(20, 16)) * 4
+    emb = (centers[rng.integers(0, 20, 2000)] + rng.normal(size=(2000, 16))).astype(np.float32)
+    queries = (centers[rng.integers(0, 20, 50)] + rng.normal(size=(50, 16))).astype(np.float32)
+    _, want = brute_force(emb, queries, 10)
+    for factory, params in (("IVF20,Flat", {"nprobe": 4}), ("HNSW16", {"efSearch": 64})):
+        index = DenseIndex.build(emb, factory=factory, train_size=1000)
+        index.set_search_params(**params)
+        _, rows = index.search(queries, 10)
+        recall = np.mean([len(set(r) & set(w)) / 10 for r, w in zip(rows, want)])
+        assert recall >= 0.9, (factory, recall)
+
+
+def test_index_errors(vectors):
+    emb, queries = vectors
+    index = DenseIndex.build(emb[:20])
+    with pytest.raises(ValueError, match=r"k=21 is larger than the corpus \(20 rows\)"):
+        index.search(queries, 21)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        index.search(queries, 0)
+    with pytest.raises(ValueError, match=r"\[Q, 16\]"):
+        index.search(queries[:, :8], 3)
+    with pytest.raises(ValueError, match="empty embeddings"):
+        DenseIndex.build(np.zeros((0, 16), np.float32))
+    with pytest.raises(ValueError, match="per-query"):
+        index.search(queries, 3, exclude=[{1}])
+
+
+def test_index_save_load_refusal_and_atomicity(tmp_path, vectors, monkeypatch):
+    emb, queries = vectors
+    meta = {"encoder": "enc1", "datastore": "ds1"}
+    index = DenseIndex.build(emb, factory="IVF4,Flat", meta=meta)
+    index.set_search_params(nprobe=4)
+    path = str(tmp_path / "index")
+    index.save(path)
+    loaded = DenseIndex.load(path, expected={**meta, "dimension": 16, "metric": "cosine"})
+    assert loaded.meta["count"] == 300 and loaded.meta["factory"] == "IVF4,Flat"
+    for a, b in zip(loaded.search(queries, 5), index.search(queries, 5)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(IndexRefused, match="encoder is 'enc1', expected 'enc2'"):
+        DenseIndex.load(path, expected={"encoder": "enc2"})
+    with pytest.raises(IndexRefused, match="dimension"):
+        DenseIndex.load(path, expected={"dimension": 8})
+
+    def broken_write(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(faiss, "write_index", broken_write)
+    with pytest.raises(OSError, match="disk full"):
+        DenseIndex.build(emb[:10], meta={"encoder": "new"}).save(path)
+    monkeypatch.undo()
+    assert DenseIndex.load(path, expected=meta).count == 300  # the old index is intact
+    DenseIndex.build(emb[:10], meta={"encoder": "new"}).save(path)  # a good save replaces it
+    assert DenseIndex.load(path, expected={"encoder": "new"}).count == 10
+    assert os.listdir(tmp_path) == ["index"]  # no temp or old folders left behind
+    with open(os.path.join(path, "meta.json")) as f:
+        assert json.load(f)["encoder"] == "new"
+
+
+# ---------------------------------------------------------------- BM25 and retrievers
+
+
+def test_bm25_finds_the_obvious_document_and_honours_exclusion(tmp_path):
+    index = BM25Index.build(SENTENCES, meta={"datastore": "ds"})
+    scores, rows = index.search_texts(["Which city is the capital of France?", "symphonies Beethoven"], 3)
+    assert rows[:, 0].tolist() == [0, 4] and scores[0, 0] > scores[0, 1]
+    _, rows = index.search_texts(["capital of France", "zzz unknown"], 3, exclude=[{0}, None])
+    assert 0 not in rows[0] and rows.shape == (2, 3) and (rows >= 0).all()
+    index.save(str(tmp_path / "bm25"))
+    loaded = BM25Index.load(str(tmp_path / "bm25"), expected={"datastore": "ds"})
+    np.testing.assert_array_equal(loaded.search_texts(["Everest mountain"], 2)[1], index.search_texts(["Everest mountain"], 2)[1])
+    with pytest.raises(IndexRefused, match="datastore"):
+        BM25Index.load(str(tmp_path / "bm25"), expected={"datastore": "other"})
+
+
+def test_dense_retriever_end_to_end(tmp_path, minilm):
+    ds = sentence_store()
+    emb = embeddings.embed_corpus(minilm, ds.texts, str(tmp_path / "emb.npy"), progress=False)
+    index = DenseIndex.build(emb, meta=index_meta(minilm, ds))
+    index.save(str(tmp_path / "index"))
+    retriever = DenseRetriever(minilm, DenseIndex.load(str(tmp_path / "index"), index_meta(minilm, ds)), ds)
+    queries = ["What is the capital of France?", "Who wrote symphonies?"]
+    scores, rows = retriever.retrieve(queries, 3)
+    assert rows[:, 0].tolist() == [0, 4] and (np.diff(scores, axis=1) <= 1e-6).all() and scores.max() <= 1 + 1e-5
+    _, rows = retriever.retrieve(queries, 3, exclude_sources=[["s0"], []])
+    assert 0 not in rows[0] and rows[1, 0] == 4
+    with pytest.raises(IndexRefused, match="datastore"):
+        DenseRetriever(minilm, index, Datastore(ds.ids, ds.titles, ds.texts[::-1], ds.sources))
+    _, rows = BM25Retriever(BM25Index.build(ds.texts), ds).retrieve(["capital of France"], 2, [["s0"]])
+    assert 0 not in rows[0]
+
+
+def test_random_retriever_honours_exclusion():
+    ds = sentence_store()
+    retriever = RandomRetriever(ds, seed=0)
+    scores, rows = retriever.retrieve(["a", "b"], 4, exclude_sources=[[f"s{i}" for i in range(6)], None])
+    assert (scores == 0).all() and sorted(rows[0].tolist()) == [6, 7, 8, 9]
+    assert len(set(rows[1].tolist())) == 4
+    assert not np.array_equal(retriever.retrieve(["a"] * 20, 4)[1], RandomRetriever(ds, 1).retrieve(["a"] * 20, 4)[1])
