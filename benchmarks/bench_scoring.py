@@ -73,6 +73,7 @@ def main():
     p.add_argument("--context-tokens", type=int, default=192)
     p.add_argument("--cont-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", default="1,2,4")
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--skip-torch", action="store_true")
     p.add_argument("--out", default="benchmarks/results.jsonl")
@@ -98,15 +99,18 @@ def main():
                      "gflops": flops / seconds / 1e9, "peak_gflops": peak, "passes": len(pairs),
                      "tokens": tokens, "device": str(jax.devices()[0].platform), "command": command})
 
+    fns = {}
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
         model = lm if bs == 1 else rj.load_lm("smollm2", batch_size=bs)
         model.score_token_pairs(pairs)  # compile every bucket
-        record(f"jax_local_bs{bs}", common.best_time(lambda: model.score_token_pairs(pairs)))
+        fns[f"jax_local_bs{bs}"] = lambda model=model: model.score_token_pairs(pairs)
     if not args.skip_torch:
         per_pass, batched = torch_scorers(args.threads)
         per_pass(pairs[:2])
-        record("torch_per_pass", common.best_time(lambda: per_pass(pairs), 2))
-        record("torch_batched8", common.best_time(lambda: batched(pairs), 2))
+        fns.update(torch_per_pass=lambda: per_pass(pairs), torch_batched8=lambda: batched(pairs))
+    for name, seconds in common.interleaved_best(fns, args.rounds).items():
+        record(name, seconds)
+    if not args.skip_torch:
         best_torch = max(r["tokens_per_s"] for r in rows if r["impl"].startswith("torch"))
         for r in rows:
             r["vs_best_torch"] = r["tokens_per_s"] / best_torch

@@ -18,6 +18,19 @@ def best_time(fn, repeats: int = 3) -> float:
     return best
 
 
+def interleaved_best(fns: dict, rounds: int = 3) -> dict:
+    """Best wall time of each function, calling them in turn for `rounds` rounds.
+
+    Alternating gives every implementation the same chances at a quiet moment on a shared,
+    noisy machine; callers warm each function up (compile) before.
+    """
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], best_time(fn, 1))
+    return best
+
+
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     """fp32 GEMM throughput of numpy on this machine right now (the roofline for CPU numbers)."""
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)

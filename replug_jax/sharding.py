@@ -77,7 +77,7 @@ class ShardedBatchFn:
     to `batch_size` and returns only the real rows as numpy.
     """
 
-    def __init__(self, fn: Callable, params, batch_size: int, mesh: Mesh | None = None):
+    def __init__(self, fn: Callable, params, batch_size: int, mesh: Mesh | None = None, num_inputs: int = 2):
         self.mesh = mesh or data_mesh()
         n = self.mesh.devices.size
         if batch_size % n:
@@ -85,17 +85,18 @@ class ShardedBatchFn:
         self.batch_size = batch_size
         self.params = jax.device_put(params, replicated(self.mesh))
         self._batch = batch_sharding(self.mesh)
-        self.jitted = jax.jit(fn, in_shardings=(replicated(self.mesh), self._batch, self._batch), out_shardings=self._batch)
+        self.jitted = jax.jit(fn, in_shardings=(replicated(self.mesh),) + (self._batch,) * num_inputs,
+                              out_shardings=self._batch)
 
-    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        rows = ids.shape[0]
+    def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        """fn(params, *arrays) for arrays with `rows <= batch_size` leading rows: [rows, ...] numpy."""
+        rows = arrays[0].shape[0]
         if rows > self.batch_size:
             raise ValueError(f"{rows} rows exceed the batch size {self.batch_size}")
         if rows < self.batch_size:
-            pad = ((0, self.batch_size - rows), (0, 0))
-            ids, mask = np.pad(ids, pad), np.pad(mask, pad)
-        ids, mask = jax.device_put((ids, mask), self._batch)
-        return np.asarray(self.jitted(self.params, ids, mask))[:rows]
+            arrays = tuple(np.pad(a, ((0, self.batch_size - rows),) + ((0, 0),) * (a.ndim - 1)) for a in arrays)
+        arrays = jax.device_put(tuple(arrays), self._batch)
+        return np.asarray(self.jitted(self.params, *arrays))[:rows]
 
     def compiled_shapes(self) -> int:
         """How many distinct shapes have been compiled (for tests of 'compiles once')."""

@@ -5,11 +5,11 @@ import torch
 import tokenizers
 from tokenizers import models, pre_tokenizers, decoders
 
-VOCAB = 96
+VOCAB = 260  # covers the 256 byte-level symbols + <|endoftext|>: one token per byte
 
 
 def save_tiny_tokenizer(path: str, vocab_size: int = VOCAB) -> None:
-    """A byte-level BPE-free tokenizer (one token per byte-level symbol) over `vocab_size` ids."""
+    """A byte-level tokenizer without merges: one token per byte (ids < min(vocab_size, 257))."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {"<|endoftext|>": 0}
     for ch in sorted(alphabet)[: vocab_size - 1]:
@@ -38,11 +38,11 @@ def tiny_bert(path: str, shard: bool = False):
     return model
 
 
-def tiny_gpt2(path: str, shard: bool = False):
+def tiny_gpt2(path: str, shard: bool = False, positions: int = 64):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=positions,
                      resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
     model = GPT2LMHeadModel(cfg).eval()
     save(model, path, shard)

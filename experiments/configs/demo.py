@@ -7,20 +7,11 @@ retrieval datastore and held-out evaluation articles (and training articles for 
 no held-out passage is in the datastore: REPLUG must not retrieve the text it is scored on.
 Sized to finish in about 10 minutes on 2 CPU cores.
 """
-import importlib.util
-import os
-
-
-def _base_config():
-    """get_config() of lm_eval.py beside this file (config files are loaded by path, not as a package)."""
-    spec = importlib.util.spec_from_file_location("lm_eval_config", os.path.join(os.path.dirname(__file__), "lm_eval.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+from replug_jax.config_files import sibling_config
 
 
 def get_config():
-    c = _base_config()
+    c = sibling_config(__file__, "lm_eval.py")
     c.corpus = "gensim_wiki"  # the split is written to WORKDIR/data/*.jsonl
     c.eval_data = "gensim_wiki"
     c.eval_fraction = 0.1

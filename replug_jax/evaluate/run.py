@@ -30,9 +30,12 @@ GENSIM_WIKI = "gensim_wiki"
 
 
 def read_documents(source: str) -> list[ds.Document]:
-    """Documents from a JSONL file, a .txt file, or a directory of .txt files."""
+    """Documents from a JSONL file, a .txt file, a directory of .txt files, or "tfds:NAME:SPLIT[:TEXT_KEY]"."""
     if not source:
         raise ValueError("no document source given (set --config.corpus / --config.eval_data)")
+    if source.startswith("tfds:"):
+        name, split, *key = source.split(":")[1:]
+        return list(ds.read_tfds(name, split, text_key=key[0] if key else "text"))
     if os.path.isdir(source):
         paths = sorted(glob.glob(os.path.join(source, "*.txt")))
         if not paths:
@@ -73,9 +76,10 @@ def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) 
     """Chunk the corpus into `doc_tokens`-token passages; reuse WORKDIR/datastore.jsonl if built from the same input."""
     path = os.path.join(workdir, "datastore.jsonl")
     stamp_path = path + ".source.json"
-    stamp = {"corpus": os.path.abspath(corpus_path), "size": os.path.getsize(corpus_path),
-             "mtime_ns": os.stat(corpus_path).st_mtime_ns, "doc_tokens": doc_tokens,
-             "tokenizer_vocab": tokenizer.vocab_size}
+    stamp = {"corpus": corpus_path, "doc_tokens": doc_tokens, "tokenizer_vocab": tokenizer.vocab_size}
+    if os.path.isfile(corpus_path):  # a changed file is re-chunked; a directory or TFDS source is trusted by name
+        stamp.update(corpus=os.path.abspath(corpus_path), size=os.path.getsize(corpus_path),
+                     mtime_ns=os.stat(corpus_path).st_mtime_ns)
     if os.path.isfile(path) and os.path.isfile(stamp_path):
         with open(stamp_path) as f:
             if json.load(f) == stamp:
@@ -123,6 +127,15 @@ def make_windows(eval_path: str, tokenizer, config) -> list:
     return windows
 
 
+def lm_tokenizer(lm, config):
+    """The tokenizer that cuts passages and windows: the LM's own, or config.lm_tokenizer for a remote LM."""
+    if config.get("lm_tokenizer"):
+        return rj.load_tokenizer(config.lm_tokenizer)
+    if getattr(lm, "tokenizer", None) is None:
+        raise ValueError(f"LM {config.lm!r} has no local tokenizer to cut passages and windows: set --config.lm_tokenizer")
+    return lm.tokenizer
+
+
 def run_lm_eval(config, workdir: str) -> dict:
     """Build or reuse the retrieval side, score every method, write and print the results."""
     start = time.time()
@@ -132,11 +145,12 @@ def run_lm_eval(config, workdir: str) -> dict:
     encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
                               normalize=config.metric == "cosine", dtype=dtype)
     lm = rj.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None, dtype=dtype)
-    store = build_datastore(paths["datastore"], lm.tokenizer, config.doc_tokens, workdir)
+    tokenizer = lm_tokenizer(lm, config)
+    store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, workdir)
     index = build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
                               embedding_dtype=config.embedding_dtype)
     retrievers = make_retrievers(config.methods, encoder, store, index, config.seed)
-    windows = make_windows(paths["eval"], lm.tokenizer, config)
+    windows = make_windows(paths["eval"], tokenizer, config)
     logging.info("datastore %d chunks; %d evaluation windows", len(store), len(windows))
     results = lm_eval.evaluate_lm(
         lm, windows, store, retrievers, k=config.k, k_sweep=tuple(config.k_sweep),
@@ -147,6 +161,8 @@ def run_lm_eval(config, workdir: str) -> dict:
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
                     "metric": config.metric, "seconds": time.time() - start,
                     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+    if hasattr(lm, "stats"):
+        results["lm_requests"] = lm.stats()
     print(report.write_results(results, workdir))
     print(f"results in {os.path.join(workdir, 'results.json')}")
     return results

@@ -17,6 +17,7 @@ from replug_jax.lm.blackbox import check_pairs
 from replug_jax.models import causal_lm
 from replug_jax.models.tokenizer import TextTokenizer
 
+CONTINUATION_MULTIPLE = 32  # scored positions per row are padded to a multiple of this
 DOCUMENT_START_TOKENS = ("<|endoftext|>", "<s>", "<|begin_of_text|>")
 
 
@@ -34,11 +35,11 @@ class LocalLM:
         mesh = mesh or sharding.data_mesh()
         batch_size = sharding.round_up(batch_size, mesh.devices.size)
         fn = functools.partial(self._logprob_fn, config=config, dtype=dtype)
-        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh)
+        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh, num_inputs=3)
 
     @staticmethod
-    def _logprob_fn(params, ids, mask, *, config, dtype):
-        return causal_lm.token_logprobs(params, config, ids, mask, dtype=dtype)
+    def _logprob_fn(params, ids, mask, target_positions, *, config, dtype):
+        return causal_lm.logprobs_at(params, config, ids, mask, target_positions, dtype=dtype)
 
     @staticmethod
     def _document_start_id(tokenizer: TextTokenizer) -> int | None:
@@ -79,14 +80,21 @@ class LocalLM:
         return self.score_token_pairs(pairs, progress=progress)
 
     def score_token_pairs(self, pairs: list[tuple[list[int], list[int]]], progress: bool = False) -> list[np.ndarray]:
-        """Like `score`, for pre-tokenised (context ids, continuation ids) pairs."""
+        """Like `score`, for pre-tokenised (context ids, continuation ids) pairs; contexts must not be empty."""
+        if any(not ctx for ctx, _ in pairs):
+            raise ValueError("every context needs at least one token (use pair_tokens, which adds the document-start token)")
         rows = [ctx + cont for ctx, cont in pairs]
         out: list[np.ndarray | None] = [None] * len(rows)
         batches = sharding.bucketed_batches(rows, self._batch_fn.batch_size, self.length_multiple, self.max_length,
                                             self.pad_id, progress, desc="score")
         for idx, ids, mask in batches:
-            lps = self._batch_fn(ids, mask)  # [b, L]
+            starts = [len(pairs[i][0]) for i in idx]
+            lengths = [len(pairs[i][1]) for i in idx]
+            width = sharding.length_bucket(max(lengths), CONTINUATION_MULTIPLE, ids.shape[1])
+            positions = np.zeros((len(idx), width), np.int32)  # [b, T]: where each continuation token sits
+            for row, (start, n) in enumerate(zip(starts, lengths)):
+                positions[row, :n] = np.arange(start, start + n)
+            lps = self._batch_fn(ids, mask, positions)  # [b, T]
             for row, i in enumerate(idx):
-                ctx_len, cont_len = len(pairs[i][0]), len(pairs[i][1])
-                out[i] = lps[row, ctx_len : ctx_len + cont_len].astype(np.float32)
+                out[i] = lps[row, : lengths[row]].astype(np.float32)
         return out  # type: ignore[return-value]

@@ -132,7 +132,8 @@ class CausalLM(nn.Module):
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, input_ids, attention_mask):
+    def __call__(self, input_ids, attention_mask, positions_to_predict=None):
+        """positions_to_predict [B, T] (optional): compute logits only at these positions -> [B, T, V]."""
         c = self.config
         positions = layers.positions_from_mask(attention_mask)  # [B, L]
         wte = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=jnp.float32, name="embed_tokens")
@@ -147,6 +148,8 @@ class CausalLM(nn.Module):
             x = layers.layer_norm(c.norm_eps, self.dtype, "final_norm")(x)
         else:
             x = layers.RMSNorm(c.norm_eps, self.dtype, name="final_norm")(x)
+        if positions_to_predict is not None:  # skip the LM head where no prediction is wanted
+            x = jnp.take_along_axis(x, positions_to_predict[..., None], axis=1)  # [B, T, D]
         if c.tie_embeddings:
             return wte.attend(x).astype(jnp.float32)
         return _dense(c.vocab_size, self.dtype, "lm_head", False)(x).astype(jnp.float32)
@@ -160,6 +163,20 @@ def logits(params, config: CausalLMConfig, input_ids, attention_mask, dtype=jnp.
 def token_logprobs(params, config: CausalLMConfig, input_ids, attention_mask, dtype=jnp.float32):
     """log p(token_t | tokens_<t): [B, L] float32, 0 where nothing precedes the token or it is padding."""
     return layers.token_logprobs_from_logits(logits(params, config, input_ids, attention_mask, dtype), input_ids, attention_mask)
+
+
+def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, target_positions, dtype=jnp.float32):
+    """log p(token at position p | tokens before p) for chosen positions p.
+
+    input_ids, attention_mask: [B, L]; target_positions: [B, T] int, where 0 marks an empty
+    slot (nothing precedes position 0). Returns [B, T] float32, 0 at empty slots. The LM
+    head runs only at the T positions, not over the whole context.
+    """
+    scored = target_positions > 0  # [B, T]
+    predict_from = jnp.maximum(target_positions - 1, 0)
+    logits_ = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, predict_from)  # [B, T, V]
+    targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
+    return jnp.where(scored, layers.gather_logprobs(logits_, targets), 0.0)
 
 
 def init_params(config: CausalLMConfig, seed: int = 0):

@@ -85,6 +85,13 @@ def layer_norm(eps: float, dtype, name: str):
     return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=jnp.float32, name=name)
 
 
+def gather_logprobs(logits, targets):
+    """log softmax(logits)[target] in float32: logits [..., V], targets [...] -> [...]."""
+    logits = logits.astype(jnp.float32)
+    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return target_logits - jax.nn.logsumexp(logits, axis=-1)
+
+
 def token_logprobs_from_logits(logits, input_ids, attention_mask):
     """log p(token_t | tokens_<t) for every position.
 
@@ -92,10 +99,7 @@ def token_logprobs_from_logits(logits, input_ids, attention_mask):
     Returns [B, L] float32 with 0 at position 0, at padding, and at the first real token
     of a left-padded row (nothing before it to condition on).
     """
-    logits = logits[:, :-1].astype(jnp.float32)  # [B, L-1, V]
-    targets = input_ids[:, 1:]  # [B, L-1]
-    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    lps = target_logits - jax.nn.logsumexp(logits, axis=-1)  # [B, L-1]
+    lps = gather_logprobs(logits[:, :-1], input_ids[:, 1:])  # [B, L-1]
     valid = (attention_mask[:, 1:] > 0) & (attention_mask[:, :-1] > 0)
     lps = jnp.where(valid, lps, 0.0)
     return jnp.concatenate([jnp.zeros_like(lps[:, :1]), lps], axis=1)

@@ -76,7 +76,7 @@ def _special_ids(model_dir: str, backend: tokenizers.Tokenizer) -> dict:
             value = cfg.get(f"{key}_token_id")
             if isinstance(value, list):
                 value = value[0] if value else None
-            if isinstance(value, int):
+            if isinstance(value, int) and 0 <= value < backend.get_vocab_size(with_added_tokens=True):
                 found.setdefault(f"{key}_id", value)
     return found
 

@@ -1,0 +1,137 @@
+"""The language-modelling evaluation: windows, the ensemble over retrieved passes, the k-sweep reuse, the job."""
+import json
+import os
+
+import numpy as np
+import pytest
+from ml_collections import config_dict
+
+import replug_jax as rj
+from replug_jax.evaluate import lm as lm_eval
+from replug_jax.evaluate import run
+from replug_jax.evaluate.windows import document_windows
+from replug_jax.retrieval.datastore import Document, chunk_documents
+from replug_jax.retrieval.embeddings import embed_corpus
+from replug_jax.retrieval.index import DenseIndex
+from replug_jax.retrieval.retriever import DenseRetriever, RandomRetriever, index_meta
+
+from tests import hf_tiny
+
+TOPICS = ["the river flows to the sea past the old mill", "stars shine over the quiet desert at night",
+          "bread rises in the warm kitchen oven", "the violin plays a slow sad song", "snow covers the tall mountain peak"]
+
+
+def docs(prefix, n):
+    return [Document(f"{prefix}{i}", f"Title {i}", " ".join([TOPICS[(i + j) % 5] for j in range(4)]) + ".") for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    lm_dir, enc_dir = tmp_path_factory.mktemp("lm"), tmp_path_factory.mktemp("enc")
+    hf_tiny.tiny_gpt2(str(lm_dir), positions=256)
+    hf_tiny.tiny_bert(str(enc_dir))
+    return str(lm_dir), str(enc_dir), rj.load_lm(str(lm_dir), batch_size=8), rj.load_encoder(str(enc_dir), batch_size=8)
+
+
+def test_windows_tile_the_document(tiny):
+    lm = tiny[2]
+    text = "One two three four five six seven eight nine ten. " * 3
+    wins = document_windows("d", text, lm.tokenizer, stride_tokens=16, query_tokens=10, context_tokens=20)
+    assert "".join(w.continuation for w in wins) == text
+    assert wins[0].query == wins[0].prefix == ""
+    for a, w in zip(range(16, 10**6, 16), wins[1:]):  # window a starts at token a
+        assert len(lm.tokenizer.encode(w.query)) == min(10, a) and len(lm.tokenizer.encode(w.prefix)) == min(20, a)
+        assert text.index(w.query + w.continuation) >= 0
+    assert len(document_windows("d", text, lm.tokenizer, stride_tokens=16, query_tokens=10, context_tokens=20,
+                                max_windows=2)) == 2
+
+
+def test_ensemble_and_k_sweep_reuse_match_direct_scoring(tiny, tmp_path):
+    """Every REPLUG number equals a mixture computed by hand from separate lm.score calls."""
+    _, _, lm, enc = tiny
+    store = chunk_documents(docs("c", 6), lm.tokenizer, chunk_tokens=32)
+    index = DenseIndex.build(embed_corpus(enc, store.texts, str(tmp_path / "e.npy"), progress=False),
+                             meta=index_meta(enc, store))
+    retriever = DenseRetriever(enc, index, store)
+    wins = []
+    for d in docs("h", 2):
+        wins += document_windows(d.id, d.text, lm.tokenizer, stride_tokens=24, query_tokens=16, context_tokens=16)
+    tau = 0.5
+    results = lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=3, k_sweep=(1, 3), temperature=tau,
+                                  progress=False)
+    queried = [w for w in wins if w.query]
+    scores, rows = retriever.retrieve([w.query for w in queried], 3, exclude_sources=[[w.doc_id] for w in queried])
+    base = {w: lm.score([w.prefix], [w.continuation])[0] for w in wins}
+    for k in (1, 3):
+        total, tokens = 0.0, 0
+        for w in wins:
+            if not w.query:
+                lps = base[w]
+            else:
+                i = queried.index(w)
+                docs_text = lm_eval.format_docs(store, rows[i, :k])
+                per_doc = np.stack(lm.score([d + w.prefix for d in docs_text], [w.continuation] * k)).astype(np.float64)
+                lam = np.exp(scores[i, :k] / tau) / np.exp(scores[i, :k] / tau).sum()
+                lps = np.log((lam[:, None] * np.exp(per_doc)).sum(0))
+            total, tokens = total + lps.sum(), tokens + len(lps)
+        assert results["k_sweep"]["replug"][str(k)]["perplexity"] == pytest.approx(np.exp(-total / tokens), rel=1e-5)
+    none = sum(v.sum() for v in base.values()) / sum(len(v) for v in base.values())
+    assert results["perplexity"]["none"] == pytest.approx(np.exp(-none), rel=1e-5)
+    assert results["perplexity"]["replug"] == results["k_sweep"]["replug"]["3"]["perplexity"]
+    nbytes = sum(len(w.continuation.encode()) for w in wins)
+    assert results["bytes"] == nbytes
+    assert results["bits_per_byte"]["none"] == pytest.approx(-none * results["tokens"] / np.log(2) / nbytes, rel=1e-6)
+
+
+def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeypatch):
+    lm_dir, enc_dir, _, _ = tiny
+    for name, part in (("corpus", docs("c", 8)), ("heldout", docs("h", 2))):
+        with open(tmp_path / f"{name}.jsonl", "w") as f:
+            for d in part:
+                f.write(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n")
+    config = config_dict.ConfigDict(dict(
+        job="lm_eval", corpus=str(tmp_path / "corpus.jsonl"), eval_data=str(tmp_path / "heldout.jsonl"),
+        encoder=enc_dir, lm=lm_dir, k=2, k_sweep=(1, 2), temperature=1.0, bm25_temperature=1.0, doc_tokens=24,
+        query_tokens=16, context_tokens=16, stride_tokens=24, max_eval_docs=2, max_windows_per_doc=3,
+        methods=("replug", "random", "concat", "bm25"), metric="cosine", index_factory="Flat",
+        embedding_dtype="float16", lm_batch_size=8, lm_max_length=0, encoder_batch_size=8, seed=0, dtype="float32"))
+    workdir = str(tmp_path / "run")
+    results = run.run_lm_eval(config, workdir)
+    saved = json.load(open(os.path.join(workdir, "results.json")))
+    for key in ("none", "replug", "random", "concat", "bm25"):
+        assert np.isfinite(saved["perplexity"][key]) and np.isfinite(saved["bits_per_byte"][key])
+    assert set(saved["k_sweep"]) == {"replug", "random"} and set(saved["k_sweep"]["replug"]) == {"1", "2"}
+    assert saved["tokens"] == results["tokens"] > 0 and saved["k"] == 2
+    assert "| replug |" in open(os.path.join(workdir, "results.md")).read()
+    assert os.path.getsize(os.path.join(workdir, "perplexity_vs_k.png")) > 1000
+    # a second run with the same workdir reuses datastore, embeddings and index
+    monkeypatch.setattr(run, "embed_corpus", lambda *a, **k: pytest.fail("re-embedded a valid corpus"))
+    again = run.run_lm_eval(config, workdir)
+    assert again["perplexity"] == pytest.approx(results["perplexity"])
+
+
+def test_random_documents_are_uniformly_weighted(tiny):
+    _, _, lm, _ = tiny
+    store = chunk_documents(docs("c", 4), lm.tokenizer, chunk_tokens=32)
+    scores, rows = RandomRetriever(store, seed=1).retrieve(["q"], 3)
+    assert (scores == 0).all() and len(set(rows[0])) == 3
+
+
+def test_bad_eval_inputs(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        run.read_documents(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="no document source"):
+        run.read_documents("")
+
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(CONFIGS) if f.endswith(".py")))
+def test_every_config_loads_with_the_documented_keys(name):
+    from replug_jax.config_files import sibling_config
+
+    c = sibling_config(os.path.join(CONFIGS, name), name)
+    for key in ("corpus", "eval_data", "encoder", "lm", "k", "doc_tokens", "query_tokens", "stride_tokens", "max_eval_docs"):
+        assert key in c, f"{name} lacks {key}"
+    assert c.k <= max(c.k_sweep) and c.job == "lm_eval"
