@@ -36,8 +36,17 @@ def load_encoder(name: str = "minilm", *, normalize: bool = True, max_length: in
 
 
 def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size: int = 4, dtype=jnp.float32,
-            revision: str | None = None, mesh=None) -> LocalLM:
-    """A causal LM behind the black-box `score(contexts, continuations)` contract."""
+            revision: str | None = None, mesh=None, **http_options):
+    """A causal LM behind the black-box `score(contexts, continuations)` contract.
+
+    An http(s) URL gives an `HTTPLM` for that OpenAI-compatible server; `http_options` (e.g.
+    tokenizer="smollm2", concurrency=8) go to it, and the local-model arguments are ignored."""
+    if name.startswith(("http://", "https://")):
+        from replug_jax.lm.http import HTTPLM
+
+        return HTTPLM(name, **http_options)
+    if http_options:
+        raise TypeError(f"{sorted(http_options)}: options for an http(s) LM, but {name!r} is a local model")
     source = registry.resolve(name, revision)
     if source.kind == "gguf":
         config, params, tok = gguf_loader.load_gguf(source.path)
@@ -45,3 +54,11 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
         config, params = weights.load_causal_lm_dir(source.path)
         tok = tokenizer.from_hf_dir(source.path)
     return LocalLM(config, params, tok, name=name, max_length=max_length, batch_size=batch_size, dtype=dtype, mesh=mesh)
+
+
+def load_tokenizer(name: str, revision: str | None = None) -> tokenizer.TextTokenizer:
+    """Only the tokenizer of a model (as load_lm takes names): for cutting passages when the LM is remote."""
+    source = registry.resolve(name, revision)
+    if source.kind == "gguf":
+        return tokenizer.from_gguf_metadata(gguf_loader.metadata(gguf_loader.read_gguf(source.path)))
+    return tokenizer.from_hf_dir(source.path)
