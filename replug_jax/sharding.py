@@ -88,15 +88,24 @@ class ShardedBatchFn:
         self.jitted = jax.jit(fn, in_shardings=(replicated(self.mesh),) + (self._batch,) * num_inputs,
                               out_shardings=self._batch)
 
-    def __call__(self, *arrays: np.ndarray) -> np.ndarray:
-        """fn(params, *arrays) for arrays with `rows <= batch_size` leading rows: [rows, ...] numpy."""
+    def __call__(self, *arrays: np.ndarray, params=None) -> np.ndarray:
+        """fn(params, *arrays) for arrays with `rows <= batch_size` leading rows: [rows, ...] numpy.
+
+        `params` (same structure and shapes) replaces the stored parameters for this call only,
+        without recompiling: e.g. a retriever's current training parameters.
+        """
         rows = arrays[0].shape[0]
         if rows > self.batch_size:
             raise ValueError(f"{rows} rows exceed the batch size {self.batch_size}")
         if rows < self.batch_size:
             arrays = tuple(np.pad(a, ((0, self.batch_size - rows),) + ((0, 0),) * (a.ndim - 1)) for a in arrays)
         arrays = jax.device_put(tuple(arrays), self._batch)
-        return np.asarray(self.jitted(self.params, *arrays))[:rows]
+        params = self.params if params is None else self.place_params(params)
+        return np.asarray(self.jitted(params, *arrays))[:rows]
+
+    def place_params(self, params):
+        """`params` replicated over the mesh (a no-op for params already placed there)."""
+        return jax.device_put(params, replicated(self.mesh))
 
     def compiled_shapes(self) -> int:
         """How many distinct shapes have been compiled (for tests of 'compiles once')."""

@@ -54,25 +54,27 @@ class DenseEncoder:
             rows = [r if len(r) <= self.max_length else r[: self.max_length - 1] + r[-1:] for r in rows]
         return rows
 
-    def embed(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        """Embeddings [N, D] float32 (unit rows if `normalize`)."""
+    def embed(self, texts: list[str], progress: bool = False, params=None) -> np.ndarray:
+        """Embeddings [N, D] float32 (unit rows if `normalize`); `params` overrides the weights (no recompile)."""
         if isinstance(texts, str):
             raise TypeError("embed takes a list of texts, not a single string")
-        return self.embed_token_rows(self.tokenize(list(texts)), progress=progress)
+        return self.embed_token_rows(self.tokenize(list(texts)), progress=progress, params=params)
 
-    def embed_token_rows(self, rows: list[list[int]], progress: bool = False) -> np.ndarray:
+    def embed_token_rows(self, rows: list[list[int]], progress: bool = False, params=None) -> np.ndarray:
         """Embeddings of already-tokenised rows (with special tokens): [N, D] float32."""
         out = np.zeros((len(rows), self.dim), dtype=np.float32)
+        params = None if params is None else self._batch_fn.place_params(params)
         batches = sharding.bucketed_batches(rows, self._batch_fn.batch_size, self.length_multiple, self.max_length,
                                             self.config.pad_token_id, progress, desc="embed")
         for idx, ids, mask in batches:
-            out[idx] = self._batch_fn(ids, mask)
+            out[idx] = self._batch_fn(ids, mask, params=params)
         return out
 
-    def fingerprint(self) -> str:
-        """A short hash of the weights and settings; an index built with another encoder is refused."""
+    def fingerprint(self, params=None) -> str:
+        """A short hash of the weights (`params` or the encoder's own) and settings; an index built
+        with another encoder is refused."""
         h = hashlib.sha256(json.dumps([self.name, self.normalize, self.max_length], default=str).encode())
-        for leaf in jax.tree_util.tree_leaves(self.params):
+        for leaf in jax.tree_util.tree_leaves(self.params if params is None else params):
             a = np.asarray(leaf)
             h.update(a.reshape(-1)[:: max(1, a.size // 256)].tobytes())
         return h.hexdigest()[:16]
