@@ -20,12 +20,16 @@ INSTALL_REQUIRES = [
     "tensorflow-datasets>=4.9.10,<5",  # array_record data sources; TensorFlow is not required
     "bm25s>=0.3.16,<0.4",
     "matplotlib>=3.8,<4",
+    "starlette>=1.10,<2",  # the scoring server, python -m replug_jax.serve
+    "uvicorn>=0.54,<1",
+    "tensorboardX>=2.6,<3",  # LSR training curves as TensorBoard events without TensorFlow
 ]
 
 TEST_REQUIRES = [
     "pytest>=8,<10",
     "torch==2.13.0",  # CPU build; the PyTorch reference in tests only (other versions pull a CUDA build)
     "accelerate>=1.10,<2",  # transformers needs it to load GGUF files into PyTorch (the SmolLM2 reference)
+    "llama-cpp-python[server]==0.3.36",  # a real third-party server in tests/test_http.py (sdist: ~8 min to build)
 ]
 
 setup(

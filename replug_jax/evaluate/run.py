@@ -6,6 +6,7 @@ still valid (fingerprints of encoder and datastore are checked on load).
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -136,9 +137,22 @@ def lm_tokenizer(lm, config):
     return lm.tokenizer
 
 
-def run_lm_eval(config, workdir: str) -> dict:
-    """Build or reuse the retrieval side, score every method, write and print the results."""
-    start = time.time()
+@dataclasses.dataclass
+class Setup:
+    """What every job builds first: data paths, models, the datastore and its dense index."""
+
+    paths: dict
+    encoder: object
+    lm: object
+    tokenizer: object
+    store: ds.Datastore
+    index: DenseIndex
+    started: float
+
+
+def prepare(config, workdir: str) -> Setup:
+    """Load the models and build (or reuse) the datastore, embeddings and index in `workdir`."""
+    started = time.time()
     os.makedirs(workdir, exist_ok=True)
     dtype = jnp.dtype(config.dtype)
     paths = data_paths(config, workdir)
@@ -149,20 +163,32 @@ def run_lm_eval(config, workdir: str) -> dict:
     store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, workdir)
     index = build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
                               embedding_dtype=config.embedding_dtype)
-    retrievers = make_retrievers(config.methods, encoder, store, index, config.seed)
-    windows = make_windows(paths["eval"], tokenizer, config)
-    logging.info("datastore %d chunks; %d evaluation windows", len(store), len(windows))
+    return Setup(paths, encoder, lm, tokenizer, store, index, started)
+
+
+def evaluate_and_report(config, workdir: str, setup: Setup, retrievers: dict, extra: dict | None = None) -> dict:
+    """Score every method on the held-out windows; write results.json, results.md and the plot."""
+    windows = make_windows(setup.paths["eval"], setup.tokenizer, config)
+    logging.info("datastore %d chunks; %d evaluation windows", len(setup.store), len(windows))
     results = lm_eval.evaluate_lm(
-        lm, windows, store, retrievers, k=config.k, k_sweep=tuple(config.k_sweep),
+        setup.lm, windows, setup.store, retrievers, k=config.get("eval_k") or config.k, k_sweep=tuple(config.k_sweep),
+        sweep_retrievers=("replug", "replug_lsr", "random"),
         concat_retriever="replug" if "concat" in config.methods else None, temperature=config.temperature,
         temperatures={"bm25": config.bm25_temperature})
-    results.update({"encoder": config.encoder, "lm": config.lm, "datastore_chunks": len(store),
+    results.update({"encoder": config.encoder, "lm": config.lm, "datastore_chunks": len(setup.store),
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
-                    "metric": config.metric, "seconds": time.time() - start,
-                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
-    if hasattr(lm, "stats"):
-        results["lm_requests"] = lm.stats()
+                    "metric": config.metric, "seconds": time.time() - setup.started,
+                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **(extra or {})})
+    if hasattr(setup.lm, "stats"):
+        results["lm_requests"] = setup.lm.stats()
     print(report.write_results(results, workdir))
     print(f"results in {os.path.join(workdir, 'results.json')}")
     return results
+
+
+def run_lm_eval(config, workdir: str) -> dict:
+    """Build or reuse the retrieval side, score every method, write and print the results."""
+    setup = prepare(config, workdir)
+    retrievers = make_retrievers(config.methods, setup.encoder, setup.store, setup.index, config.seed)
+    return evaluate_and_report(config, workdir, setup, retrievers)

@@ -45,14 +45,27 @@ class DenseEncoder:
     def dim(self) -> int:
         return self.config.hidden_size
 
-    def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """[CLS] text [SEP] ids, truncated to `max_length` (keeping [SEP]), with a warning when it truncates."""
+    def tokenize(self, texts: list[str], max_length: int | None = None, warn: bool = True) -> list[list[int]]:
+        """[CLS] text [SEP] ids, truncated to `max_length` (default: the encoder's; keeping [SEP]),
+        with a warning when it truncates."""
+        cap = min(max_length or self.max_length, self.max_length)
         rows = self.tokenizer.encode_batch(texts, add_special_tokens=True)
-        long = sum(len(r) > self.max_length for r in rows)
+        long = sum(len(r) > cap for r in rows)
         if long:
-            warnings.warn(f"{long} of {len(rows)} texts exceed {self.max_length} encoder tokens and were truncated")
-            rows = [r if len(r) <= self.max_length else r[: self.max_length - 1] + r[-1:] for r in rows]
+            if warn:
+                warnings.warn(f"{long} of {len(rows)} texts exceed {cap} encoder tokens and were truncated")
+            rows = [r if len(r) <= cap else r[: cap - 1] + r[-1:] for r in rows]
         return rows
+
+    def padded(self, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Fixed-shape ids and mask [N, length] (truncating silently): inputs of a jitted train step."""
+        return sharding.pad_rows(self.tokenize(texts, length, warn=False), length, self.config.pad_token_id, len(texts))
+
+    def with_params(self, params, name: str | None = None) -> "DenseEncoder":
+        """The same encoder (tokenizer, settings, mesh) with other weights, e.g. a trained retriever."""
+        return DenseEncoder(self.config, params, self.tokenizer, name=name or self.name, max_length=self.max_length,
+                            normalize=self.normalize, batch_size=self._batch_fn.batch_size,
+                            length_multiple=self.length_multiple, dtype=self.dtype, mesh=self._batch_fn.mesh)
 
     def embed(self, texts: list[str], progress: bool = False, params=None) -> np.ndarray:
         """Embeddings [N, D] float32 (unit rows if `normalize`); `params` overrides the weights (no recompile)."""

@@ -1,0 +1,339 @@
+"""The LM as a black box over real HTTP (127.0.0.1 only): our server + HTTPLM agree with the local backend;
+faults are retried or refused with a clear error; llama-cpp-python's shifted echo log-probs are detected."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+import replug_jax as rj
+from replug_jax.lm import http as http_lm
+from replug_jax.lm.http import BlackBoxServerError, HTTPLM
+from replug_jax.serve import BackgroundServer
+from tests import hf_tiny
+
+PAIRS = [("The capital of France is", " Paris."), ("", "Once upon a time"), ("Hello", " world, again!"),
+         ("a b c", " d e f"), ("Numbers: 1 2 3", " 4 5")]
+KEY = "sk-test-not-a-real-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tiny_gpt2"))
+    hf_tiny.tiny_gpt2(path, positions=256)
+    return path, rj.load_lm(path, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny):
+    server = BackgroundServer(tiny[1])
+    yield server
+    server.stop()
+
+
+def local_scores(lm, pairs):
+    return lm.score([c for c, _ in pairs], [y for _, y in pairs])
+
+
+def assert_close(got, want, atol=1e-5):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == np.float32
+        np.testing.assert_allclose(g, w, atol=atol, rtol=0)
+
+
+def test_our_server_matches_local_backend(tiny, tiny_server):
+    lm = tiny[1]
+    want = local_scores(lm, PAIRS)
+    for options in ({}, {"prompt_logprobs": True}, {"prompts_per_request": 3}):
+        remote = HTTPLM(tiny_server.url, tokenizer=lm.tokenizer, concurrency=4, **options)
+        assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), want)
+        stats = remote.stats()
+        assert stats["failures"] == 0 and stats["retries"] == 0 and stats["prompts"] == len(PAIRS)
+        assert stats["alignment"].startswith("verified") and "start_text" in stats["start"]
+    assert remote.count_tokens("Hello world") == lm.count_tokens("Hello world")
+    assert HTTPLM(tiny_server.url).count_tokens("Hello world") == 11  # the server's /tokenize
+
+
+def test_server_that_adds_a_start_token(tiny):
+    """A server conditioning every prompt on the start token: empty contexts are sent alone."""
+    lm = tiny[1]
+    with BackgroundServer(lm, add_start_token=True) as server:
+        remote = HTTPLM(server.url)  # no tokenizer, no start_text: the server's own start token is used
+        assert remote.stats()["start"].startswith("the server conditions")
+        got = remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS])
+    want = lm.score_token_pairs([([lm.start_id] + lm.tokenizer.encode(c), lm.tokenizer.encode(y)) for c, y in PAIRS])
+    assert_close(got, want)
+    assert_close(got[1:2], local_scores(lm, PAIRS[1:2]))  # empty context: LocalLM's own convention
+
+
+def test_smollm2_over_http_matches_local(smollm2):
+    pairs = [("The capital of France is", " Paris, on the Seine."), ("", "Wikipedia is a free online encyclopedia."),
+             ("In 1905 Albert Einstein published", " four papers."), ("Water boils at 100", " degrees Celsius.")]
+    want = local_scores(smollm2, pairs)
+    with BackgroundServer(smollm2) as server:
+        remote = rj.load_lm(server.url, tokenizer=smollm2.tokenizer)
+        assert isinstance(remote, HTTPLM) and remote.max_length == smollm2.max_length
+        assert_close(remote.score([c for c, _ in pairs], [y for _, y in pairs]), want)
+        assert remote.stats()["alignment"].startswith("verified")
+
+
+def test_load_lm_options_only_for_urls():
+    with pytest.raises(TypeError, match="http"):
+        rj.load_lm("smollm2", tokenizer="smollm2")
+    with pytest.raises(ValueError, match="not an http"):
+        HTTPLM("ftp://127.0.0.1/v1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: list[str], log_path, **kw) -> subprocess.Popen:
+    """A server subprocess with its output in a file (a pipe nobody reads would fill and block it)."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, **kw)
+
+
+def wait_for(url: str, proc: subprocess.Popen, seconds: float, log_path) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {open(log_path).read()[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer in {seconds}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_serve_command_line(tiny, tmp_path):
+    port, log = free_port(), tmp_path / "serve.log"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    proc = start(["-m", "replug_jax.serve", "--lm", tiny[0], "--port", str(port), "--batch-size", "2"], log, env=env)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/health", proc, 60, log)
+        remote = rj.load_lm(f"http://127.0.0.1:{port}/v1", tokenizer=tiny[1].tokenizer)
+        assert_close(remote.score(["Hello", ""], [" world", "Hi"]), tiny[1].score(["Hello", ""], [" world", "Hi"]))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+            assert json.load(r)["data"][0]["id"] == tiny[0]
+    finally:
+        stop(proc)
+
+
+# ---- fault injection: a deliberately faulty proxy in front of our server -------------------------------------
+
+
+class FaultyProxy:
+    """http.server forwarding to `upstream`; completions requests get `script` faults first, then `mode`."""
+
+    def __init__(self, upstream: str):
+        self.upstream, self.script, self.mode, self.auth = upstream.rsplit("/v1", 1)[0], [], "ok", []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.forward(None)
+
+            def do_POST(self):
+                self.forward(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+            def reply(self, status, payload, headers=()):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                for k, v in headers:
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def forward(self, body):
+                proxy.auth.append(self.headers.get("Authorization"))
+                fault = "ok"
+                if self.path.endswith("/completions"):
+                    fault = proxy.script.pop(0) if proxy.script else proxy.mode
+                try:
+                    proxy.apply(self, fault, body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout fault)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def apply(self, handler, fault, body):
+        if fault.isdigit():
+            return handler.reply(int(fault), {"error": {"message": f"injected {fault}; saw {handler.headers.get('Authorization')}"}})
+        if fault.startswith("429"):
+            return handler.reply(429, {"error": {"message": "slow down"}}, [("Retry-After", fault[4:] or "0")])
+        if fault == "timeout":
+            time.sleep(1.0)
+        if fault == "refuse0" and body.get("max_tokens") == 0:
+            return handler.reply(400, {"error": {"message": "max_tokens must be at least 1"}})
+        if fault == "gen0" and body.get("max_tokens") == 0:
+            body = {**body, "max_tokens": 2}
+        request = urllib.request.Request(self.upstream + handler.path, data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            payload = json.load(r)
+        for choice in payload.get("choices", []) if body and body.get("echo") else []:
+            lp = choice["logprobs"]
+            if fault == "drop":
+                choice["logprobs"] = None
+            elif fault == "null":
+                lp["token_logprobs"] = [None] * len(lp["token_logprobs"])
+            elif fault == "shift":  # entry i holds the value of token i + 1
+                lp["token_logprobs"] = [None] + lp["token_logprobs"][2:] + [-0.5]
+        handler.reply(200, payload)
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def proxy(tiny_server):
+    p = FaultyProxy(tiny_server.url)
+    yield p
+    p.stop()
+
+
+def client(proxy, tiny, **kw):
+    remote = HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer, backoff=0.02, **kw)
+    remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS])  # warm: every shape compiled upstream
+    remote.timeout = kw.get("timeout", 0.5)
+    return remote, remote.stats()
+
+
+def test_retries_then_success(proxy, tiny):
+    remote, before = client(proxy, tiny, concurrency=2)
+    proxy.script = ["500", "429", "timeout", "502"]
+    assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), local_scores(tiny[1], PAIRS))
+    after = remote.stats()
+    assert after["retries"] - before["retries"] == 4 and after["failures"] == 0
+    assert after["requests"] - before["requests"] == len(PAIRS) + 4
+
+
+def test_retry_after_is_honoured(proxy, tiny):
+    remote, _ = client(proxy, tiny)
+    proxy.script = ["429:1"]
+    start = time.time()
+    remote.score(["Hello"], [" world"])
+    assert time.time() - start >= 0.95 and remote.stats()["retries"] == 1
+
+
+def test_persistent_500_is_a_clear_error_and_the_key_stays_secret(proxy, tiny, monkeypatch, caplog):
+    monkeypatch.setenv("REPLUG_TEST_KEY", KEY)
+    remote, before = client(proxy, tiny, api_key_env="REPLUG_TEST_KEY", max_retries=2, concurrency=2)
+    assert proxy.auth[-1] == f"Bearer {KEY}"
+    proxy.mode = "500"
+    with pytest.raises(BlackBoxServerError, match="failed after 2 retries; last error: HTTP 500") as info:
+        remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS])
+    after = remote.stats()
+    assert after["failures"] >= 1 and after["retries"] - before["retries"] >= 2
+    assert KEY not in str(info.value) and "***" in str(info.value)  # the server echoed it: redacted
+    assert KEY not in caplog.text and KEY not in repr(remote)
+
+
+def test_client_errors_are_not_retried(proxy, tiny):
+    remote, _ = client(proxy, tiny)
+    proxy.mode = "400"
+    with pytest.raises(BlackBoxServerError, match="HTTP 400 \\(not retried\\)"):
+        remote.score(["Hello"], [" world"])
+    assert remote.stats()["retries"] == 0
+
+
+def test_connection_refused_after_retries():
+    with pytest.raises(BlackBoxServerError, match="failed after 1 retries"):
+        HTTPLM(f"http://127.0.0.1:{free_port()}/v1", max_retries=1, backoff=0.01)
+
+
+def test_dropped_logprobs_are_refused_at_probe_and_later(proxy, tiny):
+    proxy.mode = "drop"
+    with pytest.raises(BlackBoxServerError, match="returned no prompt log-probabilities"):
+        HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer)
+    proxy.mode = "null"
+    with pytest.raises(BlackBoxServerError, match="returned no prompt log-probabilities"):
+        HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer)
+    proxy.mode = "ok"
+    remote, _ = client(proxy, tiny)
+    for mode, message in (("drop", "returned no prompt log-probabilities"), ("null", "no log-probability for")):
+        proxy.mode = mode
+        with pytest.raises(BlackBoxServerError, match=message):
+            remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS])
+    assert remote.stats()["failures"] >= 2
+
+
+def test_shifted_server_is_refused(proxy, tiny):
+    proxy.mode = "shift"
+    with pytest.raises(BlackBoxServerError, match="shifted by one position"):
+        HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer)
+
+
+@pytest.mark.parametrize("mode", ["refuse0", "gen0"])
+def test_max_tokens_zero_fallback(proxy, tiny, mode):
+    proxy.mode = mode
+    remote = HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer)
+    assert remote.stats()["max_tokens"].startswith("max_tokens=1")
+    assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), local_scores(tiny[1], PAIRS))
+
+
+def test_vllm_prompt_logprobs_with_a_start_token():
+    choice = {"prompt_logprobs": [None, {"9": {"logprob": -1.5, "decoded_token": "Hello"}},
+                                  {"7": {"logprob": -0.25, "decoded_token": " world"}}]}
+    echo = http_lm._parse_prompt_logprobs(choice, "Hello world")
+    assert echo.starts == [0, 0, 5] and echo.ends == [0, 5, 11] and echo.logprobs == [None, -1.5, -0.25]
+    assert http_lm._retry_after("2") == 2.0 and http_lm._retry_after(None) is None
+
+
+# ---- a real third-party server: llama-cpp-python ----------------------------------------------------------------
+
+
+def test_llama_cpp_python_server_shift_is_detected(tmp_path):
+    pytest.importorskip("llama_cpp.server.app", reason="pip install 'llama-cpp-python[server]==0.3.36'")
+    from replug_jax.models.registry import packaged_path
+
+    port, log = free_port(), tmp_path / "llama.log"
+    proc = start(["-m", "llama_cpp.server", "--model", packaged_path("smollm2"), "--host", "127.0.0.1",
+                  "--port", str(port), "--n_ctx", "512", "--n_threads", "2"], log)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/v1/models", proc, 60, log)
+        with pytest.raises(BlackBoxServerError, match="shifted by one position"):
+            HTTPLM(f"http://127.0.0.1:{port}/v1")
+    finally:
+        stop(proc)
+
+
+def test_server_api_key(tiny, monkeypatch):
+    monkeypatch.setenv("REPLUG_TEST_KEY", KEY)
+    with BackgroundServer(tiny[1], api_key=KEY) as server:
+        remote = HTTPLM(server.url, api_key_env="REPLUG_TEST_KEY")
+        assert_close(remote.score(["Hello"], [" world"]), tiny[1].score(["Hello"], [" world"]))
+        with pytest.raises(BlackBoxServerError, match="HTTP 401 \\(not retried\\)") as info:
+            HTTPLM(server.url, api_key_env="REPLUG_NO_SUCH_VARIABLE")
+        assert KEY not in str(info.value)

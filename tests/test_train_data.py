@@ -1,0 +1,68 @@
+"""LSR training data (§5.2) and the persistent LM-score cache."""
+import numpy as np
+import pytest
+
+import replug_jax as rj
+from replug_jax.retrieval.datastore import Document, chunk_documents
+from replug_jax.train.data import check_disjoint, training_examples
+from replug_jax.train.lm_cache import LMScoreCache
+
+from tests import hf_tiny
+
+TEXT = "The quick brown fox jumps over the lazy dog while the cat watches from the wall. " * 6
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lm")
+    hf_tiny.tiny_gpt2(str(path), positions=256)
+    return rj.load_lm(str(path), batch_size=8)
+
+
+def test_examples_are_query_and_continuation_windows(tiny_lm):
+    tok = tiny_lm.tokenizer
+    docs = [Document("a", "", TEXT), Document("b", "", TEXT[:100])]
+    examples = training_examples(docs, tok, query_tokens=40, continuation_tokens=24, seed=3)
+    assert {e.doc_id for e in examples} == {"a", "b"}
+    for e in examples:
+        assert len(tok.encode(e.query)) == 40 and len(tok.encode(e.continuation)) == 24
+        assert (e.query + e.continuation) in TEXT
+    assert examples == training_examples(docs, tok, query_tokens=40, continuation_tokens=24, seed=3)
+    assert examples != training_examples(docs, tok, query_tokens=40, continuation_tokens=24, seed=4)
+    with pytest.raises(ValueError, match="too short"):
+        training_examples([Document("c", "", "short")], tok, query_tokens=40, continuation_tokens=24)
+
+
+def test_training_documents_must_be_disjoint_from_the_datastore(tiny_lm):
+    corpus = [Document("x", "", TEXT), Document("y", "", "Another document entirely about rivers and the sea. " * 4)]
+    store = chunk_documents(corpus, tiny_lm.tokenizer, chunk_tokens=80)
+    check_disjoint([Document("t", "", "A fresh training document about mountains and snow. " * 3)], store)
+    with pytest.raises(ValueError, match="also in the datastore"):
+        check_disjoint([Document("x", "", "whatever")], store)
+    with pytest.raises(ValueError, match="identical to datastore chunks"):
+        check_disjoint([Document("copy", "", store.texts[0])], store)
+
+
+class CountingLM:
+    def __init__(self, lm):
+        self.lm, self.name, self.pairs = lm, "counting", 0
+
+    def score(self, contexts, continuations, progress=False):
+        self.pairs += len(contexts)
+        return self.lm.score(contexts, continuations)
+
+
+def test_cache_scores_each_pair_once_across_restarts(tiny_lm, tmp_path):
+    lm = CountingLM(tiny_lm)
+    contexts, conts = ["a b c", "d e f", "a b c"], [" x y", " z", " x y"]
+    cache = LMScoreCache(str(tmp_path / "c.sqlite"), lm)
+    sums, counts = cache.score(contexts, conts)
+    expected = [x.sum() for x in tiny_lm.score(contexts, conts)]
+    np.testing.assert_allclose(sums, expected, rtol=1e-6)
+    assert list(counts) == [4, 2, 4] and lm.pairs == 2  # the duplicate pair is scored once
+    assert cache.stats()["cache_misses"] == 2 and cache.stats()["cache_hits"] == 1
+    cache.close()
+    again = LMScoreCache(str(tmp_path / "c.sqlite"), lm)  # a restart: everything comes from disk
+    sums2, _ = again.score(contexts + ["new"], conts + [" pair"])
+    np.testing.assert_array_equal(sums2[:3], sums)
+    assert lm.pairs == 3 and again.stats()["cache_hits"] == 3
