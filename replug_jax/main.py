@@ -16,13 +16,23 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     config = _CONFIG.value
+    if config.get("multihost"):  # TPU VMs: one process per host; only process 0 logs and writes results
+        import jax
+
+        jax.distributed.initialize()
+        if jax.process_index() != 0:
+            logging.set_verbosity(logging.WARNING)
     logging.info("config:\n%s", config)
     if config.job == "lm_eval":
         from replug_jax.evaluate.run import run_lm_eval
 
         run_lm_eval(config, _WORKDIR.value)
+    elif config.job == "lsr":
+        from replug_jax.train.run import run_lsr
+
+        run_lsr(config, _WORKDIR.value)
     else:
-        raise ValueError(f"unknown job {config.job!r} (known: lm_eval)")
+        raise ValueError(f"unknown job {config.job!r} (known: lm_eval, lsr)")
 
 
 if __name__ == "__main__":

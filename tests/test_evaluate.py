@@ -134,4 +134,11 @@ def test_every_config_loads_with_the_documented_keys(name):
     c = sibling_config(os.path.join(CONFIGS, name), name)
     for key in ("corpus", "eval_data", "encoder", "lm", "k", "doc_tokens", "query_tokens", "stride_tokens", "max_eval_docs"):
         assert key in c, f"{name} lacks {key}"
-    assert c.k <= max(c.k_sweep) and c.job == "lm_eval"
+    assert (c.get("eval_k") or c.k) <= max(c.k_sweep) and c.job in ("lm_eval", "lsr")
+    if c.job == "lsr":
+        for key in ("train_data", "steps", "batch_size", "refresh_every", "learning_rate", "gamma", "beta",
+                    "train_query_tokens", "train_continuation_tokens"):
+            assert key in c, f"{name} lacks {key}"
+        from replug_jax.train.run import lsr_settings
+
+        lsr_settings(c)  # every LSR key maps onto LSRSettings

@@ -98,8 +98,8 @@ def mean_pool(states, attention_mask):
 
 
 def l2_normalize(x, eps: float = 1e-12):
-    """Rows scaled to unit length (as torch.nn.functional.normalize)."""
-    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+    """Rows scaled to unit length (as torch.nn.functional.normalize); finite gradient at the zero row."""
+    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps * eps))
 
 
 def embed(params, config: BertConfig, input_ids, attention_mask, normalize: bool = False, dtype=jnp.float32):

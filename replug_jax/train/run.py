@@ -1,0 +1,48 @@
+"""The REPLUG LSR job: train the retriever with LM supervision, then evaluate none / REPLUG / REPLUG LSR.
+
+Only this module (and main.py) reads configs; it turns them into `LSRSettings` and plain arguments.
+"""
+from __future__ import annotations
+
+import os
+
+from absl import logging
+
+from replug_jax.evaluate import run as eval_run
+from replug_jax.retrieval.retriever import DenseRetriever
+from replug_jax.train.data import check_disjoint, training_examples
+from replug_jax.train.loop import LSRSettings, train_lsr
+
+
+def lsr_settings(config) -> LSRSettings:
+    names = {f.name for f in LSRSettings.__dataclass_fields__.values()}
+    values = {name: config[name] for name in names if name in config}
+    values["index_factory"] = config.index_factory
+    return LSRSettings(**values)
+
+
+def run_lsr(config, workdir: str) -> dict:
+    setup = eval_run.prepare(config, workdir)
+    train_docs = eval_run.read_documents(setup.paths["train"])
+    check_disjoint(train_docs, setup.store)
+    eval_ids = {d.id for d in eval_run.read_documents(setup.paths["eval"])}
+    if eval_ids & {d.id for d in train_docs}:
+        raise ValueError("training and evaluation documents overlap")
+    examples = training_examples(train_docs, setup.tokenizer, query_tokens=config.train_query_tokens,
+                                 continuation_tokens=config.train_continuation_tokens, seed=config.seed,
+                                 max_examples=config.get("max_train_examples") or None)
+    settings = lsr_settings(config)
+    logging.info("LSR: %d training examples, %s", len(examples), settings)
+    trained = train_lsr(setup.encoder, setup.lm, setup.store, examples, os.path.join(workdir, "lsr"), settings,
+                        initial_index=setup.index)
+    encoder_lsr = setup.encoder.with_params(trained["params"], name=f"{config.encoder}+lsr")
+    index_lsr = eval_run.build_dense_index(encoder_lsr, setup.store, workdir, metric=config.metric,
+                                           factory=config.index_factory, embedding_dtype=config.embedding_dtype,
+                                           name="lsr")
+    retrievers = eval_run.make_retrievers(config.methods, setup.encoder, setup.store, setup.index, config.seed)
+    retrievers["replug_lsr"] = DenseRetriever(encoder_lsr, index_lsr, setup.store)
+    extra = {"lsr": {"kl_direction": settings.direction, "gamma": settings.gamma, "beta": settings.beta,
+                     "steps": settings.steps, "batch_size": settings.batch_size, "k": settings.k,
+                     "learning_rate": settings.learning_rate, "refresh_every": settings.refresh_every,
+                     "training_examples": len(examples), **trained["stats"]}}
+    return eval_run.evaluate_and_report(config, workdir, setup, retrievers, extra)
