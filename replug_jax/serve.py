@@ -66,7 +66,7 @@ class ScoringEngine:
             jitted = jax.jit(fn)
             self._next = lambda ids, mask: np.asarray(jitted(params, ids, mask))  # [1, V] next-token log-probs
         else:
-            mesh = getattr(getattr(lm, "_batch_fn", None), "mesh", None) or sharding.data_mesh()
+            mesh = getattr(lm, "mesh", None) or sharding.data_mesh()
             self._next = sharding.ShardedBatchFn(fn, lm.params, mesh.devices.size, mesh)
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="replug-scoring", daemon=True)

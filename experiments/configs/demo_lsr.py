@@ -22,7 +22,7 @@ def get_config():
     c.batch_size = 4
     c.learning_rate = 1e-4  # a short run needs a larger step than the paper's 2e-5 over 25k steps
     c.refresh_every = 12
-    c.swap_after = 2
+    c.swap_after = 10  # the rebuild (~2 min on 2 cores) runs while steps 13-21 train on the old index
     c.checkpoint_every = 6
     c.log_every = 1
     c.train_query_tokens = 64

@@ -16,28 +16,17 @@ the context without those characters. So token counts are the server's own, and 
 LocalLM, which tokenises context and continuation apart, the server tokenises the joined text;
 at a word boundary (" Paris" after "is") both give the same tokens.
 
-Empty contexts follow the server's own start-of-document handling. If the server conditions
-the first prompt token on a start token it adds itself (llama.cpp and vLLM with a BOS model),
-the continuation is sent alone. If it returns no log-prob for the first prompt token (the
-OpenAI convention), the continuation is sent after a document-start text the probe has seen the
-server read as a single token: `start_text`, else the document-start token of `tokenizer`, else
-the first of LocalLM's candidates ("<|endoftext|>", "<s>", "<|begin_of_text|>") that works; so
-against our own server an empty context is scored exactly as LocalLM scores it. Without one, an
-empty context is an error.
-
-A server that refuses `max_tokens=0`, or reads it as "unlimited" (llama-cpp-python), gets
+Empty contexts and `max_tokens` follow what the probe (`replug_jax.lm.http_probe`, run on
+construction unless `probe=False`) found: an empty context is sent as the continuation alone when
+the server conditions the first prompt token on a start token it adds itself, after a
+document-start text the server reads as one token otherwise (`start_text`, by default the
+tokenizer's document-start token, LocalLM's choice), and is an error without one. Requests carry
+`max_tokens=0` only once the probe has seen the server read it as "no new tokens"; else
 `max_tokens=1` and the generated token is dropped (it starts at the end of the prompt).
 
-On construction a probe checks the server: prompt log-probs present (null only for the first
-token), one offset and one log-prob per echoed token, offsets monotonic and covering the prompt,
-and aligned. Alignment is checked against the server itself: a token t the server reports for
-the next position after probe text Q (its own generation log-probs, which servers compute from
-the sampling distribution) must get the same log-prob when Q + t is echoed. A value found one
-position early is named a shift by one (llama-cpp-python's echo, its issue #1983, for models
-that add no BOS token). Where that check is inconclusive the probe looks for induction on a
-repeated text (near-zero log-probs on the last repetition) and otherwise warns that alignment is
-unverified. Every later response is validated the same way: missing or null log-probs raise
-`BlackBoxServerError`, never a silently wrong score.
+Every response is validated: prompt log-probs present (null only for the first token), one offset
+and one log-prob per echoed token, offsets monotonic and covering the prompt; missing or null
+log-probs raise `BlackBoxServerError`, never a silently wrong score.
 
 Requests: `prompts_per_request` prompts per request (1 works everywhere; llama-cpp-python
 refuses lists), up to `concurrency` in flight, retried with exponential backoff on timeouts,
@@ -67,19 +56,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Sequence
 
 import numpy as np
 
 from replug_jax.lm.blackbox import check_pairs
-from replug_jax.lm.local import DOCUMENT_START_TOKENS
+from replug_jax.lm.local import document_start_id
 from replug_jax.models.tokenizer import TextTokenizer
 
-PROBE_ITEMS = " apple river tiger violet cloud lemon"
-PROBE_TEXT = "Words:" + PROBE_ITEMS * 3  # the last repetition is predictable by induction
-PROBE_TOP = 5  # top log-probs asked for in the probe (OpenAI's legacy maximum)
 MAX_DELAY = 60.0  # seconds, cap on backoff and Retry-After
 
 
@@ -165,6 +150,13 @@ class HTTPLM:
             raise NotImplementedError(f"{self.base_url}: no local tokenizer and the server has no /tokenize "
                                       f"({e}); pass tokenizer=") from None
         return int(reply["count"]) if "count" in reply else len(reply["tokens"])
+
+    def probe(self) -> dict:
+        """Check the server on a probe text (see `replug_jax.lm.http_probe`); raise BlackBoxServerError naming
+        what is wrong. Returns the findings, also kept in `stats()`."""
+        from replug_jax.lm.http_probe import probe  # that module builds on this one
+
+        return probe(self)
 
     def stats(self) -> dict:
         """Counters for results: HTTP requests sent, retries, requests failed for good, prompts scored; probe findings."""
@@ -322,127 +314,6 @@ class HTTPLM:
             raise BlackBoxServerError("returned log-probabilities that are not finite numbers <= 0")
         return out
 
-    # ---- the probe --------------------------------------------------------------------------------------------
-
-    def probe(self) -> dict:
-        """Check the server on a probe text; raise BlackBoxServerError naming what is wrong. Returns the findings."""
-        info: dict = {}
-        try:  # the model id (required by some servers) and its window
-            models = self._get(self.base_url + "/models").get("data") or []
-        except (_Refused, BlackBoxServerError, AttributeError):
-            models = []
-        ids = [m.get("id") for m in models if isinstance(m, dict)]
-        if self.model is None and len(ids) > 1:
-            raise BlackBoxServerError(f"{self.base_url} serves {len(ids)} models ({', '.join(map(str, ids[:5]))}, ...): "
-                                      "pass model=")
-        self.model = self.model or (ids[0] if ids else None)
-        for m in models:
-            if isinstance(m, dict) and m.get("id") == self.model and isinstance(m.get("max_model_len"), int):
-                self.max_length = m["max_model_len"]
-        candidates = self._next_token_candidates(PROBE_TEXT)
-        targets = _clean_candidates(candidates)
-        prompt = PROBE_TEXT + (targets[0][0] if targets else "")
-        echo = self._echo([prompt], 1, PROBE_TOP)[0]
-        values = echo.logprobs
-        first = [i for i, e in enumerate(echo.ends) if e > 0][0]
-        nulls = [i for i in range(first + 1, len(values)) if values[i] is None]
-        if len(nulls) == len(values) - first - 1:
-            raise BlackBoxServerError(f"{self.base_url}: returned no prompt log-probabilities (token_logprobs are null)")
-        if nulls:
-            raise BlackBoxServerError(f"{self.base_url}: returned null log-probabilities for {len(nulls)} of "
-                                      f"{len(values)} prompt tokens after the first")
-        info["alignment"] = self._check_alignment(echo, targets, len(PROBE_TEXT))
-        if not self.prompt_logprobs:
-            info["max_tokens"] = self._check_max_tokens_zero()
-        if values[first] is not None:
-            self._start, info["start"] = "server", "the server conditions the first token on its own start token"
-        else:
-            info["start"] = self._check_start_text()
-        info["model"] = self.model
-        with self._lock:
-            self._probe_info = info
-        return info
-
-    def _next_token_candidates(self, text: str) -> dict[str, float]:
-        """{token text: log p} for the next token after `text`, from the server's own generation log-probs."""
-        body = {"prompt": text, "max_tokens": 1, "temperature": 0, "logprobs": PROBE_TOP, "echo": False,
-                **({"model": self.model} if self.model else {})}
-        try:
-            lp = self._post(self.base_url + "/completions", body, optional=True)["choices"][0].get("logprobs") or {}
-        except (_Refused, BlackBoxServerError, KeyError, IndexError, TypeError):
-            return {}
-        out = {}
-        for token, value in zip(lp.get("tokens") or [], lp.get("token_logprobs") or []):
-            if isinstance(value, (int, float)):
-                out[token] = float(value)
-            break
-        top = (lp.get("top_logprobs") or [None])[0]
-        if isinstance(top, dict):
-            out.update({k: float(v) for k, v in top.items() if isinstance(v, (int, float))})
-        return out
-
-    def _check_max_tokens_zero(self) -> str:
-        """Use max_tokens=0 when the server takes it as 'no new tokens'; else keep 1 (the generated token is dropped)."""
-        prompt = "Hello world"
-        try:
-            reply = self._post(self.base_url + "/completions", self._body([prompt], 0, self.logprobs), optional=True)
-            text = reply["choices"][0].get("text") or ""
-        except _Refused as e:
-            return f"max_tokens=1: the server refused max_tokens=0 ({e})"
-        except (KeyError, IndexError, TypeError, AttributeError) as e:
-            raise BlackBoxServerError(f"{self.base_url}: malformed completions response ({e})") from None
-        if len(text) > len(prompt):
-            return "max_tokens=1: the server generated text for max_tokens=0 (read as unlimited)"
-        self._parse(reply["choices"][0], prompt)
-        self._max_tokens = 0
-        return "max_tokens=0"
-
-    def _check_alignment(self, echo: _Echo, targets: list[tuple[str, float]], at: int) -> str:
-        """'verified ...' or 'unverified'; raises on a misaligned server. `echo` is of PROBE_TEXT + targets[0]."""
-        for k, (token, expected) in enumerate(targets[:3]):
-            if k:
-                echo = self._echo([PROBE_TEXT + token], 1, PROBE_TOP)[0]
-            verdict = _alignment_verdict(echo, token, expected, at)
-            if verdict == "aligned":
-                return "verified against the server's generation log-probs"
-            if verdict == "ambiguous":  # e.g. a random model whose log-probs are all alike: try another token
-                continue
-            got = verdict[1]
-            if verdict[0] == "shifted":
-                raise BlackBoxServerError(
-                    f"{self.base_url}: log-probabilities shifted by one position: the server's own log p of "
-                    f"{token!r} after the probe text is {expected:.3f}, but its echo puts that value one token "
-                    f"early and gives {got:.3f} for {token!r} (entry i is evaluated with the distribution after "
-                    "token i; llama-cpp-python issue #1983)")
-            raise BlackBoxServerError(
-                f"{self.base_url}: log-probabilities are misaligned: echo gives {got:.3f} for {token!r} after the "
-                f"probe text, the server's own generation log-prob is {expected:.3f}")
-        repeat = len(PROBE_ITEMS)
-        last = [v for s, v in zip(echo.starts, echo.logprobs) if at - repeat < s < at and v is not None]
-        first = [v for s, v in zip(echo.starts, echo.logprobs) if len("Words:") < s < len("Words:") + repeat and v is not None]
-        if last and first and np.mean(last) > -1.0 and np.mean(last) > np.mean(first) + 2.0:
-            return "verified by induction on a repeated text"
-        warnings.warn(f"{self.base_url}: could not verify that prompt log-probabilities are aligned to their tokens "
-                      "(no usable generation log-probs and no induction on the probe text)")
-        return "unverified"
-
-    def _check_start_text(self) -> str:
-        """Find a document-start text the server reads as one token: `start_text` if given, else the tokenizer's,
-        else LocalLM's candidates in order ("<|endoftext|>", "<s>", "<|begin_of_text|>")."""
-        candidates = [self.start_text] if self.start_text else list(DOCUMENT_START_TOKENS)
-        for text in candidates:
-            prompt = text + " The"
-            try:
-                echo = self._echo([prompt], self._max_tokens, self.logprobs, optional=True)[0]
-            except (BlackBoxServerError, _Refused):
-                continue
-            before = [i for i, e in enumerate(echo.ends) if 0 < e <= len(text)]
-            after = [i for i, e in enumerate(echo.ends) if e > len(text)]
-            if len(before) == 1 and echo.starts[before[0]] == 0 and after and echo.logprobs[after[0]] is not None:
-                self.start_text, self._start = text, "text"
-                return f"empty contexts are sent after start_text {text!r}"
-        return f"the server adds no start token and reads none of {candidates} as one token: empty contexts are refused"
-
 
 class _Refused(Exception):
     """A 4xx answer to an optional request (a feature the server does not have)."""
@@ -452,43 +323,9 @@ def _document_start_text(tokenizer: TextTokenizer | None) -> str | None:
     """The text of the tokenizer's document-start token (LocalLM's choice), if it encodes back to that one token."""
     if tokenizer is None:
         return None
-    from replug_jax.lm.local import LocalLM
-
-    tid = LocalLM._document_start_id(tokenizer)
+    tid = document_start_id(tokenizer)
     text = tokenizer.backend.id_to_token(tid) if tid is not None else None
     return text if text and tokenizer.encode(text) == [tid] else None
-
-
-def _clean_candidates(candidates: dict[str, float]) -> list[tuple[str, float]]:
-    """Next tokens whose text re-tokenises safely (a word with a leading space, else one ASCII character), best first."""
-    ranked = sorted(candidates.items(), key=lambda kv: -kv[1])
-    ok = lambda v: math.isfinite(v) and v <= 1e-3
-    words = [(t, v) for t, v in ranked if re.match(r"^ [A-Za-z]+$", t) and ok(v)]
-    chars = [(t, v) for t, v in ranked if re.match(r"^[A-Za-z0-9.,;:!?]$", t) and ok(v)]
-    return words + chars
-
-
-def _alignment_verdict(echo: _Echo, token: str, expected: float, at: int):
-    """Is the echoed log-prob of `token` (at character `at`) the server's generation log-prob `expected`?
-
-    'aligned'; ('shifted', got) when the value sits one entry early (or in the previous entry's top
-    log-probs) and closer than at its own entry; ('misaligned', got); 'ambiguous' when both explanations
-    fit equally well or the token is not found (re-tokenised differently)."""
-    j = next((i for i, s in enumerate(echo.starts) if s == at and echo.ends[i] == at + len(token)), None)
-    if j is None or j == 0 or echo.logprobs[j] is None:
-        return "ambiguous"
-    tol = 0.05 + 0.01 * abs(expected)
-    got = echo.logprobs[j]
-    early = [echo.logprobs[j - 1]] + ([(echo.top[j - 1] or {}).get(token)] if echo.top else [])
-    d_aligned = abs(got - expected)
-    d_shifted = min([abs(v - expected) for v in early if isinstance(v, (int, float))] or [math.inf])
-    if d_aligned <= tol and d_aligned < d_shifted - 1e-4:
-        return "aligned"
-    if d_shifted <= tol and d_shifted < d_aligned - 1e-4:
-        return ("shifted", got)
-    if d_aligned <= tol:
-        return "ambiguous"
-    return ("misaligned", got)
 
 
 def _parse_prompt_logprobs(choice: dict, prompt: str) -> _Echo:

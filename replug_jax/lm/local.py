@@ -21,6 +21,16 @@ CONTINUATION_MULTIPLE = 32  # scored positions per row are padded to a multiple 
 DOCUMENT_START_TOKENS = ("<|endoftext|>", "<s>", "<|begin_of_text|>")
 
 
+def document_start_id(tokenizer: TextTokenizer) -> int | None:
+    """The token put before an empty context so the first continuation token is predicted: the first of
+    DOCUMENT_START_TOKENS the tokenizer has, else its BOS, else its EOS id (None when it has none)."""
+    for token in DOCUMENT_START_TOKENS:
+        tid = tokenizer.backend.token_to_id(token)
+        if tid is not None:
+            return tid
+    return tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
+
+
 class LocalLM:
     """A causal LM in JAX behind `score(contexts, continuations)`."""
 
@@ -30,7 +40,7 @@ class LocalLM:
         self.config, self.tokenizer, self.name = config, tokenizer, name
         self.max_length = min(max_length or config.max_position, config.max_position)
         self.length_multiple, self.dtype = length_multiple, dtype
-        self.start_id = self._document_start_id(tokenizer)
+        self.start_id = document_start_id(tokenizer)
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
         mesh = mesh or sharding.data_mesh()
         batch_size = sharding.round_up(batch_size, mesh.devices.size)
@@ -41,18 +51,14 @@ class LocalLM:
     def _logprob_fn(params, ids, mask, target_positions, *, config, dtype):
         return causal_lm.logprobs_at(params, config, ids, mask, target_positions, dtype=dtype)
 
-    @staticmethod
-    def _document_start_id(tokenizer: TextTokenizer) -> int | None:
-        """The token put before an empty context so the first continuation token is predicted."""
-        for token in DOCUMENT_START_TOKENS:
-            tid = tokenizer.backend.token_to_id(token)
-            if tid is not None:
-                return tid
-        return tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
-
     @property
     def params(self):
         return self._batch_fn.params
+
+    @property
+    def mesh(self):
+        """The device mesh the scoring batch is split over."""
+        return self._batch_fn.mesh
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))

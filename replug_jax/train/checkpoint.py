@@ -26,6 +26,7 @@ CheckpointError is raised. No pickle anywhere.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -86,9 +87,26 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
+def _quiet(method):
+    """Run `method` with absl logging at WARNING: orbax logs every save and restore at INFO."""
+    from absl import logging as absl_logging
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        level = absl_logging.get_verbosity()
+        absl_logging.set_verbosity(min(level, absl_logging.WARNING))
+        try:
+            return method(*args, **kwargs)
+        finally:
+            absl_logging.set_verbosity(level)
+
+    return wrapper
+
+
 class Checkpointer:
     """Numbered checkpoints of a state pytree plus JSON meta in `directory`, the newest `max_to_keep` kept."""
 
+    @_quiet
     def __init__(self, directory: str, max_to_keep: int = 3, *, async_save: bool = False, verify: bool = True):
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
@@ -98,6 +116,7 @@ class Checkpointer:
             preservation_policy=ocp.checkpoint_managers.LatestN(max_to_keep))
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
 
+    @_quiet
     def all_steps(self) -> list[int]:
         """The finalised steps on disk, oldest first (not yet checked for corruption)."""
         self._manager.reload()
@@ -107,6 +126,7 @@ class Checkpointer:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
+    @_quiet
     def save(self, step: int, state, meta: dict | None = None) -> None:
         """Write `state` (a pytree of arrays and scalars) and `meta` (JSON-serialisable) as checkpoint `step`."""
         step = int(step)
@@ -125,10 +145,12 @@ class Checkpointer:
         self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                          meta=ocp.args.JsonSave(record)), force=True)
 
+    @_quiet
     def wait(self) -> None:
         """Block until an asynchronous save is on disk (a no-op for synchronous saving)."""
         self._manager.wait_until_finished()
 
+    @_quiet
     def restore(self, abstract_state, step: int | None = None):
         """(step, state, meta) of the newest restorable checkpoint (or of `step`), or None if there is none.
 
