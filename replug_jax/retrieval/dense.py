@@ -42,6 +42,10 @@ class DenseEncoder:
         return self._batch_fn.params
 
     @property
+    def mesh(self):
+        return self._batch_fn.mesh
+
+    @property
     def dim(self) -> int:
         return self.config.hidden_size
 
@@ -65,7 +69,7 @@ class DenseEncoder:
         """The same encoder (tokenizer, settings, mesh) with other weights, e.g. a trained retriever."""
         return DenseEncoder(self.config, params, self.tokenizer, name=name or self.name, max_length=self.max_length,
                             normalize=self.normalize, batch_size=self._batch_fn.batch_size,
-                            length_multiple=self.length_multiple, dtype=self.dtype, mesh=self._batch_fn.mesh)
+                            length_multiple=self.length_multiple, dtype=self.dtype, mesh=self.mesh)
 
     def embed(self, texts: list[str], progress: bool = False, params=None) -> np.ndarray:
         """Embeddings [N, D] float32 (unit rows if `normalize`); `params` overrides the weights (no recompile)."""

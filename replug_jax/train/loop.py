@@ -92,7 +92,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
     s = settings
     if s.batch_size * s.k == 0 or not examples:
         raise ValueError("LSR needs training examples, batch_size >= 1 and k >= 1")
-    mesh = mesh or encoder._batch_fn.mesh
+    mesh = mesh or encoder.mesh
     lead = jax.process_index() == 0
     optimizer = train_step_lib.make_optimizer(s.learning_rate, s.steps, s.warmup_fraction, s.clip_norm)
     state = train_step_lib.init_train_state(jax.device_get(encoder.params), optimizer, s.seed, mesh=mesh)
