@@ -6,8 +6,6 @@ accelerator changes matmul precision only.
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
@@ -33,19 +31,12 @@ def activation(name: str):
 
 
 def dot_product_attention(q, k, v, bias):
-    """Multi-head attention with grouped K/V heads.
+    """Multi-head attention with grouped K/V heads (jax.nn's XLA kernel: GQA without copying K/V).
 
     q: [B, L, H, Dh]; k, v: [B, S, Hkv, Dh] with H a multiple of Hkv;
     bias: [B, 1, L, S] additive (0 or MASK_VALUE). Returns [B, L, H, Dh].
     """
-    num_heads, num_kv = q.shape[2], k.shape[2]
-    if num_heads != num_kv:
-        k = jnp.repeat(k, num_heads // num_kv, axis=2)
-        v = jnp.repeat(v, num_heads // num_kv, axis=2)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = jnp.einsum("blhd,bshd->bhls", q, k, preferred_element_type=jnp.float32)  # [B, H, L, S]
-    weights = jax.nn.softmax(scores * scale + bias, axis=-1).astype(v.dtype)
-    return jnp.einsum("bhls,bshd->blhd", weights, v)
+    return jax.nn.dot_product_attention(q, k, v, bias=bias.astype(q.dtype))
 
 
 def padding_bias(attention_mask):
