@@ -12,12 +12,11 @@ from replug_jax.config_files import sibling_config
 
 def get_config():
     c = sibling_config(__file__, "lsr.py")
+    demo = sibling_config(__file__, "demo.py")  # the same data split and evaluation as the REPLUG demo
+    for key in ("eval_fraction", "train_fraction", "k", "k_sweep", "max_eval_docs", "max_windows_per_doc"):
+        c[key] = demo[key]
     c.corpus = c.eval_data = c.train_data = "gensim_wiki"
-    c.eval_fraction = 0.1
-    c.train_fraction = 0.1
-    c.k = 4
-    c.eval_k = 4
-    c.k_sweep = (1, 2, 4)
+    c.eval_k = demo.k
     c.steps = 24
     c.batch_size = 4
     c.learning_rate = 1e-4  # a short run needs a larger step than the paper's 2e-5 over 25k steps
@@ -29,7 +28,5 @@ def get_config():
     c.train_continuation_tokens = 64
     c.query_max_tokens = 96
     c.doc_max_tokens = 160
-    c.max_eval_docs = 6
-    c.max_windows_per_doc = 5
     c.methods = ("replug",)
     return c

@@ -13,6 +13,7 @@ import os
 import resource
 import time
 
+import jax
 import jax.numpy as jnp
 from absl import logging
 
@@ -182,8 +183,9 @@ def evaluate_and_report(config, workdir: str, setup: Setup, retrievers: dict, ex
                     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **(extra or {})})
     if hasattr(setup.lm, "stats"):
         results["lm_requests"] = setup.lm.stats()
-    print(report.write_results(results, workdir))
-    print(f"results in {os.path.join(workdir, 'results.json')}")
+    if jax.process_index() == 0:  # multi-host: one writer
+        print(report.write_results(results, workdir))
+        print(f"results in {os.path.join(workdir, 'results.json')}")
     return results
 
 
