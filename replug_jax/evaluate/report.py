@@ -47,6 +47,7 @@ def plot_k_sweep(results: dict, path: str) -> str | None:
         ks = sorted(int(k) for k in sweep[m])
         ax.plot(ks, [sweep[m][str(k)]["perplexity"] for k in ks], marker="o", label=m)
     ax.axhline(results["perplexity"]["none"], color="gray", linestyle="--", label="none")
+    ax.set_xticks(sorted({int(k) for by_k in sweep.values() for k in by_k}))
     ax.set_xlabel("documents ensembled (k)")
     ax.set_ylabel("perplexity")
     ax.set_title("Held-out perplexity against k")
