@@ -13,16 +13,8 @@ from replug_jax.config_files import sibling_config
 
 
 def get_config():
-    c = sibling_config(__file__, "lm_eval.py")
-    c.encoder = "contriever"
+    c = sibling_config(__file__, "wikitext103_gpt2.py")  # the same REPLUG settings: Contriever, top-10, 128-token passages
     c.lm = "gpt2"
-    c.k = 10
-    c.k_sweep = (1, 2, 4, 8, 10)
-    c.context_tokens = 768
     c.max_eval_docs = 1_000_000
-    c.index_factory = "IVF65536,PQ64"
-    c.embedding_dtype = "float16"
-    c.lm_batch_size = 32
-    c.encoder_batch_size = 256
-    c.dtype = "bfloat16"
+    c.index_factory = "IVF65536,PQ64"  # hundreds of millions of passages at the paper's scale
     return c
