@@ -23,7 +23,7 @@ class DenseEncoder:
     """A BERT-family encoder with mean pooling; `normalize=True` makes inner products cosines (the paper's s(d, x))."""
 
     def __init__(self, config: encoder_model.BertConfig, params, tokenizer: TextTokenizer, *, name: str = "encoder",
-                 max_length: int = 512, normalize: bool = True, batch_size: int = 32, length_multiple: int = 32,
+                 max_length: int = 512, normalize: bool = True, batch_size: int = 32, length_multiple: int = 8,
                  dtype=jnp.float32, mesh=None):
         self.config, self.tokenizer, self.name = config, tokenizer, name
         self.max_length = min(max_length, config.max_position)
