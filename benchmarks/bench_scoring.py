@@ -74,6 +74,7 @@ def main():
     p.add_argument("--cont-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", default="1,2,4")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--length-multiple", type=int, default=64, help="LocalLM length bucket (default 64)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--skip-torch", action="store_true")
     p.add_argument("--out", default="benchmarks/results.jsonl")
@@ -102,6 +103,7 @@ def main():
     fns = {}
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
         model = lm if bs == 1 else rj.load_lm("smollm2", batch_size=bs)
+        model.length_multiple = args.length_multiple
         model.score_token_pairs(pairs)  # compile every bucket
         fns[f"jax_local_bs{bs}"] = lambda model=model: model.score_token_pairs(pairs)
     if not args.skip_torch:
