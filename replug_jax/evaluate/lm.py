@@ -109,18 +109,29 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     return results
 
 
+def document_passes(datastore, rows: np.ndarray, prefixes: Sequence[str], continuations: Sequence[str],
+                    template: str = DOC_TEMPLATE):
+    """REPLUG's passes: one (document ∘ prefix, continuation) pair per retrieved row.
+
+    rows: [Q, K] (-1 = none). Returns (contexts, continuations, where) with where[n] = (query, rank).
+    """
+    contexts, conts, where = [], [], []
+    for q, (row, prefix, continuation) in enumerate(zip(rows, prefixes, continuations)):
+        ranks = np.flatnonzero(row >= 0)
+        for rank, doc in zip(ranks, format_docs(datastore, row[ranks], template)):
+            contexts.append(doc + prefix)
+            conts.append(continuation)
+            where.append((q, int(rank)))
+    return contexts, conts, where
+
+
 def _score_with_docs(lm, windows, datastore, rows, template, progress) -> list[list[np.ndarray]]:
     """doc_lps[w][i]: log-probs of window w's continuation with its i-th document prepended."""
-    contexts, continuations, owner = [], [], []
-    for w, window in enumerate(windows):
-        valid = [r for r in rows[w] if r >= 0]
-        for doc in format_docs(datastore, valid, template):
-            contexts.append(doc + window.prefix)
-            continuations.append(window.continuation)
-            owner.append(w)
+    contexts, continuations, where = document_passes(datastore, rows, [w.prefix for w in windows],
+                                                     [w.continuation for w in windows], template)
     flat = lm.score(contexts, continuations, progress=progress) if contexts else []
     out: list[list[np.ndarray]] = [[] for _ in windows]
-    for w, lps in zip(owner, flat):
+    for (w, _), lps in zip(where, flat):
         out[w].append(lps)
     return out
 

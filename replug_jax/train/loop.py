@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
-from replug_jax.evaluate.lm import DOC_TEMPLATE, format_docs
+from replug_jax.evaluate.lm import DOC_TEMPLATE, document_passes
 from replug_jax.retrieval.refresh import IndexRefresher
 from replug_jax.retrieval.retriever import excluded_rows
 from replug_jax.train import step as train_step_lib
@@ -69,12 +69,8 @@ def make_batch(encoder, datastore, examples, rows: np.ndarray, lm_scores: np.nda
 
 def supervise(cache: LMScoreCache, datastore, examples, rows: np.ndarray, s: LSRSettings) -> np.ndarray:
     """ℓ(x, d, y) for every example and retrieved row: [B, K] (0 where no document)."""
-    contexts, continuations, where = [], [], []
-    for i, (example, row) in enumerate(zip(examples, rows)):
-        for j, doc in zip(np.flatnonzero(row >= 0), format_docs(datastore, row[row >= 0], s.doc_template)):
-            contexts.append(doc + example.query)
-            continuations.append(example.continuation)
-            where.append((i, j))
+    contexts, continuations, where = document_passes(datastore, rows, [e.query for e in examples],
+                                                     [e.continuation for e in examples], s.doc_template)
     sums, counts = cache.score(contexts, continuations)
     scores = np.zeros(rows.shape, np.float32)
     for (i, j), total, n in zip(where, sums, counts):
