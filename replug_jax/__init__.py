@@ -4,13 +4,37 @@ Public API for notebooks:
     import replug_jax as rj
     enc = rj.load_encoder("minilm"); E = enc.embed(["a text"])          # [N, D] float32
     lm = rj.load_lm("smollm2"); lps = lm.score(["a context"], [" more"])  # list of [T_i] log-probs
-"""
-from replug_jax.api import load_encoder, load_lm, load_tokenizer
-from replug_jax.lm.blackbox import BlackBoxLM
-from replug_jax.lm.local import LocalLM
-from replug_jax.models.registry import ModelNotFound
-from replug_jax.models.weights import WeightsError
-from replug_jax.retrieval.dense import DenseEncoder
 
-__all__ = ["load_encoder", "load_lm", "load_tokenizer", "BlackBoxLM", "LocalLM", "DenseEncoder", "ModelNotFound", "WeightsError"]
+Names are imported on first use, so `import replug_jax.lm.http` (the HTTP client) does not
+import JAX.
+"""
+import importlib
+
+_EXPORTS = {
+    "load_encoder": "replug_jax.api",
+    "load_lm": "replug_jax.api",
+    "load_tokenizer": "replug_jax.api",
+    "BlackBoxLM": "replug_jax.lm.blackbox",
+    "LocalLM": "replug_jax.lm.local",
+    "HTTPLM": "replug_jax.lm.http",
+    "DenseEncoder": "replug_jax.retrieval.dense",
+    "Datastore": "replug_jax.retrieval.datastore",
+    "DenseIndex": "replug_jax.retrieval.index",
+    "ModelNotFound": "replug_jax.models.registry",
+    "WeightsError": "replug_jax.models.weights",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'replug_jax' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

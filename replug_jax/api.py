@@ -10,6 +10,7 @@ import os
 
 import jax.numpy as jnp
 
+from replug_jax.lm.http import HTTPLM
 from replug_jax.lm.local import LocalLM
 from replug_jax.models import gguf_loader, registry, tokenizer, weights
 from replug_jax.retrieval.dense import DenseEncoder
@@ -40,11 +41,12 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
     """A causal LM behind the black-box `score(contexts, continuations)` contract.
 
     An http(s) URL gives an `HTTPLM` for that OpenAI-compatible server; `http_options` (e.g.
-    tokenizer="smollm2", concurrency=8) go to it, and the local-model arguments are ignored."""
+    tokenizer="smollm2", a name or a TextTokenizer, concurrency=8) go to it, with `max_length` (the
+    server's window, when /models does not say it); the other local-model arguments are ignored."""
     if name.startswith(("http://", "https://")):
-        from replug_jax.lm.http import HTTPLM
-
-        return HTTPLM(name, **http_options)
+        if isinstance(http_options.get("tokenizer"), str):  # a model name: the tokenizer alone is loaded
+            http_options["tokenizer"] = load_tokenizer(http_options["tokenizer"], revision)
+        return HTTPLM(name, max_length=max_length, **http_options)
     if http_options:
         raise TypeError(f"{sorted(http_options)}: options for an http(s) LM, but {name!r} is a local model")
     source = registry.resolve(name, revision)

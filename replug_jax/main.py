@@ -1,12 +1,16 @@
 """Entry point: python -m replug_jax.main --config experiments/configs/demo.py --workdir runs/demo
 
 Single values are overridden on the command line (`--config.k=4`). The config's `job`
-names what runs; the work itself lives in importable modules.
+names what runs; the work itself lives in importable modules. The console shows one line per
+phase, progress bars and the results; library logging goes to WORKDIR/log.txt (`--verbosity=0`
+shows it on the console too).
 """
 from __future__ import annotations
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from replug_jax import console
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory for datastore, embeddings, index and results")
@@ -16,19 +20,22 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     config = _CONFIG.value
-    if config.get("multihost"):  # TPU VMs: one process per host; only process 0 logs and writes results
+    lead = True
+    if config.get("multihost"):  # TPU VMs: one process per host; only process 0 prints phases and writes results
         import jax
 
         jax.distributed.initialize()
-        if jax.process_index() != 0:
-            logging.set_verbosity(logging.WARNING)
+        lead = jax.process_index() == 0
+    verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else -1
+    log_path = console.setup(_WORKDIR.value, verbosity, enabled=lead)
+    console.phase(f"{config.job} job, workdir {_WORKDIR.value} (library log: {log_path}; --verbosity=0 shows it here)")
     logging.info("config:\n%s", config)
     if config.job == "lm_eval":
-        from replug_jax.evaluate.run import run_lm_eval
+        from replug_jax.jobs.lm_eval import run_lm_eval
 
         run_lm_eval(config, _WORKDIR.value)
     elif config.job == "lsr":
-        from replug_jax.train.run import run_lsr
+        from replug_jax.jobs.lsr import run_lsr
 
         run_lsr(config, _WORKDIR.value)
     else:

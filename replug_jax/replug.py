@@ -75,8 +75,12 @@ def ensemble_log_weights(scores, doc_mask, temperature=1.0) -> jax.Array:
     document is all -inf (its weights sum to 0, not 1).
     """
     _check_temperature(temperature)
-    z = _as_float(scores) / temperature  # [B, K]
-    valid = jnp.asarray(doc_mask, bool) & (z != -jnp.inf)  # [B, K]; a NaN score stays valid and propagates
+    s = _as_float(scores)  # [B, K]
+    valid = jnp.asarray(doc_mask, bool) & (s != -jnp.inf)  # [B, K]; a NaN score stays valid and propagates
+    # centre on the row maximum BEFORE dividing by τ: large scores (BM25) over a small τ keep their precision
+    top = jax.lax.stop_gradient(jnp.max(jnp.where(valid, s, -jnp.inf), axis=-1, keepdims=True))  # [B, 1]
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    z = (jnp.where(valid, s, 0.0) - top) / temperature  # [B, K]
     lse = _masked_logsumexp(z, valid, axis=-1)  # [B]
     safe_z = jnp.where(valid, z, 0.0)
     safe_lse = jnp.where(jnp.isfinite(lse), lse, 0.0)

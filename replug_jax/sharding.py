@@ -110,3 +110,4 @@ class ShardedBatchFn:
     def compiled_shapes(self) -> int:
         """How many distinct shapes have been compiled (for tests of 'compiles once')."""
         return self.jitted._cache_size()
+

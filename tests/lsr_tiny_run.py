@@ -4,18 +4,20 @@
 
 Trains with the tiny random BERT and GPT-2 saved in MODELS_DIR/{enc,lm}; writes the final
 parameters to WORKDIR/final_params.npz. The LM may be slowed down so that a parent can kill
-the run in the middle.
+the run in the middle. `load(models, workdir)` and `SETTINGS` are also imported by the
+in-process tests (tests/test_lsr_loop.py), so both train on the same tiny problem.
 """
 import os
 import sys
 import time
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+if __name__ == "__main__":  # in-process users (pytest) have set up jax already
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import replug_jax as rj  # noqa: E402
 from replug_jax.retrieval.datastore import Document, chunk_documents  # noqa: E402
 from replug_jax.retrieval.embeddings import embed_corpus  # noqa: E402
@@ -25,6 +27,9 @@ from replug_jax.train.data import training_examples  # noqa: E402
 from replug_jax.train.loop import LSRSettings, train_lsr  # noqa: E402
 
 WORDS = ["river", "mountain", "violin", "bread", "snow", "desert", "ocean", "forest", "city", "garden"]
+# the settings of the kill-and-resume run (tests override some of them with dataclasses.replace)
+SETTINGS = dict(k=3, batch_size=8, learning_rate=3e-3, refresh_every=3, swap_after=1, query_max_tokens=32,
+                doc_max_tokens=56, checkpoint_every=2, keep_checkpoints=2)
 
 
 def documents(prefix, n, length=60, seed=0):
@@ -36,12 +41,16 @@ class SlowLM:
     def __init__(self, lm, delay):
         self.lm, self.delay, self.name = lm, delay, lm.name
 
+    def fingerprint(self):
+        return self.lm.fingerprint()
+
     def score(self, contexts, continuations, progress=False):
         time.sleep(self.delay)
         return self.lm.score(contexts, continuations)
 
 
-def main(models, workdir, steps, delay=0.0):
+def load(models, workdir):
+    """(encoder, lm, datastore, index of the datastore under the initial encoder, training examples)."""
     os.makedirs(workdir, exist_ok=True)
     encoder = rj.load_encoder(os.path.join(models, "enc"), batch_size=8)
     lm = rj.load_lm(os.path.join(models, "lm"), batch_size=8)
@@ -49,8 +58,12 @@ def main(models, workdir, steps, delay=0.0):
     index = DenseIndex.build(embed_corpus(encoder, store.texts, os.path.join(workdir, "emb.npy"), progress=False),
                              meta=index_meta(encoder, store))
     examples = training_examples(documents("t", 6, seed=2), lm.tokenizer, query_tokens=24, continuation_tokens=16)
-    settings = LSRSettings(k=3, steps=steps, batch_size=8, learning_rate=3e-3, refresh_every=3, swap_after=1,
-                           query_max_tokens=32, doc_max_tokens=56, checkpoint_every=2, keep_checkpoints=2)
+    return encoder, lm, store, index, examples
+
+
+def main(models, workdir, steps, delay=0.0):
+    encoder, lm, store, index, examples = load(models, workdir)
+    settings = LSRSettings(steps=steps, **SETTINGS)
     out = train_lsr(encoder, SlowLM(lm, delay), store, examples, workdir, settings, initial_index=index, progress=False)
     leaves = jax.tree_util.tree_leaves(out["params"])
     np.savez(os.path.join(workdir, "final_params.npz"), *[np.asarray(x) for x in leaves])

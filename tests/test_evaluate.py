@@ -8,12 +8,15 @@ from ml_collections import config_dict
 
 import replug_jax as rj
 from replug_jax.evaluate import lm as lm_eval
-from replug_jax.evaluate import run
+from replug_jax.jobs import lm_eval as run
 from replug_jax.evaluate.windows import document_windows
+from replug_jax.passages import format_docs
+from replug_jax.retrieval import build
+from replug_jax.retrieval.bm25 import BM25Index
 from replug_jax.retrieval.datastore import Document, chunk_documents
 from replug_jax.retrieval.embeddings import embed_corpus
 from replug_jax.retrieval.index import DenseIndex
-from replug_jax.retrieval.retriever import DenseRetriever, RandomRetriever, index_meta
+from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever, index_meta
 
 from tests import hf_tiny
 
@@ -69,18 +72,83 @@ def test_ensemble_and_k_sweep_reuse_match_direct_scoring(tiny, tmp_path):
                 lps = base[w]
             else:
                 i = queried.index(w)
-                docs_text = lm_eval.format_docs(store, rows[i, :k])
+                docs_text = format_docs(store, rows[i, :k])
                 per_doc = np.stack(lm.score([d + w.prefix for d in docs_text], [w.continuation] * k)).astype(np.float64)
                 lam = np.exp(scores[i, :k] / tau) / np.exp(scores[i, :k] / tau).sum()
                 lps = np.log((lam[:, None] * np.exp(per_doc)).sum(0))
             total, tokens = total + lps.sum(), tokens + len(lps)
         assert results["k_sweep"]["replug"][str(k)]["perplexity"] == pytest.approx(np.exp(-total / tokens), rel=1e-5)
+        if k == 3:
+            replug_total, replug_tokens = total, tokens
     none = sum(v.sum() for v in base.values()) / sum(len(v) for v in base.values())
     assert results["perplexity"]["none"] == pytest.approx(np.exp(-none), rel=1e-5)
-    assert results["perplexity"]["replug"] == results["k_sweep"]["replug"]["3"]["perplexity"]
     nbytes = sum(len(w.continuation.encode()) for w in wins)
+    # the headline REPLUG numbers (k=3) against the hand mixture, not against the sweep's own totals
+    assert results["perplexity"]["replug"] == pytest.approx(np.exp(-replug_total / replug_tokens), rel=1e-5)
+    assert results["bits_per_byte"]["replug"] == pytest.approx(-replug_total / (np.log(2) * nbytes), rel=1e-5)
     assert results["bytes"] == nbytes
     assert results["bits_per_byte"]["none"] == pytest.approx(-none * results["tokens"] / np.log(2) / nbytes, rel=1e-6)
+
+
+def test_concat_and_bm25_match_direct_scoring(tiny, tmp_path):
+    """concat: one prompt of the top-k dense documents (best last), cut from the left by the LM's window;
+    bm25: a REPLUG mixture over BM25 rows with its own temperature. Both against lm.score by hand.
+    The held-out documents are in the datastore too (under other titles), so excluding them matters."""
+    lm_dir, _, _, enc = tiny
+    window = 64
+    lm = rj.load_lm(lm_dir, batch_size=8, max_length=window)
+    heldout = [Document(f"h{i}", f"Held {i}", d.text) for i, d in enumerate(docs("h", 2))]
+    store = chunk_documents(docs("c", 6) + heldout, lm.tokenizer, chunk_tokens=32)
+    index = DenseIndex.build(embed_corpus(enc, store.texts, str(tmp_path / "e.npy"), progress=False),
+                             meta=index_meta(enc, store))
+    dense = DenseRetriever(enc, index, store)
+    bm25 = BM25Retriever(BM25Index.build(store.texts), store)
+    wins = []
+    for d in heldout:
+        wins += document_windows(d.id, d.text, lm.tokenizer, stride_tokens=24, query_tokens=16, context_tokens=16)
+    k, tau, bm25_tau = 2, 0.5, 0.25
+    results = lm_eval.evaluate_lm(lm, wins, store, {"replug": dense, "bm25": bm25}, k=k, concat_retriever="replug",
+                                  temperature=tau, temperatures={"bm25": bm25_tau}, progress=False)
+    assert results["temperature"] == {"replug": tau, "bm25": bm25_tau}
+    queried = [w for w in wins if w.query]
+    assert 0 < len(queried) < len(wins)
+    exclude = [[w.doc_id] for w in queried]
+    base = {w: lm.score([w.prefix], [w.continuation])[0].astype(np.float64) for w in wins}
+    nbytes = sum(len(w.continuation.encode()) for w in wins)
+
+    def metrics(by_window):
+        lps = [by_window.get(w, base[w]) for w in wins]
+        total, tokens = sum(x.sum() for x in lps), sum(len(x) for x in lps)
+        return np.exp(-total / tokens), -total / (np.log(2) * nbytes)
+
+    # concat: the top-k dense documents in one prompt, the best closest to the input
+    _, dense_rows = dense.retrieve([w.query for w in queried], k, exclude_sources=exclude)
+    concat, cut = {}, 0
+    for w, row in zip(queried, dense_rows):
+        assert (row >= 0).all()
+        context = "".join(format_docs(store, row[::-1])) + w.prefix
+        cut += len(lm.tokenizer.encode(context)) > window  # the LM must cut this prompt from the left
+        concat[w] = lm.score([context], [w.continuation])[0].astype(np.float64)
+    assert cut > 0
+    ppl, bpb = metrics(concat)
+    assert results["perplexity"]["concat"] == pytest.approx(ppl, rel=1e-5)
+    assert results["bits_per_byte"]["concat"] == pytest.approx(bpb, rel=1e-5)
+
+    # bm25: REPLUG ensemble, lambda = softmax(score / bm25_tau) over the retrieved documents
+    scores, rows = bm25.retrieve([w.query for w in queried], k, exclude_sources=exclude)
+    assert not (rows == bm25.retrieve([w.query for w in queried], k)[1]).all()  # a window would retrieve itself
+    mixed = {}
+    for w, s, row in zip(queried, scores.astype(np.float64), rows):
+        valid = row >= 0
+        assert valid.any()
+        per_doc = np.stack(lm.score([d + w.prefix for d in format_docs(store, row[valid])],
+                                    [w.continuation] * int(valid.sum()))).astype(np.float64)  # [n, T]
+        lam = np.exp((s[valid] - s[valid].max()) / bm25_tau)
+        lam /= lam.sum()
+        mixed[w] = np.log((lam[:, None] * np.exp(per_doc)).sum(0))
+    ppl, bpb = metrics(mixed)
+    assert results["perplexity"]["bm25"] == pytest.approx(ppl, rel=1e-5)
+    assert results["bits_per_byte"]["bm25"] == pytest.approx(bpb, rel=1e-5)
 
 
 def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeypatch):
@@ -105,7 +173,7 @@ def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeyp
     assert "| replug |" in open(os.path.join(workdir, "results.md")).read()
     assert os.path.getsize(os.path.join(workdir, "perplexity_vs_k.png")) > 1000
     # a second run with the same workdir reuses datastore, embeddings and index
-    monkeypatch.setattr(run, "embed_corpus", lambda *a, **k: pytest.fail("re-embedded a valid corpus"))
+    monkeypatch.setattr(build, "embed_corpus", lambda *a, **k: pytest.fail("re-embedded a valid corpus"))
     again = run.run_lm_eval(config, workdir)
     assert again["perplexity"] == pytest.approx(results["perplexity"])
 
@@ -139,6 +207,6 @@ def test_every_config_loads_with_the_documented_keys(name):
         for key in ("train_data", "steps", "batch_size", "refresh_every", "learning_rate", "gamma", "beta",
                     "train_query_tokens", "train_continuation_tokens"):
             assert key in c, f"{name} lacks {key}"
-        from replug_jax.train.run import lsr_settings
+        from replug_jax.jobs.lsr import lsr_settings
 
         lsr_settings(c)  # every LSR key maps onto LSRSettings

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax.lm import http as http_lm
+from replug_jax.lm import http_echo, http_transport
 from replug_jax.lm.http import BlackBoxServerError, HTTPLM
 from replug_jax.serve import BackgroundServer
 from tests import hf_tiny
@@ -193,6 +193,10 @@ class FaultyProxy:
             return handler.reply(429, {"error": {"message": "slow down"}}, [("Retry-After", fault[4:] or "0")])
         if fault == "timeout":
             time.sleep(1.0)
+        prompt = (body or {}).get("prompt")
+        texts = isinstance(prompt, str) or all(isinstance(p, str) for p in prompt or [])
+        if fault == "no_ids" and not texts:
+            return handler.reply(400, {"error": {"message": "'prompt' must be a string or a list of strings"}})
         if fault == "refuse0" and body.get("max_tokens") == 0:
             return handler.reply(400, {"error": {"message": "max_tokens must be at least 1"}})
         if fault == "gen0" and body.get("max_tokens") == 0:
@@ -303,12 +307,21 @@ def test_max_tokens_zero_fallback(proxy, tiny, mode):
     assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), local_scores(tiny[1], PAIRS))
 
 
+def test_server_refusing_token_prompts_gets_text_and_says_so(proxy, tiny):
+    proxy.mode = "no_ids"
+    remote = HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer)
+    assert remote.stats()["prompt_format"].startswith("text (the server refused token-id prompts")
+    assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), local_scores(tiny[1], PAIRS))
+    with pytest.raises(BlackBoxServerError, match="token_prompts=True but the server refused"):
+        HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer, token_prompts=True)
+
+
 def test_vllm_prompt_logprobs_with_a_start_token():
     choice = {"prompt_logprobs": [None, {"9": {"logprob": -1.5, "decoded_token": "Hello"}},
                                   {"7": {"logprob": -0.25, "decoded_token": " world"}}]}
-    echo = http_lm._parse_prompt_logprobs(choice, "Hello world")
+    echo = http_echo.parse_prompt_logprobs(choice, "Hello world")
     assert echo.starts == [0, 0, 5] and echo.ends == [0, 5, 11] and echo.logprobs == [None, -1.5, -0.25]
-    assert http_lm._retry_after("2") == 2.0 and http_lm._retry_after(None) is None
+    assert http_transport.retry_after_seconds("2") == 2.0 and http_transport.retry_after_seconds(None) is None
 
 
 # ---- a real third-party server: llama-cpp-python ----------------------------------------------------------------

@@ -47,6 +47,9 @@ class CountingLM:
     def __init__(self, lm):
         self.lm, self.name, self.pairs = lm, "counting", 0
 
+    def fingerprint(self):
+        return self.lm.fingerprint()
+
     def score(self, contexts, continuations, progress=False):
         self.pairs += len(contexts)
         return self.lm.score(contexts, continuations)

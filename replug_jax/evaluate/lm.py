@@ -16,11 +16,9 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import replug
+from replug_jax import console, replug
 from replug_jax.evaluate.windows import Window
-
-DOC_TEMPLATE = "{title}\n{text}\n\n"
-
+from replug_jax.passages import DOC_TEMPLATE, document_passes, format_docs
 
 @dataclasses.dataclass
 class Totals:
@@ -38,10 +36,6 @@ class Totals:
     def metrics(self) -> dict:
         return {"perplexity": math.exp(-self.logprob / self.tokens),
                 "bits_per_byte": -self.logprob / (math.log(2) * self.num_bytes)}
-
-
-def format_docs(datastore, rows: Sequence[int], template: str = DOC_TEMPLATE) -> list[str]:
-    return [template.format(title=datastore.titles[r], text=datastore.texts[r]) for r in rows]
 
 
 def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.ndarray, rows: np.ndarray, k: int,
@@ -69,6 +63,8 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     temperatures: per-retriever softmax temperature (default `temperature`).
     """
     temperatures = temperatures or {}
+    say = console.phase if progress else (lambda message: None)
+    say(f"scoring none: {len(windows)} windows without retrieval")
     base = lm.score([w.prefix for w in windows], [w.continuation for w in windows], progress=progress)
     queried = [i for i, w in enumerate(windows) if w.query]
     queries = [windows[i].query for i in queried]
@@ -78,6 +74,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     sweep: dict[str, dict[int, Totals]] = {}
     for name, retriever in retrievers.items():
         depth = max([k, *k_sweep]) if name in sweep_retrievers else k
+        say(f"scoring {name}: top-{depth} documents for {len(queries)} windows, each prepended separately")
         scores, rows = retriever.retrieve(queries, depth, exclude_sources=exclude)
         doc_lps = _score_with_docs(lm, [windows[i] for i in queried], datastore, rows, doc_template, progress)
         tau = temperatures.get(name, temperature)
@@ -89,6 +86,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
             if kk == k:
                 totals[name] = t
         if name == concat_retriever:
+            say(f"scoring concat: the top-{k} {name} documents in one prompt")
             totals["concat"] = _totals(windows, base, _score_concat(lm, [windows[i] for i in queried], queried, datastore,
                                                                       rows[:, :k], doc_template, progress))
     for w, lps in zip(windows, base):
@@ -107,22 +105,6 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
                     if name in sweep_retrievers},
     }
     return results
-
-
-def document_passes(datastore, rows: np.ndarray, prefixes: Sequence[str], continuations: Sequence[str],
-                    template: str = DOC_TEMPLATE):
-    """REPLUG's passes: one (document ∘ prefix, continuation) pair per retrieved row.
-
-    rows: [Q, K] (-1 = none). Returns (contexts, continuations, where) with where[n] = (query, rank).
-    """
-    contexts, conts, where = [], [], []
-    for q, (row, prefix, continuation) in enumerate(zip(rows, prefixes, continuations)):
-        ranks = np.flatnonzero(row >= 0)
-        for rank, doc in zip(ranks, format_docs(datastore, row[ranks], template)):
-            contexts.append(doc + prefix)
-            conts.append(continuation)
-            where.append((q, int(rank)))
-    return contexts, conts, where
 
 
 def _score_with_docs(lm, windows, datastore, rows, template, progress) -> list[list[np.ndarray]]:

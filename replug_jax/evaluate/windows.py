@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from replug_jax.models.tokenizer import TextTokenizer
+from replug_jax.models.tokenizer import TextTokenizer, token_starts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,15 +24,6 @@ class Window:
     @property
     def num_bytes(self) -> int:
         return len(self.continuation.encode("utf-8"))
-
-
-def token_starts(tokenizer: TextTokenizer, text: str) -> list[int]:
-    """Character offset where each token starts, plus len(text) at the end: [n + 1]."""
-    _, offsets = tokenizer.encode_with_offsets(text)
-    starts = [start for start, _ in offsets]
-    if starts:
-        starts[0] = 0  # leading whitespace belongs to the first token's window
-    return starts + [len(text)]
 
 
 def document_windows(doc_id: str, text: str, tokenizer: TextTokenizer, *, stride_tokens: int, query_tokens: int,

@@ -2,17 +2,42 @@
 
     score(contexts, continuations) -> [np.ndarray of log p(token) per continuation token]
 
-Every backend (the local JAX model, an HTTP server) implements `BlackBoxLM`. The
-continuation's tokens are the backend tokenizer's tokens of the continuation text alone:
-context and continuation are tokenised separately and concatenated, so a continuation is
-split the same way whatever precedes it. Write continuations with their leading space
-(" Paris", not "Paris"), as in the text they continue.
+Every backend (`LocalLM`, `HTTPLM` against any OpenAI-compatible server, our own
+`replug_jax.serve`) implements `BlackBoxLM` with ONE scoring rule, `pair_token_ids`:
+
+  * the continuation's tokens are the LM tokenizer's tokens of the continuation text alone;
+    the context is tokenised apart and the two id lists are concatenated. So the split is
+    wherever the caller puts it (mid-word, mid-character cluster, either side of a space):
+    every backend scores the same token sequence and returns one value per continuation token.
+    Write continuations with their leading space (" Paris", not "Paris") where the text has one;
+  * an empty context becomes the tokenizer's document-start token (`document_start_id`), so the
+    first continuation token is predicted from a start of document;
+  * the context is cut from the LEFT to fit the LM's window (`max_length` tokens in all, counting
+    the continuation); a continuation that leaves no room for one context token is a ValueError
+    raised before any work is done.
+
+Generation (`generate`, REPLUG's ensembled decoding, §3.2 applied token by token): question b has
+K passes, pass i being `shared_prefix ∘ contexts[b][i]` (each part tokenised apart, by the rule
+above; the context cut from the left so that the prompt and `max_new_tokens` fit the window). At
+every step the K next-token distributions are mixed in probability space with weights
+λ = exp(log_weights[b]) (`replug.ensemble_next_token_logprobs`), the most probable token is taken
+(greedy) and appended to all K passes, until a stop string appears or `max_new_tokens` tokens.
+With K = 1 and weight 1 this is plain greedy decoding.
+
+`HTTPLM` follows this rule exactly whenever it knows the model's tokenizer and the server takes
+prompts as token ids (OpenAI, vLLM, llama.cpp and our server do): it sends `context ids +
+continuation ids`. Only for a server that refuses token prompts (or without a tokenizer) does it
+fall back to text prompts, choosing the server's own tokens by character offset; `stats()` then
+says `"prompt_format": "text ..."`, since a split inside a word can then tokenise differently.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from replug_jax.models.tokenizer import TextTokenizer
 
 
 @runtime_checkable
@@ -27,6 +52,54 @@ class BlackBoxLM(Protocol):
         """How many tokens `text` is for this LM (for chunking and budgets)."""
         ...
 
+    def fingerprint(self) -> str:
+        """A short id of everything that changes a score (weights, dtype, window, server): for caches."""
+        ...
+
+    def generate(self, contexts: Sequence[Sequence[str]], log_weights, *, max_new_tokens: int,
+                 stop: Sequence[str] = ("\n",), shared_prefix: str = "") -> list["Generation"]:
+        """REPLUG's ensembled greedy decoding (module docstring): one Generation per question."""
+        ...
+
+
+@dataclasses.dataclass
+class Generation:
+    """One question's decoded answer: `text` cut before the first stop string; `token_ids` and their
+    mixture log-probs `logprobs` as chosen (the stop token included); finish_reason "stop" or "length"."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """(text before the first stop string, whether one was found)."""
+    hits = [text.index(s) for s in stop if s and s in text]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+def check_generation_inputs(contexts, log_weights, max_new_tokens: int) -> np.ndarray:
+    """log_weights as float32 [B, K] (-inf for missing passes), after checking the call; errors name the problem."""
+    if isinstance(contexts, str) or any(isinstance(c, str) for c in contexts):
+        raise TypeError("generate takes, per question, a list of pass contexts (a list of lists of strings)")
+    if not contexts or any(len(c) == 0 for c in contexts):
+        raise ValueError("every question needs at least one pass context")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    k = max(len(c) for c in contexts)
+    out = np.full((len(contexts), k), -np.inf, np.float32)
+    if len(log_weights) != len(contexts):
+        raise ValueError(f"{len(contexts)} questions but {len(log_weights)} rows of log_weights")
+    for b, (ctx, w) in enumerate(zip(contexts, log_weights)):
+        w = np.asarray(w, np.float32)
+        if w.shape != (len(ctx),):
+            raise ValueError(f"question {b}: {len(ctx)} passes but {w.shape} log_weights")
+        if not np.isfinite(w).any() or np.isnan(w).any() or (w > 1e-4).any():
+            raise ValueError(f"question {b}: log_weights must be log-probabilities (<= 0, some finite, no NaN)")
+        out[b, : len(ctx)] = w
+    return out
+
 
 def check_pairs(contexts: Sequence[str], continuations: Sequence[str]) -> None:
     """Reject calls that cannot be scored, with a message that names the problem."""
@@ -37,3 +110,31 @@ def check_pairs(contexts: Sequence[str], continuations: Sequence[str]) -> None:
     empty = [i for i, c in enumerate(continuations) if not c]
     if empty:
         raise ValueError(f"continuations {empty[:5]} are empty: there is nothing to score")
+
+
+def pair_token_ids(tokenizer: TextTokenizer, context: str, continuation: str, max_length: int | None,
+                   start_id: int | None) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as every backend scores them (the module docstring's rule).
+
+    max_length: the window in tokens (None: unbounded); start_id: the document-start token for an
+    empty context (None: an empty context is an error)."""
+    cont = continuation_ids(tokenizer, continuation, max_length)
+    ctx = tokenizer.encode(context) if context else []
+    if not ctx:
+        if start_id is None:
+            raise ValueError("empty context and the tokenizer has no document-start token to condition on")
+        ctx = [start_id]
+    if max_length is not None:
+        ctx = ctx[-(max_length - len(cont)):]
+    return ctx, cont
+
+
+def continuation_ids(tokenizer: TextTokenizer, continuation: str, max_length: int | None) -> list[int]:
+    """The continuation's ids, refused when empty or when they leave no room for a context token."""
+    cont = tokenizer.encode(continuation)
+    if not cont:
+        raise ValueError(f"continuation {continuation[:40]!r} has no tokens")
+    if max_length is not None and len(cont) >= max_length:
+        raise ValueError(f"continuation of {len(cont)} tokens does not fit the LM's {max_length}-token window "
+                         "with at least one context token; split it into shorter pieces")
+    return cont

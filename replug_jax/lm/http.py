@@ -1,128 +1,90 @@
 """The HTTP backend of the black-box LM contract: OpenAI-compatible `/v1/completions` servers.
 
-    lm = HTTPLM("http://127.0.0.1:8000/v1")            # or rj.load_lm("http://127.0.0.1:8000/v1")
+    lm = HTTPLM("http://127.0.0.1:8000/v1", tokenizer=tok)   # or rj.load_lm(url, tokenizer="smollm2")
     lps = lm.score(["The capital of France is"], [" Paris."])
-    lm.stats()                                           # {"requests": .., "retries": .., "failures": .., ...}
+    lm.stats()   # {"requests", "retries", "failures", "prompts", "prompt_format", "alignment", ...}
 
-How a pair is scored. The text `context + continuation` is sent as the prompt with
-`echo=True, logprobs=1, max_tokens=0` (vLLM's `prompt_logprobs` form with `prompt_logprobs=True`).
-The server tokenises it and echoes, per prompt token, its text, its character offset and
-log p(token | tokens before it). The continuation's tokens are the SERVER's tokens, chosen by
-character offset: a token belongs to the continuation when it ends after the boundary
-(len(context)). A server token that straddles the boundary (the context's last characters
-merged with the continuation's first) therefore counts as a continuation token, conditioned on
-the context without those characters. So token counts are the server's own, and bits per byte
-(log-probs summed over the continuation's bytes) stays comparable across backends. Unlike
-LocalLM, which tokenises context and continuation apart, the server tokenises the joined text;
-at a word boundary (" Paris" after "is") both give the same tokens.
+A pair is scored with the contract's one rule (`replug_jax.lm.blackbox`) whenever the client has
+the model's tokenizer and the server takes token-id prompts (the probe checks both): the prompt
+is `context ids + continuation ids`, cut from the left to the server's window, and the last
+len(continuation ids) echoed log-probs are the answer, equal to LocalLM's for any split. The
+request asks `echo=True, logprobs=1` (vLLM's `prompt_logprobs` form with `prompt_logprobs=True`)
+and `max_tokens=0`, or 1 where the probe saw the server refuse 0 (the generated token is dropped).
 
-Empty contexts and `max_tokens` follow what the probe (`replug_jax.lm.http_probe`, run on
-construction unless `probe=False`) found: an empty context is sent as the continuation alone when
-the server conditions the first prompt token on a start token it adds itself, after a
-document-start text the server reads as one token otherwise (`start_text`, by default the
-tokenizer's document-start token, LocalLM's choice), and is an error without one. Requests carry
-`max_tokens=0` only once the probe has seen the server read it as "no new tokens"; else
-`max_tokens=1` and the generated token is dropped (it starts at the end of the prompt).
+Fallback, stated in `stats()["prompt_format"]`: without a tokenizer, or for a server that refuses
+token prompts, the text `context + continuation` is sent, and the continuation's tokens are the
+server's tokens that end after the boundary (a token straddling it counts as a continuation
+token); the context is then cut by the local tokenizer when there is one, else not at all (an
+over-long prompt is the server's 4xx, raised as `BlackBoxServerError`).
 
-Every response is validated: prompt log-probs present (null only for the first token), one offset
-and one log-prob per echoed token, offsets monotonic and covering the prompt; missing or null
-log-probs raise `BlackBoxServerError`, never a silently wrong score.
-
-Requests: `prompts_per_request` prompts per request (1 works everywhere; llama-cpp-python
-refuses lists), up to `concurrency` in flight, retried with exponential backoff on timeouts,
-connection errors, 429 and 5xx (Retry-After honoured), never on other 4xx. The API key is read
-from the environment variable `api_key_env`, sent as a Bearer token, and kept out of logs and
-error messages.
-
-vLLM's `prompt_logprobs` form carries no text offsets: they are rebuilt by matching each
-`decoded_token` against the prompt, so a prompt whose tokens split a character cannot be aligned
-and raises. Contexts are not cut to the server's window: an over-long prompt is the server's
-4xx, raised as `BlackBoxServerError` with its message.
-
-count_tokens: the local `tokenizer` when given, else the server's vLLM-style `POST /tokenize`.
+Empty contexts: the document-start token (LocalLM's choice), or the server's own start token when
+it conditions the first prompt token on one. Every response is validated (`http_echo`); requests
+are retried and counted (`http_transport`). No JAX is imported here.
 """
 from __future__ import annotations
 
-import dataclasses
-import email.utils
-import http.client
+import hashlib
 import json
-import math
-import os
-import random
-import re
 import threading
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Sequence
 
 import numpy as np
 
-from replug_jax.lm.blackbox import check_pairs
-from replug_jax.lm.local import document_start_id
-from replug_jax.models.tokenizer import TextTokenizer
+from replug_jax.lm.blackbox import check_pairs, continuation_ids, pair_token_ids
+from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
+                                     parse_text_echo, select_continuation)
+from replug_jax.lm.http_transport import BlackBoxServerError, Refused, Transport
+from replug_jax.models.tokenizer import TextTokenizer, document_start_id, token_starts
 
-MAX_DELAY = 60.0  # seconds, cap on backoff and Retry-After
-
-
-class BlackBoxServerError(RuntimeError):
-    """A server that cannot be used, or a request that failed for good; the message says which."""
-
-
-@dataclasses.dataclass
-class _Echo:
-    """A prompt's tokens as the server echoed them, in prompt character coordinates."""
-
-    tokens: list[str]
-    starts: list[int]  # [n] start offsets; token i spans [starts[i], ends[i])
-    ends: list[int]
-    logprobs: list[float | None]
-    top: list[dict | None] | None
+__all__ = ["HTTPLM", "BlackBoxServerError"]
 
 
 class HTTPLM:
-    """An OpenAI-compatible completions server behind `score(contexts, continuations)`."""
+    """An OpenAI-compatible completions server behind `score(contexts, continuations)`.
+
+    tokenizer: the model's tokenizer (a TextTokenizer; `rj.load_lm` resolves names): token-id prompts.
+    max_length: the server's window in tokens (default: what `/models` says). token_prompts: None lets
+    the probe decide, False forces text prompts, True makes a refusal an error."""
 
     def __init__(self, base_url: str, model: str | None = None, *, api_key_env: str = "OPENAI_API_KEY",
                  concurrency: int = 8, timeout: float = 60, max_retries: int = 5, backoff: float = 0.5,
-                 tokenizer: TextTokenizer | str | None = None, probe: bool = True, prompt_logprobs: bool = False,
-                 prompts_per_request: int = 1, logprobs: int = 1, start_text: str | None = None):
-        parts = urllib.parse.urlsplit(base_url.rstrip("/"))
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"{base_url!r} is not an http(s) URL")
-        path = parts.path if parts.path not in ("", "/") else "/v1"
-        self.base_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-        self.root_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, re.sub(r"/v1$", "", path), "", ""))
-        if isinstance(tokenizer, str):
-            from replug_jax.api import load_tokenizer
-
-            tokenizer = load_tokenizer(tokenizer)
+                 tokenizer: TextTokenizer | None = None, probe: bool = True, prompt_logprobs: bool = False,
+                 prompts_per_request: int = 1, logprobs: int = 1, start_text: str | None = None,
+                 max_length: int | None = None, token_prompts: bool | None = None):
+        if tokenizer is not None and not isinstance(tokenizer, TextTokenizer):
+            raise TypeError(f"tokenizer must be a TextTokenizer (rj.load_lm resolves names), got {type(tokenizer).__name__}")
+        self.transport = Transport(base_url, api_key_env=api_key_env, timeout=timeout, max_retries=max_retries,
+                                   backoff=backoff)
+        self.base_url = self.transport.base_url
         self.model, self.tokenizer, self.name = model, tokenizer, model or self.base_url
-        self.concurrency, self.timeout, self.max_retries, self.backoff = concurrency, timeout, max_retries, backoff
-        self.prompt_logprobs, self.prompts_per_request, self.logprobs = prompt_logprobs, prompts_per_request, logprobs
-        self._api_key = os.environ.get(api_key_env) or None
+        self.concurrency, self.prompts_per_request, self.logprobs = concurrency, prompts_per_request, logprobs
+        self.prompt_logprobs, self.token_prompts, self.max_length = prompt_logprobs, token_prompts, max_length
+        self.start_id = document_start_id(tokenizer) if tokenizer is not None else None
         self.start_text = start_text if start_text is not None else _document_start_text(tokenizer)
-        self.max_length: int | None = None
-        self._max_tokens = 1  # 0 once the probe has seen the server accept it
-        self._start: str | None = None  # "server": it conditions the first token itself; "text": send start_text
+        self._max_tokens, self._start, self._leading = 1, None, 0
+        self._findings: dict = {"alignment": "not probed", "prompt_format": "text (not probed)"}
         self._lock = threading.Lock()
-        self._stats = {"requests": 0, "retries": 0, "failures": 0, "prompts": 0}
-        self._probe_info: dict = {"alignment": "not probed"}
         if probe:
             self.probe()
 
     def __repr__(self) -> str:
         return f"HTTPLM({self.base_url!r}, model={self.model!r})"
 
+    @property
+    def timeout(self) -> float:
+        return self.transport.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self.transport.timeout = seconds
+
     # ---- the black-box contract -------------------------------------------------------------------------------
 
     def score(self, contexts: Sequence[str], continuations: Sequence[str], progress: bool = False) -> list[np.ndarray]:
-        """log p of each continuation token (the server's tokens) given its context: a list of float32 [T_i]."""
+        """log p of each continuation token given its context: a list of float32 [T_i] (module docstring)."""
         check_pairs(contexts, continuations)
-        items = [self._prompt(c, y) for c, y in zip(contexts, continuations)]
+        items = [self._prepare(c, y) for c, y in zip(contexts, continuations)]  # every error before any request
         chunks = [list(range(i, min(i + self.prompts_per_request, len(items))))
                   for i in range(0, len(items), self.prompts_per_request)]
         out: list[np.ndarray | None] = [None] * len(items)
@@ -145,39 +107,40 @@ class HTTPLM:
             return len(self.tokenizer.encode(text))
         body = {"prompt": text, "add_special_tokens": False, **({"model": self.model} if self.model else {})}
         try:
-            reply = self._post(self.root_url + "/tokenize", body, optional=True)
-        except _Refused as e:
+            reply = self.transport.post(self.transport.root_url + "/tokenize", body, optional=True)
+        except Refused as e:
             raise NotImplementedError(f"{self.base_url}: no local tokenizer and the server has no /tokenize "
                                       f"({e}); pass tokenizer=") from None
         return int(reply["count"]) if "count" in reply else len(reply["tokens"])
 
-    def probe(self) -> dict:
-        """Check the server on a probe text (see `replug_jax.lm.http_probe`); raise BlackBoxServerError naming
-        what is wrong. Returns the findings, also kept in `stats()`."""
-        from replug_jax.lm.http_probe import probe  # that module builds on this one
+    def fingerprint(self) -> str:
+        """What changes a score here: server, model, window and how prompts are sent (not the remote weights)."""
+        key = [self.base_url, self.model, self.max_length, self._findings.get("prompt_format"), self._start,
+               self.start_text, self._leading]
+        return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
 
-        return probe(self)
+    def probe(self) -> dict:
+        """Probe the server (`replug_jax.lm.http_probe`) and apply what it found; returns the findings."""
+        from replug_jax.lm.http_probe import probe
+
+        result = probe(self)
+        self.model = result.model
+        self.max_length = self.max_length or result.max_length
+        self._max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
+        self.token_prompts, self._leading = result.token_prompts, result.leading
+        with self._lock:
+            self._findings = result.findings
+        return result.findings
 
     def stats(self) -> dict:
-        """Counters for results: HTTP requests sent, retries, requests failed for good, prompts scored; probe findings."""
+        """Counters (requests, retries, failures, prompts) and the probe's findings, prompt_format included."""
         with self._lock:
-            return {**self._stats, **self._probe_info}
+            return {**self.transport.stats(), **self._findings}
 
-    # ---- requests ---------------------------------------------------------------------------------------------
+    # ---- requests: public for the probe -----------------------------------------------------------------------
 
-    def _prompt(self, context: str, continuation: str) -> tuple[str, int]:
-        """(prompt text, boundary offset) for one pair."""
-        if context:
-            return context + continuation, len(context)
-        if self._start == "text":
-            return self.start_text + continuation, len(self.start_text)
-        if self._start == "server":
-            return continuation, 0
-        raise ValueError(f"{self.base_url}: an empty context cannot be scored: the server gives no log-probability to "
-                         "the first prompt token (it adds no start-of-document token) and no start_text is usable "
-                         f"({self._probe_info.get('start', 'not probed')}); pass start_text=")
-
-    def _body(self, prompts: list[str], max_tokens: int, logprobs: int) -> dict:
+    def body(self, prompts: list, max_tokens: int, logprobs: int) -> dict:
+        """A completions request body; prompts are texts or token-id lists."""
         body: dict = {"prompt": prompts[0] if len(prompts) == 1 else prompts, "max_tokens": max_tokens,
                       "temperature": 0}
         if self.model:
@@ -188,135 +151,80 @@ class HTTPLM:
             body.update(echo=True, logprobs=logprobs)
         return body
 
-    def _score_chunk(self, items: list[tuple[str, int]]) -> list[np.ndarray]:
-        prompts = [p for p, _ in items]
-        echoes = self._echo(prompts, self._max_tokens, self.logprobs)
-        with self._lock:
-            self._stats["prompts"] += len(prompts)
-        try:
-            return [self._select(e, prompt, boundary) for e, (prompt, boundary) in zip(echoes, items)]
-        except BlackBoxServerError as e:
-            self._count("failures")
-            raise BlackBoxServerError(f"{self.base_url}: {e}") from None
-
-    def _echo(self, prompts: list[str], max_tokens: int, logprobs: int, optional: bool = False) -> list[_Echo]:
-        reply = self._post(self.base_url + "/completions", self._body(prompts, max_tokens, logprobs), optional=optional)
+    def completions(self, prompts: list, max_tokens: int, logprobs: int, optional: bool = False) -> list[dict]:
+        """POST /completions; the choices in prompt order (their count checked)."""
+        reply = self.transport.post(self.base_url + "/completions", self.body(prompts, max_tokens, logprobs),
+                                    optional=optional)
         try:
             choices = sorted(reply["choices"], key=lambda c: c.get("index", 0))
-            if len(choices) != len(prompts):
-                raise BlackBoxServerError(f"{len(choices)} choices for {len(prompts)} prompts")
-            return [self._parse(c, p) for c, p in zip(choices, prompts)]
-        except BlackBoxServerError as e:
-            if not optional:
-                self._count("failures")
-            raise BlackBoxServerError(f"{self.base_url}: {e}") from None
         except (KeyError, TypeError, AttributeError) as e:
-            if not optional:
-                self._count("failures")
-            raise BlackBoxServerError(f"{self.base_url}: malformed completions response ({type(e).__name__}: {e})") from None
+            raise self._failure(f"malformed completions response ({type(e).__name__}: {e})", optional) from None
+        if len(choices) != len(prompts):
+            raise self._failure(f"{len(choices)} choices for {len(prompts)} prompts", optional)
+        return choices
 
-    def _headers(self) -> dict:
-        headers = {"Content-Type": "application/json", "User-Agent": "replug_jax"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
+    def parse_text(self, choice: dict, prompt: str) -> Echo:
+        return parse_prompt_logprobs(choice, prompt) if self.prompt_logprobs else parse_text_echo(choice, prompt)
 
-    def _count(self, key: str, n: int = 1) -> None:
-        with self._lock:
-            self._stats[key] += n
+    def text_echoes(self, prompts: list[str], max_tokens: int, logprobs: int, optional: bool = False) -> list[Echo]:
+        """Text prompts echoed, each as an Echo in prompt coordinates."""
+        choices = self.completions(prompts, max_tokens, logprobs, optional)
+        try:
+            return [self.parse_text(c, p) for c, p in zip(choices, prompts)]
+        except (BlackBoxServerError, KeyError, TypeError, AttributeError) as e:
+            raise self._failure(str(e), optional) from None
 
-    def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, "***") if self._api_key else text
+    # ---- scoring ----------------------------------------------------------------------------------------------
 
-    def _get(self, url: str) -> dict:
-        return self._post(url, None, optional=True)
+    def _prepare(self, context: str, continuation: str):
+        """A token-id prompt (ids, continuation length) or a text prompt (text, boundary offset)."""
+        reserve = self._leading + self._max_tokens  # window entries that are not the prompt's own tokens
+        window = self.max_length - reserve if self.max_length else None
+        if self.token_prompts:
+            if not context and self._start == "server":  # the server's own start token conditions it
+                cont = continuation_ids(self.tokenizer, continuation, window)
+                return cont, len(cont)
+            ctx, cont = pair_token_ids(self.tokenizer, context, continuation, window, self.start_id)
+            return ctx + cont, len(cont)
+        if self.tokenizer is not None and window:  # cut by the local tokens, one spare for the joined split
+            cont_tokens = len(self.tokenizer.encode(continuation))
+            if cont_tokens + 1 >= window:
+                raise ValueError(f"continuation of {cont_tokens} tokens does not fit the server's {window}-token window")
+            starts = token_starts(self.tokenizer, context) if context else [0]
+            keep = window - cont_tokens - 1
+            context = context[starts[max(0, len(starts) - 1 - keep)]:]
+        if context:
+            return context + continuation, len(context)
+        if self._start == "text":
+            return self.start_text + continuation, len(self.start_text)
+        if self._start == "server":
+            return continuation, 0
+        raise ValueError(f"{self.base_url}: an empty context cannot be scored: the server gives no log-probability to "
+                         "the first prompt token (it adds no start-of-document token) and no start_text is usable "
+                         f"({self._findings.get('start', 'not probed')}); pass start_text=")
 
-    def _post(self, url: str, body: dict | None, optional: bool = False) -> dict:
-        """JSON request with retries. optional: a 4xx raises _Refused and is not counted as a failure."""
-        data = None if body is None else json.dumps(body).encode()
-        for attempt in range(self.max_retries + 1):
-            self._count("requests")
-            retry_after = None
-            try:
-                request = urllib.request.Request(url, data=data, headers=self._headers(), method="GET" if data is None else "POST")
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    raw = response.read()
-                try:
-                    return json.loads(raw)
-                except ValueError:
-                    self._count("failures")
-                    raise BlackBoxServerError(self._redact(f"{url}: response is not JSON: {raw[:200]!r}")) from None
-            except urllib.error.HTTPError as e:
-                detail = _excerpt(e)
-                if e.code != 429 and e.code < 500:
-                    if optional:
-                        raise _Refused(self._redact(f"HTTP {e.code}: {detail}")) from None
-                    self._count("failures")
-                    raise BlackBoxServerError(self._redact(f"{url}: HTTP {e.code} (not retried): {detail}")) from None
-                what, retry_after = f"HTTP {e.code}: {detail}", _retry_after(e.headers.get("Retry-After"))
-            except (TimeoutError, urllib.error.URLError, http.client.HTTPException, ConnectionError, OSError) as e:
-                reason = getattr(e, "reason", e)
-                what = f"{type(e).__name__}: {reason}" if not isinstance(reason, TimeoutError) else f"timed out after {self.timeout}s"
-            if attempt == self.max_retries:
-                break
-            self._count("retries")
-            delay = retry_after if retry_after is not None else self.backoff * 2**attempt * (1 + 0.1 * random.random())
-            time.sleep(min(delay, MAX_DELAY))
-        self._count("failures")
-        raise BlackBoxServerError(self._redact(f"{url}: failed after {self.max_retries} retries; last error: {what}"))
+    def _score_chunk(self, items: list) -> list[np.ndarray]:
+        prompts = [p for p, _ in items]
+        if self.token_prompts:
+            choices = self.completions(prompts, self._max_tokens, self.logprobs)
+        else:
+            echoes = self.text_echoes(prompts, self._max_tokens, self.logprobs)
+        self.transport.count("prompts", len(prompts))
+        try:
+            if self.token_prompts:
+                return [self._select_ids(c, ids, n) for c, (ids, n) in zip(choices, items)]
+            return [select_continuation(e, p, b) for e, (p, b) in zip(echoes, items)]
+        except (BlackBoxServerError, KeyError, TypeError, AttributeError) as e:
+            raise self._failure(str(e)) from None
 
-    # ---- responses --------------------------------------------------------------------------------------------
+    def _select_ids(self, choice: dict, ids: list[int], n: int) -> np.ndarray:
+        values = id_prompt_values(choice, len(ids), self._leading, self._max_tokens, self.prompt_logprobs)
+        return continuation_array(values[-n:], first_is_prompt_start=n == len(ids) and self._leading == 0)
 
-    def _parse(self, choice: dict, prompt: str) -> _Echo:
-        """One choice -> _Echo in prompt coordinates, structure checked; generated tokens dropped."""
-        if self.prompt_logprobs:
-            return _parse_prompt_logprobs(choice, prompt)
-        lp = choice.get("logprobs")
-        if not lp or not lp.get("token_logprobs"):
-            raise BlackBoxServerError("returned no prompt log-probabilities (logprobs missing from the response)")
-        tokens, offsets, values = lp.get("tokens"), lp.get("text_offset"), lp["token_logprobs"]
-        top = lp.get("top_logprobs")
-        if tokens is None or offsets is None or len(tokens) != len(values) or len(offsets) != len(values):
-            raise BlackBoxServerError(f"token count does not match: {len(tokens or [])} tokens, {len(values)} "
-                                      f"log-probabilities, {len(offsets or [])} text offsets")
-        if any(v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v > 1e-3) for v in values):
-            raise BlackBoxServerError("returned log-probabilities that are not finite numbers <= 0")
-        text = choice.get("text") or ""
-        at = 0 if text.startswith(prompt) else text.find(prompt)
-        if at < 0:
-            raise BlackBoxServerError("did not echo the prompt (echoed text does not contain it)")
-        if any(b < a for a, b in zip(offsets, offsets[1:])) or (offsets and not 0 <= offsets[0] <= offsets[-1] <= len(text)):
-            raise BlackBoxServerError("text offsets are not monotonic within the echoed text")
-        starts = [o - at for o in offsets]
-        ends = [min(e, len(prompt)) for e in starts[1:] + [len(text) - at]]  # a generated token may be unlisted
-        keep = [i for i, s in enumerate(starts) if s < len(prompt)]  # generated tokens start at the prompt's end
-        if not keep or starts[0] > 0 or ends[keep[-1]] < len(prompt):
-            raise BlackBoxServerError("echoed tokens do not cover the prompt")
-        pick = lambda xs: [xs[i] for i in keep]
-        return _Echo(pick(tokens), pick(starts), pick(ends), pick(values),
-                     pick(top) if isinstance(top, list) and len(top) == len(values) else None)
-
-    def _select(self, echo: _Echo, prompt: str, boundary: int) -> np.ndarray:
-        """Log-probs of the tokens that end after the boundary: the continuation as the server tokenised it."""
-        idx = [i for i, e in enumerate(echo.ends) if e > boundary]
-        if not idx:
-            raise BlackBoxServerError(f"no echoed token covers the continuation of {prompt[-40:]!r}")
-        values = [echo.logprobs[i] for i in idx]
-        if any(v is None for v in values):
-            first = [i for i, e in enumerate(echo.ends) if e > 0][0]
-            if idx[0] == first and values[0] is None and all(v is not None for v in values[1:]):
-                raise BlackBoxServerError("returned no log-probability for the prompt's first token, which is the "
-                                          "continuation's first token (empty context): the server adds no start token")
-            raise BlackBoxServerError(f"returned no log-probability for {sum(v is None for v in values)} of the "
-                                      f"{len(values)} continuation tokens")
-        out = np.asarray(values, dtype=np.float32)
-        if not np.all(np.isfinite(out)) or out.max() > 1e-3:
-            raise BlackBoxServerError("returned log-probabilities that are not finite numbers <= 0")
-        return out
-
-
-class _Refused(Exception):
-    """A 4xx answer to an optional request (a feature the server does not have)."""
+    def _failure(self, message: str, optional: bool = False) -> BlackBoxServerError:
+        if not optional:
+            self.transport.count("failures")
+        return BlackBoxServerError(self.transport.redact(f"{self.base_url}: {message}"))
 
 
 def _document_start_text(tokenizer: TextTokenizer | None) -> str | None:
@@ -326,54 +234,3 @@ def _document_start_text(tokenizer: TextTokenizer | None) -> str | None:
     tid = document_start_id(tokenizer)
     text = tokenizer.backend.id_to_token(tid) if tid is not None else None
     return text if text and tokenizer.encode(text) == [tid] else None
-
-
-def _parse_prompt_logprobs(choice: dict, prompt: str) -> _Echo:
-    """vLLM's `prompt_logprobs`: [None | {token_id: {logprob, rank, decoded_token}}]; offsets rebuilt from the text.
-
-    The first entry is None; its token's text is what precedes the second token's text (nothing,
-    when the second token starts the prompt: then the first is a start token the server added)."""
-    entries = choice.get("prompt_logprobs")
-    if not entries:
-        raise BlackBoxServerError("returned no prompt log-probabilities (prompt_logprobs missing from the response)")
-    options = [[(o.get("decoded_token") or "", o.get("logprob")) for o in e.values()] if isinstance(e, dict) else []
-               for e in entries]
-    tokens, starts, values, cursor = [], [], [], 0
-    for k, opts in enumerate(options):
-        if k == 0 and entries[0] is None:
-            following = [t for t, _ in options[1]] if len(options) > 1 else []
-            ends = [e for e in range(len(prompt) + 1) if any(t and prompt.startswith(t, e) for t in following)]
-            end = ends[0] if ends else len(prompt)
-            tokens.append(prompt[:end]), starts.append(0), values.append(None)
-            cursor = end
-            continue
-        match = [(t, v) for t, v in opts if prompt.startswith(t, cursor)]
-        if not match:
-            raise BlackBoxServerError(f"cannot align prompt_logprobs token {k} to the prompt text at character {cursor}")
-        token, value = max(match, key=lambda tv: len(tv[0]))
-        tokens.append(token), starts.append(cursor), values.append(value)
-        cursor += len(token)
-    if cursor != len(prompt):
-        raise BlackBoxServerError("prompt_logprobs tokens do not cover the prompt")
-    return _Echo(tokens, starts, starts[1:] + [len(prompt)], values, None)
-
-
-def _excerpt(error: urllib.error.HTTPError) -> str:
-    try:
-        body = error.read()[:300].decode("utf-8", "replace")
-    except Exception:  # noqa: BLE001 - a body we cannot read is simply not shown
-        body = ""
-    return " ".join(body.split()) or (error.reason or "")
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (seconds or an HTTP date)."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        try:
-            return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-        except (TypeError, ValueError):
-            return None

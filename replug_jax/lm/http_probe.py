@@ -1,93 +1,116 @@
-"""The first-contact probe of an HTTPLM server: what it returns, how it is aligned, how it starts a document.
+"""The first-contact probe of an OpenAI-compatible server: what it returns and how to ask it.
 
-`HTTPLM.probe()` runs `probe(lm)` on construction (unless `probe=False`). It takes the model id and
-its window from `/models` (a server serving several models needs `model=`), then echoes a probe
-text, which the client's own parsing checks (log-probs present, one offset and one log-prob per
-token, offsets covering the prompt) and which must carry a log-prob for every token after the first.
-The findings are returned and kept in `lm.stats()`; the settings they imply are set on `lm`
-(`model`, `max_length`, `start_text` and how empty contexts and `max_tokens` are sent).
+`probe(client)` returns a `ProbeResult`; `HTTPLM` applies it (`HTTPLM.apply_probe`). The client
+passed in needs `transport`, `model`, `tokenizer`, `start_text`, `prompt_logprobs`, `logprobs`,
+`token_prompts`, `body(...)`, `completions(...)` and `text_echoes(...)`: HTTPLM's public methods.
 
-Alignment is checked against the server itself: a token t the server reports for the next
-position after probe text Q (its own generation log-probs, which servers compute from the sampling
-distribution) must get the same log-prob when Q + t is echoed. A value found one position early is
-named a shift by one (llama-cpp-python's echo, its issue #1983, for models that add no BOS token).
-Where that check is inconclusive the probe looks for induction on a repeated text (near-zero
-log-probs on the last repetition) and otherwise warns that alignment is unverified.
-
-max_tokens: a server that refuses `max_tokens=0`, or reads it as "unlimited" (llama-cpp-python),
-keeps `max_tokens=1`, and the client drops the generated token (it starts at the end of the prompt).
-
-Empty contexts. If the server conditions the first prompt token on a start token it adds itself
-(llama.cpp and vLLM with a BOS model), the continuation is sent alone. If it returns no log-prob
-for the first prompt token (the OpenAI convention), the continuation is sent after a
-document-start text the probe has seen the server read as a single token: `start_text`, else the
-document-start token of `tokenizer`, else the first of LocalLM's candidates ("<|endoftext|>",
-"<s>", "<|begin_of_text|>") that works; so against our own server an empty context is scored
-exactly as LocalLM scores it. Without one, an empty context is an error.
+What it finds out, in order:
+  * model and window: the model id and `max_model_len` from `/models` (a server serving several
+    models needs `model=`);
+  * prompt log-probs present and aligned: a probe text is echoed; a token t that the server itself
+    reports as the next token after text Q (its generation log-probs) must get the same log-prob
+    when Q + t is echoed. A value found one position early is a shift by one (llama-cpp-python's
+    echo, its issue #1983), refused. Where that is inconclusive, induction on a repeated text
+    (near-zero log-probs on the last repetition) verifies it; else a warning says it is unverified;
+  * max_tokens: 0 when the server reads it as "no new tokens", else 1 (the generated token is dropped);
+  * empty contexts: the server's own start token when it conditions the first prompt token on one
+    (llama.cpp, vLLM with a BOS model); else a document-start text it reads as one token
+    (`start_text`, the tokenizer's document-start token, LocalLM's candidates); else refused;
+  * prompt format (with a tokenizer): the probe text is sent as token ids; the server must take
+    them and give the same log-probs as for the text (else the tokenizer is not the server's, an
+    error). Then every pair is sent as `context ids + continuation ids`, the contract's one rule.
+    A server that refuses token prompts gets text prompts, and the result says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import warnings
 
 import numpy as np
 
-from replug_jax.lm.http import HTTPLM, BlackBoxServerError, _Echo, _Refused
-from replug_jax.lm.local import DOCUMENT_START_TOKENS
+from replug_jax.lm.http_echo import Echo, echo_values
+from replug_jax.lm.http_transport import BlackBoxServerError, Refused
+from replug_jax.models.tokenizer import DOCUMENT_START_TOKENS
 
 PROBE_ITEMS = " apple river tiger violet cloud lemon"
 PROBE_TEXT = "Words:" + PROBE_ITEMS * 3  # the last repetition is predictable by induction
 PROBE_TOP = 5  # top log-probs asked for in the probe (OpenAI's legacy maximum)
 
 
-def probe(lm: HTTPLM) -> dict:
-    """Check the server on a probe text; raise BlackBoxServerError naming what is wrong. Returns the findings."""
-    info: dict = {}
-    try:  # the model id (required by some servers) and its window
-        models = lm._get(lm.base_url + "/models").get("data") or []
-    except (_Refused, BlackBoxServerError, AttributeError):
+@dataclasses.dataclass
+class ProbeResult:
+    """Settings the client applies, and the findings in words (kept in `HTTPLM.stats()`)."""
+
+    model: str | None
+    max_length: int | None  # the server's window in tokens, when it says
+    max_tokens: int  # 0 or 1 in scoring requests
+    start: str | None  # "server": it conditions the first prompt token itself; "text": send start_text; None
+    start_text: str | None
+    token_prompts: bool  # send context ids + continuation ids
+    leading: int  # entries the server echoes before a token-id prompt's own (its start token)
+    findings: dict
+
+
+def probe(client) -> ProbeResult:
+    """Check the server on a probe text; raise BlackBoxServerError naming what is wrong."""
+    t = client.transport
+    model, max_length = _model_and_window(client)
+    client.model = model  # requests from here on name it
+    text = probe_text(max_length or client.max_length)
+    targets = _clean_candidates(_next_token_candidates(client, text))
+    echo = client.text_echoes([text + (targets[0][0] if targets else "")], 1, PROBE_TOP)[0]
+    first = [i for i, e in enumerate(echo.ends) if e > 0][0]
+    nulls = [i for i in range(first + 1, len(echo.logprobs)) if echo.logprobs[i] is None]
+    if len(nulls) == len(echo.logprobs) - first - 1:
+        raise BlackBoxServerError(f"{t.base_url}: returned no prompt log-probabilities (token_logprobs are null)")
+    if nulls:
+        raise BlackBoxServerError(f"{t.base_url}: returned null log-probabilities for {len(nulls)} of "
+                                  f"{len(echo.logprobs)} prompt tokens after the first")
+    findings = {"model": model, "alignment": _check_alignment(client, echo, targets, text)}
+    max_tokens = 1
+    if not client.prompt_logprobs:
+        max_tokens, findings["max_tokens"] = _check_max_tokens_zero(client)
+    start, start_text = "server", client.start_text
+    if echo.logprobs[first] is not None:
+        findings["start"] = "the server conditions the first token on its own start token"
+    else:
+        start_text, findings["start"] = _check_start_text(client, max_tokens)
+        start = "text" if start_text else None
+    token_prompts, leading, findings["prompt_format"] = _check_token_prompts(client, max_tokens, text)
+    return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, findings)
+
+
+def probe_text(max_length: int | None) -> str:
+    """PROBE_TEXT, cut to fit a small window (ASCII: at most one token per character, 8 to spare)."""
+    return PROBE_TEXT if not max_length or len(PROBE_TEXT) + 8 <= max_length else PROBE_TEXT[: max(8, max_length - 8)]
+
+
+def _model_and_window(client) -> tuple[str | None, int | None]:
+    t = client.transport
+    try:
+        models = t.get(t.base_url + "/models").get("data") or []
+    except (Refused, BlackBoxServerError, AttributeError):
         models = []
     ids = [m.get("id") for m in models if isinstance(m, dict)]
-    if lm.model is None and len(ids) > 1:
-        raise BlackBoxServerError(f"{lm.base_url} serves {len(ids)} models ({', '.join(map(str, ids[:5]))}, ...): "
+    if client.model is None and len(ids) > 1:
+        raise BlackBoxServerError(f"{t.base_url} serves {len(ids)} models ({', '.join(map(str, ids[:5]))}, ...): "
                                   "pass model=")
-    lm.model = lm.model or (ids[0] if ids else None)
-    for m in models:
-        if isinstance(m, dict) and m.get("id") == lm.model and isinstance(m.get("max_model_len"), int):
-            lm.max_length = m["max_model_len"]
-    candidates = _next_token_candidates(lm, PROBE_TEXT)
-    targets = _clean_candidates(candidates)
-    prompt = PROBE_TEXT + (targets[0][0] if targets else "")
-    echo = lm._echo([prompt], 1, PROBE_TOP)[0]
-    values = echo.logprobs
-    first = [i for i, e in enumerate(echo.ends) if e > 0][0]
-    nulls = [i for i in range(first + 1, len(values)) if values[i] is None]
-    if len(nulls) == len(values) - first - 1:
-        raise BlackBoxServerError(f"{lm.base_url}: returned no prompt log-probabilities (token_logprobs are null)")
-    if nulls:
-        raise BlackBoxServerError(f"{lm.base_url}: returned null log-probabilities for {len(nulls)} of "
-                                  f"{len(values)} prompt tokens after the first")
-    info["alignment"] = _check_alignment(lm, echo, targets, len(PROBE_TEXT))
-    if not lm.prompt_logprobs:
-        info["max_tokens"] = _check_max_tokens_zero(lm)
-    if values[first] is not None:
-        lm._start, info["start"] = "server", "the server conditions the first token on its own start token"
-    else:
-        info["start"] = _check_start_text(lm)
-    info["model"] = lm.model
-    with lm._lock:
-        lm._probe_info = info
-    return info
+    model = client.model or (ids[0] if ids else None)
+    window = [m["max_model_len"] for m in models if isinstance(m, dict) and m.get("id") == model
+              and isinstance(m.get("max_model_len"), int)]
+    return model, (window[0] if window else None)
 
 
-def _next_token_candidates(lm: HTTPLM, text: str) -> dict[str, float]:
+def _next_token_candidates(client, text: str) -> dict[str, float]:
     """{token text: log p} for the next token after `text`, from the server's own generation log-probs."""
     body = {"prompt": text, "max_tokens": 1, "temperature": 0, "logprobs": PROBE_TOP, "echo": False,
-            **({"model": lm.model} if lm.model else {})}
+            **({"model": client.model} if client.model else {})}
     try:
-        lp = lm._post(lm.base_url + "/completions", body, optional=True)["choices"][0].get("logprobs") or {}
-    except (_Refused, BlackBoxServerError, KeyError, IndexError, TypeError):
+        lp = client.transport.post(client.transport.base_url + "/completions", body, optional=True)["choices"][0]
+        lp = lp.get("logprobs") or {}
+    except (Refused, BlackBoxServerError, KeyError, IndexError, TypeError):
         return {}
     out = {}
     for token, value in zip(lp.get("tokens") or [], lp.get("token_logprobs") or []):
@@ -100,28 +123,29 @@ def _next_token_candidates(lm: HTTPLM, text: str) -> dict[str, float]:
     return out
 
 
-def _check_max_tokens_zero(lm: HTTPLM) -> str:
-    """Use max_tokens=0 when the server takes it as 'no new tokens'; else keep 1 (the generated token is dropped)."""
+def _check_max_tokens_zero(client) -> tuple[int, str]:
+    """(0, ...) when the server takes max_tokens=0 as 'no new tokens'; else (1, why)."""
     prompt = "Hello world"
+    t = client.transport
     try:
-        reply = lm._post(lm.base_url + "/completions", lm._body([prompt], 0, lm.logprobs), optional=True)
+        reply = t.post(t.base_url + "/completions", client.body([prompt], 0, client.logprobs), optional=True)
         text = reply["choices"][0].get("text") or ""
-    except _Refused as e:
-        return f"max_tokens=1: the server refused max_tokens=0 ({e})"
+    except Refused as e:
+        return 1, f"max_tokens=1: the server refused max_tokens=0 ({e})"
     except (KeyError, IndexError, TypeError, AttributeError) as e:
-        raise BlackBoxServerError(f"{lm.base_url}: malformed completions response ({e})") from None
+        raise BlackBoxServerError(f"{t.base_url}: malformed completions response ({e})") from None
     if len(text) > len(prompt):
-        return "max_tokens=1: the server generated text for max_tokens=0 (read as unlimited)"
-    lm._parse(reply["choices"][0], prompt)
-    lm._max_tokens = 0
-    return "max_tokens=0"
+        return 1, "max_tokens=1: the server generated text for max_tokens=0 (read as unlimited)"
+    client.parse_text(reply["choices"][0], prompt)
+    return 0, "max_tokens=0"
 
 
-def _check_alignment(lm: HTTPLM, echo: _Echo, targets: list[tuple[str, float]], at: int) -> str:
-    """'verified ...' or 'unverified'; raises on a misaligned server. `echo` is of PROBE_TEXT + targets[0]."""
+def _check_alignment(client, echo: Echo, targets: list[tuple[str, float]], text: str) -> str:
+    """'verified ...' or 'unverified'; raises on a misaligned server. `echo` is of `text` + targets[0]."""
+    base_url, at = client.transport.base_url, len(text)
     for k, (token, expected) in enumerate(targets[:3]):
         if k:
-            echo = lm._echo([PROBE_TEXT + token], 1, PROBE_TOP)[0]
+            echo = client.text_echoes([text + token], 1, PROBE_TOP)[0]
         verdict = _alignment_verdict(echo, token, expected, at)
         if verdict == "aligned":
             return "verified against the server's generation log-probs"
@@ -130,39 +154,66 @@ def _check_alignment(lm: HTTPLM, echo: _Echo, targets: list[tuple[str, float]], 
         got = verdict[1]
         if verdict[0] == "shifted":
             raise BlackBoxServerError(
-                f"{lm.base_url}: log-probabilities shifted by one position: the server's own log p of "
+                f"{base_url}: log-probabilities shifted by one position: the server's own log p of "
                 f"{token!r} after the probe text is {expected:.3f}, but its echo puts that value one token "
                 f"early and gives {got:.3f} for {token!r} (entry i is evaluated with the distribution after "
                 "token i; llama-cpp-python issue #1983)")
         raise BlackBoxServerError(
-            f"{lm.base_url}: log-probabilities are misaligned: echo gives {got:.3f} for {token!r} after the "
+            f"{base_url}: log-probabilities are misaligned: echo gives {got:.3f} for {token!r} after the "
             f"probe text, the server's own generation log-prob is {expected:.3f}")
     repeat = len(PROBE_ITEMS)
     last = [v for s, v in zip(echo.starts, echo.logprobs) if at - repeat < s < at and v is not None]
     first = [v for s, v in zip(echo.starts, echo.logprobs) if len("Words:") < s < len("Words:") + repeat and v is not None]
     if last and first and np.mean(last) > -1.0 and np.mean(last) > np.mean(first) + 2.0:
         return "verified by induction on a repeated text"
-    warnings.warn(f"{lm.base_url}: could not verify that prompt log-probabilities are aligned to their tokens "
+    warnings.warn(f"{base_url}: could not verify that prompt log-probabilities are aligned to their tokens "
                   "(no usable generation log-probs and no induction on the probe text)")
     return "unverified"
 
 
-def _check_start_text(lm: HTTPLM) -> str:
-    """Find a document-start text the server reads as one token: `start_text` if given, else the tokenizer's,
+def _check_start_text(client, max_tokens: int) -> tuple[str | None, str]:
+    """(start_text, finding): a document-start text the server reads as one token: `start_text` if given,
     else LocalLM's candidates in order ("<|endoftext|>", "<s>", "<|begin_of_text|>")."""
-    candidates = [lm.start_text] if lm.start_text else list(DOCUMENT_START_TOKENS)
+    candidates = [client.start_text] if client.start_text else list(DOCUMENT_START_TOKENS)
     for text in candidates:
-        prompt = text + " The"
         try:
-            echo = lm._echo([prompt], lm._max_tokens, lm.logprobs, optional=True)[0]
-        except (BlackBoxServerError, _Refused):
+            echo = client.text_echoes([text + " The"], max_tokens, client.logprobs, optional=True)[0]
+        except (BlackBoxServerError, Refused):
             continue
         before = [i for i, e in enumerate(echo.ends) if 0 < e <= len(text)]
         after = [i for i, e in enumerate(echo.ends) if e > len(text)]
         if len(before) == 1 and echo.starts[before[0]] == 0 and after and echo.logprobs[after[0]] is not None:
-            lm.start_text, lm._start = text, "text"
-            return f"empty contexts are sent after start_text {text!r}"
-    return f"the server adds no start token and reads none of {candidates} as one token: empty contexts are refused"
+            return text, f"empty contexts are sent after start_text {text!r}"
+    return None, f"the server adds no start token and reads none of {candidates} as one token: empty contexts are refused"
+
+
+def _check_token_prompts(client, max_tokens: int, text: str) -> tuple[bool, int, str]:
+    """(send token ids?, leading entries, finding). Token ids need a tokenizer, a server that takes them,
+    and the same log-probs as the text prompt (else the tokenizer is not the server's: an error)."""
+    if client.tokenizer is None or client.token_prompts is False:
+        why = "no tokenizer given" if client.tokenizer is None else "token_prompts=False"
+        return False, 0, f"text ({why}): the server's tokens of the joined text are scored"
+    ids = client.tokenizer.encode(text)
+    try:
+        choice = client.completions([ids], max_tokens, client.logprobs, optional=True)[0]
+        values = echo_values(choice, client.prompt_logprobs)
+    except (Refused, BlackBoxServerError, KeyError, TypeError) as e:
+        if client.token_prompts:
+            raise BlackBoxServerError(f"{client.transport.base_url}: token_prompts=True but the server refused a "
+                                      f"token-id prompt ({e})") from None
+        return False, 0, f"text (the server refused token-id prompts: {e}): the server's tokens are scored"
+    text_echo = client.text_echoes([text], max_tokens, client.logprobs)[0]
+    text_values = [v for v, s, e in zip(text_echo.logprobs, text_echo.starts, text_echo.ends) if e > s]
+    for leading in range(0, min(2, len(values) - len(ids)) + 1):
+        mine = values[leading : leading + len(ids)]
+        if len(text_values) == len(ids) and all(
+                a is not None and b is not None and math.isclose(a, b, abs_tol=2e-3)
+                for a, b in zip(mine[1:], text_values[1:])):
+            return True, leading, "token ids: context ids + continuation ids (the contract's rule)"
+    raise BlackBoxServerError(
+        f"{client.transport.base_url}: the tokenizer given is not the server's: the probe text is {len(ids)} tokens "
+        f"for it and {len(text_values)} for the server, or their log-probs differ; pass the model's tokenizer "
+        "(or token_prompts=False to score the server's own tokens of the joined text)")
 
 
 def _clean_candidates(candidates: dict[str, float]) -> list[tuple[str, float]]:
@@ -174,7 +225,7 @@ def _clean_candidates(candidates: dict[str, float]) -> list[tuple[str, float]]:
     return words + chars
 
 
-def _alignment_verdict(echo: _Echo, token: str, expected: float, at: int):
+def _alignment_verdict(echo: Echo, token: str, expected: float, at: int):
     """Is the echoed log-prob of `token` (at character `at`) the server's generation log-prob `expected`?
 
     'aligned'; ('shifted', got) when the value sits one entry early (or in the previous entry's top

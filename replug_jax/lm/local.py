@@ -13,24 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from replug_jax import sharding
-from replug_jax.lm.blackbox import check_pairs
+from replug_jax.lm.blackbox import check_pairs, pair_token_ids
 from replug_jax.models import causal_lm
-from replug_jax.models.tokenizer import TextTokenizer
+from replug_jax.models.tokenizer import TextTokenizer, document_start_id
+from replug_jax.models.weights import weights_fingerprint
 
 CONTINUATION_MULTIPLE = 32  # scored positions per row are padded to a multiple of this
-DOCUMENT_START_TOKENS = ("<|endoftext|>", "<s>", "<|begin_of_text|>")
-
-
-def document_start_id(tokenizer: TextTokenizer) -> int | None:
-    """The token put before an empty context so the first continuation token is predicted: the first of
-    DOCUMENT_START_TOKENS the tokenizer has, else its BOS, else its EOS id (None when it has none)."""
-    for token in DOCUMENT_START_TOKENS:
-        tid = tokenizer.backend.token_to_id(token)
-        if tid is not None:
-            return tid
-    return tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
-
-
 class LocalLM:
     """A causal LM in JAX behind `score(contexts, continuations)`."""
 
@@ -46,6 +34,7 @@ class LocalLM:
         batch_size = sharding.round_up(batch_size, mesh.devices.size)
         fn = functools.partial(self._logprob_fn, config=config, dtype=dtype)
         self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh, num_inputs=3)
+        self._generator = None
 
     @staticmethod
     def _logprob_fn(params, ids, mask, target_positions, *, config, dtype):
@@ -64,20 +53,23 @@ class LocalLM:
         return len(self.tokenizer.encode(text))
 
     def pair_tokens(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """(context ids, continuation ids) as scored: the context is cut from the left to fit
-        `max_length`; an empty context becomes the document-start token."""
-        cont = self.tokenizer.encode(continuation)
-        if not cont:
-            raise ValueError(f"continuation {continuation[:40]!r} has no tokens")
-        if len(cont) >= self.max_length:
-            raise ValueError(f"continuation of {len(cont)} tokens does not fit the LM's {self.max_length}-token window "
-                             "with at least one context token; split it into shorter pieces")
-        ctx = self.tokenizer.encode(context) if context else []
-        if not ctx:
-            if self.start_id is None:
-                raise ValueError("empty context and the tokenizer has no document-start token to condition on")
-            ctx = [self.start_id]
-        return ctx[-(self.max_length - len(cont)):], cont
+        """(context ids, continuation ids) as scored: `blackbox.pair_token_ids`, the one rule of every backend."""
+        return pair_token_ids(self.tokenizer, context, continuation, self.max_length, self.start_id)
+
+    def fingerprint(self) -> str:
+        """A hash of the weights, dtype and window: what changes a score (for caches of LM scores)."""
+        return weights_fingerprint(self.params, [self.name, str(jnp.dtype(self.dtype)), self.max_length])
+
+    def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
+                 progress: bool = False):
+        """REPLUG's ensembled greedy decoding (the contract in lm/blackbox.py), with a KV cache per pass and
+        the shared prefix computed once (lm/local_generate.py): one `Generation` per question."""
+        if self._generator is None:
+            from replug_jax.lm.local_generate import LocalGenerator
+
+            self._generator = LocalGenerator(self)
+        return self._generator.generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
+                                        shared_prefix=shared_prefix, progress=progress)
 
     def score(self, contexts: Sequence[str], continuations: Sequence[str], progress: bool = False) -> list[np.ndarray]:
         """log p of each continuation token given its context and the tokens before it."""

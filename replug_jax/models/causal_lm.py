@@ -2,7 +2,7 @@
 
 Public boundary: `logits(params, config, input_ids, attention_mask)` and
 `token_logprobs(params, config, input_ids, attention_mask)`, pure functions of a parameter
-pytree. Positions are counted over real tokens only and padded keys are masked, so a
+pytree; for generation, `init_cache` and `extend` (append tokens to a key/value cache). Positions are counted over real tokens only and padded keys are masked, so a
 left- or right-padded batch gives the same values as each sequence scored alone.
 """
 from __future__ import annotations
@@ -83,6 +83,17 @@ def rotary(x, positions, theta: float):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def _through_cache(k, v, kv):
+    """Without a cache: (k, v, None). With kv = (k_cache, v_cache [B, S, Hkv, Dh], slot): the new keys and
+    values written at `slot` onwards, and the whole cache returned to attend over and to keep."""
+    if kv is None:
+        return k, v, None
+    k_cache, v_cache, slot = kv
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, slot, 0, 0))
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, slot, 0, 0))
+    return k_cache.astype(k.dtype), v_cache.astype(v.dtype), (k_cache, v_cache)
+
+
 def _dense(features: int, dtype, name: str, use_bias: bool):
     return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32, name=name)
 
@@ -92,16 +103,17 @@ class GPT2Block(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x, bias, positions):  # x: [B, L, D]
+    def __call__(self, x, bias, positions, kv=None):  # x: [B, L, D]
         c = self.config
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_1")(x)
         qkv = _dense(3 * c.hidden_size, self.dtype, "c_attn", True)(h)
         q, k, v = (t.reshape(t.shape[:2] + (c.num_heads, c.dims_per_head)) for t in jnp.split(qkv, 3, axis=-1))
+        k, v, kv = _through_cache(k, v, kv)
         attn = layers.dot_product_attention(q, k, v, bias).reshape(x.shape)
         x = x + _dense(c.hidden_size, self.dtype, "c_proj", True)(attn)
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_2")(x)
         h = layers.activation(c.hidden_act)(_dense(c.intermediate_size, self.dtype, "c_fc", True)(h))
-        return x + _dense(c.hidden_size, self.dtype, "mlp_proj", True)(h)
+        return x + _dense(c.hidden_size, self.dtype, "mlp_proj", True)(h), kv
 
 
 class LlamaBlock(nn.Module):
@@ -109,7 +121,7 @@ class LlamaBlock(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x, bias, positions):  # x: [B, L, D]
+    def __call__(self, x, bias, positions, kv=None):  # x: [B, L, D]
         c = self.config
         dh = c.dims_per_head
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="input_norm")(x)
@@ -117,12 +129,13 @@ class LlamaBlock(nn.Module):
         k = _dense(c.num_kv_heads * dh, self.dtype, "k_proj", False)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         v = _dense(c.num_kv_heads * dh, self.dtype, "v_proj", False)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         q, k = rotary(q, positions, c.rope_theta), rotary(k, positions, c.rope_theta)
+        k, v, kv = _through_cache(k, v, kv)
         attn = layers.dot_product_attention(q, k, v, bias).reshape(x.shape[:2] + (c.num_heads * dh,))
         x = x + _dense(c.hidden_size, self.dtype, "o_proj", False)(attn)
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="post_attention_norm")(x)
         gate = layers.activation(c.hidden_act)(_dense(c.intermediate_size, self.dtype, "gate_proj", False)(h))
         up = _dense(c.intermediate_size, self.dtype, "up_proj", False)(h)
-        return x + _dense(c.hidden_size, self.dtype, "down_proj", False)(gate * up)
+        return x + _dense(c.hidden_size, self.dtype, "down_proj", False)(gate * up), kv
 
 
 class CausalLM(nn.Module):
@@ -132,18 +145,27 @@ class CausalLM(nn.Module):
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, input_ids, attention_mask, positions_to_predict=None):
-        """positions_to_predict [B, T] (optional): compute logits only at these positions -> [B, T, V]."""
+    def __call__(self, input_ids, attention_mask, positions_to_predict=None, cache=None):
+        """positions_to_predict [B, T] (optional): compute logits only at these positions -> [B, T, V].
+
+        cache (optional, see `init_cache`): the tokens extend the cached ones; returns (logits, new cache)."""
         c = self.config
-        positions = layers.positions_from_mask(attention_mask)  # [B, L]
+        if cache is None:
+            positions = layers.positions_from_mask(attention_mask)  # [B, L]
+            bias = layers.causal_bias(attention_mask)
+        else:
+            positions, bias, key_mask = _cached_positions_and_bias(cache, attention_mask)
         wte = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=jnp.float32, name="embed_tokens")
         x = wte(input_ids)
         if c.arch == "gpt2":
             x = x + nn.Embed(c.max_position, c.hidden_size, dtype=self.dtype, param_dtype=jnp.float32, name="embed_positions")(positions)
-        bias = layers.causal_bias(attention_mask)
         block = GPT2Block if c.arch == "gpt2" else LlamaBlock
+        new_k, new_v = [], []
         for i in range(c.num_layers):
-            x = block(c, self.dtype, name=f"layer_{i}")(x, bias, positions)
+            kv = None if cache is None else (cache["k"][i], cache["v"][i], cache["length"])
+            x, kv = block(c, self.dtype, name=f"layer_{i}")(x, bias, positions, kv)
+            if kv is not None:
+                new_k.append(kv[0]), new_v.append(kv[1])
         if c.arch == "gpt2":
             x = layers.layer_norm(c.norm_eps, self.dtype, "final_norm")(x)
         else:
@@ -151,8 +173,27 @@ class CausalLM(nn.Module):
         if positions_to_predict is not None:  # skip the LM head where no prediction is wanted
             x = jnp.take_along_axis(x, positions_to_predict[..., None], axis=1)  # [B, T, D]
         if c.tie_embeddings:
-            return wte.attend(x).astype(jnp.float32)
-        return _dense(c.vocab_size, self.dtype, "lm_head", False)(x).astype(jnp.float32)
+            out = wte.attend(x).astype(jnp.float32)
+        else:
+            out = _dense(c.vocab_size, self.dtype, "lm_head", False)(x).astype(jnp.float32)
+        if cache is None:
+            return out
+        count = cache["count"] + attention_mask.sum(-1).astype(jnp.int32)
+        length = cache["length"] + input_ids.shape[1]
+        return out, {"k": jnp.stack(new_k), "v": jnp.stack(new_v), "key_mask": key_mask, "count": count, "length": length}
+
+
+def _cached_positions_and_bias(cache, attention_mask):
+    """For L new tokens written at slots [length, length + L) of a cache of S slots: their positions
+    (real tokens before them, pads skipped) [B, L], the attention bias [B, 1, L, S] (causal over slots,
+    padded slots hidden) and the updated key mask [B, S]."""
+    mask = attention_mask.astype(jnp.int32)
+    positions = jnp.maximum(cache["count"][:, None] + jnp.cumsum(mask, axis=-1) - 1, 0)  # [B, L]
+    key_mask = jax.lax.dynamic_update_slice(cache["key_mask"], mask, (0, cache["length"]))  # [B, S]
+    slots = jnp.arange(key_mask.shape[1])  # [S]
+    query_slots = cache["length"] + jnp.arange(mask.shape[1])  # [L]
+    visible = (slots[None, :] <= query_slots[:, None])[None] & (key_mask[:, None, :] > 0)  # [B, L, S]
+    return positions, jnp.where(visible[:, None], 0.0, layers.MASK_VALUE).astype(jnp.float32), key_mask
 
 
 def logits(params, config: CausalLMConfig, input_ids, attention_mask, dtype=jnp.float32):
@@ -177,6 +218,23 @@ def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, targe
     logits_ = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, predict_from)  # [B, T, V]
     targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
     return jnp.where(scored, layers.gather_logprobs(logits_, targets), 0.0)
+
+
+def init_cache(config: CausalLMConfig, batch: int, slots: int, dtype=jnp.float32) -> dict:
+    """An empty key/value cache of `slots` positions for `batch` rows:
+    {"k", "v": [layers, B, S, Hkv, Dh], "key_mask": [B, S] (1 = a real token), "count": [B] real tokens,
+    "length": [] slots written}."""
+    shape = (config.num_layers, batch, slots, config.num_kv_heads, config.dims_per_head)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "key_mask": jnp.zeros((batch, slots), jnp.int32),
+            "count": jnp.zeros((batch,), jnp.int32), "length": jnp.zeros((), jnp.int32)}
+
+
+def extend(params, config: CausalLMConfig, cache: dict, input_ids, attention_mask, dtype=jnp.float32):
+    """Append L tokens per row to the cache: -> (next-token logits after each row's last real token among
+    them [B, V] float32, the new cache). Pads (mask 0) may sit anywhere; they are never attended to."""
+    last = jnp.maximum(attention_mask.sum(-1) - 1, 0).astype(jnp.int32)[:, None]  # [B, 1]
+    out, cache = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, last, cache)
+    return out[:, 0], cache
 
 
 def init_params(config: CausalLMConfig, seed: int = 0):

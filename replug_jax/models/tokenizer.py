@@ -38,6 +38,28 @@ class TextTokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
 
+def token_starts(tokenizer: TextTokenizer, text: str) -> list[int]:
+    """Character offset where each token starts, plus len(text) at the end: [n + 1]."""
+    _, offsets = tokenizer.encode_with_offsets(text)
+    starts = [start for start, _ in offsets]
+    if starts:
+        starts[0] = 0  # leading whitespace belongs to the first token
+    return starts + [len(text)]
+
+
+DOCUMENT_START_TOKENS = ("<|endoftext|>", "<s>", "<|begin_of_text|>")
+
+
+def document_start_id(tokenizer: TextTokenizer) -> int | None:
+    """The token put before an empty context so the first continuation token is predicted: the first of
+    DOCUMENT_START_TOKENS the tokenizer has, else its BOS, else its EOS id (None when it has none)."""
+    for token in DOCUMENT_START_TOKENS:
+        tid = tokenizer.backend.token_to_id(token)
+        if tid is not None:
+            return tid
+    return tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
+
+
 def from_hf_dir(model_dir: str) -> TextTokenizer:
     """The tokenizer of a Hugging Face directory (tokenizer.json preferred; no torch needed)."""
     path = os.path.join(model_dir, "tokenizer.json")

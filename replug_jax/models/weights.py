@@ -6,10 +6,12 @@ Pickled checkpoints (`pytorch_model.bin`) are refused: we never unpickle.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Callable
 
+import jax
 import numpy as np
 from safetensors import safe_open
 
@@ -170,3 +172,12 @@ def load_causal_lm_dir(model_dir: str) -> tuple[CausalLMConfig, dict]:
     """(config, params) of a GPT-2 or Llama-family Hugging Face directory."""
     config = CausalLMConfig.from_hf(read_config(model_dir))
     return config, CAUSAL_CONVERTERS[config.arch](read_state_dict(model_dir), config)
+
+
+def weights_fingerprint(params, settings) -> str:
+    """A short hash of a parameter tree (a strided sample of every leaf) and JSON-able `settings`."""
+    h = hashlib.sha256(json.dumps(settings, default=str).encode())
+    for leaf in jax.tree_util.tree_leaves(params):
+        a = np.asarray(leaf)
+        h.update(a.reshape(-1)[:: max(1, a.size // 256)].tobytes())
+    return h.hexdigest()[:16]

@@ -6,8 +6,6 @@ batch sizes (one compile per bucket) and runs `models.encoder.embed` over all de
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import warnings
 
 import jax
@@ -15,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replug_jax import sharding
+from replug_jax.models.weights import weights_fingerprint
 from replug_jax.models import encoder as encoder_model
 from replug_jax.models.tokenizer import TextTokenizer
 
@@ -90,9 +89,5 @@ class DenseEncoder:
     def fingerprint(self, params=None) -> str:
         """A short hash of the weights (`params` or the encoder's own) and settings; an index built
         with another encoder is refused."""
-        h = hashlib.sha256(json.dumps([self.name, self.normalize, self.max_length], default=str).encode())
-        for leaf in jax.tree_util.tree_leaves(self.params if params is None else params):
-            a = np.asarray(leaf)
-            h.update(a.reshape(-1)[:: max(1, a.size // 256)].tobytes())
-        return h.hexdigest()[:16]
-
+        return weights_fingerprint(self.params if params is None else params,
+                                   [self.name, self.normalize, self.max_length])

@@ -17,9 +17,9 @@ and records the wait (`waited_seconds`); if nothing is serving yet it swaps at o
 killed-and-resumed run that re-requests the same (step, params, version) sees the same
 index at the same steps as an uninterrupted one. `swap_after=0` is synchronous mode: the
 build runs inside `request` (no thread; `waited_seconds` is the whole build) and the next
-`maybe_swap` installs it. With `workdir`, a build that finds `index_v{version}` already
-saved with the same encoder fingerprint reuses it, and corpus embeddings go through
-`embed_corpus` (resumable, on disk, deleted once the index is saved). For an exact resume,
+`maybe_swap` installs it. With `workdir`, builds go through `retrieval.build.build_dense_index`
+(as the evaluation's do): `index_v{version}` saved with the same encoder fingerprint is reused,
+and embeddings (at `embedding_dtype`) are resumable on disk, deleted once the index is saved. For an exact resume,
 checkpoint only where no build is pending (`pending` is None) and record `version`; saving
 keeps the newest `keep` versions plus the serving one, so `keep` must cover every version
 a retained checkpoint may name.
@@ -42,9 +42,10 @@ import time
 import jax
 import numpy as np
 
+from replug_jax.retrieval.build import build_dense_index
 from replug_jax.retrieval.datastore import Datastore
-from replug_jax.retrieval.embeddings import embed_corpus, sidecar_path
 from replug_jax.retrieval.index import DenseIndex, IndexRefused, read_meta
+from replug_jax.retrieval.retriever import index_meta
 
 log = logging.getLogger(__name__)
 _INDEX_DIR = re.compile(r"index_v(\d+)")
@@ -75,11 +76,13 @@ class IndexRefresher:
     """Rebuilds a DenseIndex over `datastore` with snapshot parameters; `current` is the serving index."""
 
     def __init__(self, encoder, datastore: Datastore, *, metric: str = "cosine", factory: str = "Flat",
-                 workdir: str | None = None, swap_after: int = 0, keep: int = 2, block_size: int = 4096):
+                 workdir: str | None = None, swap_after: int = 0, keep: int = 2, block_size: int = 4096,
+                 embedding_dtype: str = "float32"):
         if swap_after < 0 or keep < 1:
             raise ValueError(f"need swap_after >= 0 and keep >= 1, got {swap_after}, {keep}")
         self.encoder, self.datastore, self.metric, self.factory = encoder, datastore, metric, factory
         self.workdir, self.swap_after, self.keep, self.block_size = workdir, swap_after, keep, block_size
+        self.embedding_dtype = embedding_dtype
         self._lock = threading.Lock()  # guards (_index, _version): readers get one consistent pair
         self._index: DenseIndex | None = None
         self._version: int | None = None
@@ -252,27 +255,20 @@ class IndexRefresher:
 
     def _build(self, snapshot, version: int, step: int) -> tuple[DenseIndex, bool]:
         bound = _BoundEncoder(self.encoder, snapshot, self._stop)
-        meta = {**self._expected(version), "encoder": bound.fingerprint(), "request_step": step}
-        texts = self.datastore.texts
+        extra, note = {"version": version}, {"request_step": step}
         if not self.workdir:
-            blocks = [bound.embed(texts[i : i + self.block_size]) for i in range(0, len(texts), self.block_size)]
+            blocks = [bound.embed(self.datastore.texts[i : i + self.block_size])
+                      for i in range(0, len(self.datastore), self.block_size)]
+            meta = {**index_meta(bound, self.datastore), **extra, **note}
             return DenseIndex.build(np.concatenate(blocks), self.metric, self.factory, meta=meta), False
-        path = self.path(version)
-        try:
-            index = DenseIndex.load(path, expected={k: v for k, v in meta.items() if k != "request_step"})
-            return index, True  # the same build was saved before a restart
-        except Exception:  # missing, another encoder/version, or unreadable: build it again
-            pass
-        emb_path = os.path.join(self.workdir, f"embeddings_v{version}.npy")
-        embeddings = embed_corpus(bound, texts, emb_path, block_size=self.block_size, progress=False)
-        index = DenseIndex.build(embeddings, self.metric, self.factory, meta=meta)
-        index.save(path)
-        del embeddings
-        for f in (emb_path, sidecar_path(emb_path)):
-            if os.path.exists(f):
-                os.remove(f)
-        self._prune(version)
-        return index, False
+        index, reused = build_dense_index(
+            bound, self.datastore, self.path(version), metric=self.metric, factory=self.factory,
+            embedding_dtype=self.embedding_dtype, extra_meta=extra, note=note, delete_embeddings=True,
+            block_size=self.block_size,
+            embeddings_path=os.path.join(self.workdir, f"embeddings_v{version}.npy"), progress=False)
+        if not reused:
+            self._prune(version)
+        return index, reused
 
     def _prune(self, newest: int) -> None:
         """Keep the newest `keep` saved versions (and the serving one); drop stale embedding files."""

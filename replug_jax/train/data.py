@@ -12,8 +12,7 @@ import hashlib
 
 import numpy as np
 
-from replug_jax.evaluate.windows import token_starts
-from replug_jax.models.tokenizer import TextTokenizer
+from replug_jax.models.tokenizer import TextTokenizer, token_starts
 
 
 @dataclasses.dataclass(frozen=True)

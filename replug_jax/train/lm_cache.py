@@ -7,6 +7,7 @@ against a crash mid-write.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 from typing import Sequence
@@ -17,10 +18,13 @@ import numpy as np
 class LMScoreCache:
     """`score(contexts, continuations) -> (logprob sums [N], token counts [N])` through the cache."""
 
-    def __init__(self, path: str, lm, namespace: str | None = None):
+    def __init__(self, path: str, lm, key_fields: dict | None = None):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.lm = lm
-        self.namespace = namespace or getattr(lm, "name", "lm")
+        # everything that changes a score: the LM (name, and a fingerprint of its weights, dtype and
+        # window, or of its server and prompt format) and the caller's fields (e.g. the document template)
+        self.namespace = json.dumps({"lm": lm.name, "lm_fingerprint": lm.fingerprint(), **(key_fields or {})},
+                                    sort_keys=True, default=str)
         self.db = sqlite3.connect(path, check_same_thread=False)
         self.db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, logprob REAL, tokens INTEGER)")
         self.db.commit()

@@ -18,7 +18,7 @@ checks for a donated state and raises, since jaxlib 0.10.2 segfaults on one with
 devices. Pass states placed by `init_train_state` / `place_state` (replicated on the
 mesh): a state with another sharding is accepted but adds a compilation.
 
-Multi-host: every process passes its own rows of the batch; `shard_batch` builds the
+Multi-host: every process passes its own rows of the batch; `train_step` calls `shard_batch`, which builds the
 global arrays from process-local data (on one host it is a plain `device_put`).
 """
 from __future__ import annotations
@@ -107,14 +107,13 @@ def place_state(state, mesh: Mesh):
     return jax.device_put(state, replicated(mesh))
 
 
-def init_train_state(params, optimizer: optax.GradientTransformation, seed: int = 0, mesh: Mesh | None = None) -> dict:
-    """{"params", "opt_state", "step": int32 [], "rng": PRNGKey uint32 [2]}, replicated over
+def init_train_state(params, optimizer: optax.GradientTransformation, mesh: Mesh | None = None) -> dict:
+    """{"params", "opt_state", "step": int32 []}, replicated over
     `mesh` (default: all devices, as `data_mesh()`). `params` (numpy or jax) are copied, so
     the caller's arrays survive the step's donation.
     """
     params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
-    state = {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32),
-             "rng": jax.random.PRNGKey(seed)}
+    state = {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32)}
     # strong types everywhere: a weakly typed leaf would change after one step and recompile
     state = jax.tree.map(lambda x: jnp.asarray(x, jnp.result_type(x)) if getattr(x, "weak_type", False) else x, state)
     return place_state(state, mesh if mesh is not None else data_mesh())
@@ -182,7 +181,7 @@ def make_train_step(config: BertConfig, optimizer: optax.GradientTransformation,
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
         updates, opt_state = optimizer.update(grads, state["opt_state"], params)
         new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state,
-                     "step": state["step"] + 1, "rng": state["rng"]}
+                     "step": state["step"] + 1}
         metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads),
                        learning_rate=current_learning_rate(opt_state))
         return new_state, metrics
@@ -194,7 +193,7 @@ def make_train_step(config: BertConfig, optimizer: optax.GradientTransformation,
         # jaxlib 0.10.2 segfaults (instead of raising) when a donated multi-device buffer is passed again
         if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(state)):
             raise RuntimeError("this train state was donated to an earlier step: pass the state that step returned")
-        return jitted(state, batch)
+        return jitted(state, shard_batch(batch, mesh))
 
     train_step.jitted = jitted  # the jax.jit object itself (`.lower`, `._cache_size`)
     return train_step

@@ -18,15 +18,16 @@ import jax.numpy as jnp
 from absl import logging
 
 import replug_jax as rj
+from replug_jax import console
 from replug_jax.data import wiki
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.retrieval import datastore as ds
 from replug_jax.retrieval.bm25 import BM25Index
-from replug_jax.retrieval.embeddings import embed_corpus
-from replug_jax.retrieval.index import DenseIndex, IndexRefused
-from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever, index_meta
+from replug_jax.retrieval import build
+from replug_jax.retrieval.index import DenseIndex
+from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever
 
 GENSIM_WIKI = "gensim_wiki"
 
@@ -95,16 +96,11 @@ def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) 
 
 def build_dense_index(encoder, store: ds.Datastore, workdir: str, *, metric: str, factory: str,
                       embedding_dtype: str, name: str = "dense") -> DenseIndex:
-    """Embeddings (streamed to disk, resumable) and a FAISS index, reused while their fingerprints match."""
-    folder = os.path.join(workdir, f"index_{name}")
-    meta = {**index_meta(encoder, store), "metric": metric, "factory": factory}
-    try:
-        return DenseIndex.load(folder, expected=meta)
-    except (FileNotFoundError, IndexRefused) as e:
-        logging.info("building index %s (%s)", folder, e)
-    embeddings = embed_corpus(encoder, store.texts, os.path.join(workdir, f"embeddings_{name}.npy"), dtype=embedding_dtype)
-    index = DenseIndex.build(embeddings, metric=metric, factory=factory, meta=index_meta(encoder, store))
-    index.save(folder)
+    """WORKDIR/index_{name}: reused while its fingerprints match, else embedded (resumable) and built."""
+    index, reused = build.build_dense_index(encoder, store, os.path.join(workdir, f"index_{name}"), metric=metric,
+                                            factory=factory, embedding_dtype=embedding_dtype,
+                                            embeddings_path=os.path.join(workdir, f"embeddings_{name}.npy"))
+    console.phase(f"index {name}: {index.count:,} vectors, {metric}, {factory} ({'reused' if reused else 'embedded and built'})")
     return index
 
 
@@ -129,13 +125,22 @@ def make_windows(eval_path: str, tokenizer, config) -> list:
     return windows
 
 
+def load_job_lm(config, dtype):
+    """The job's black-box LM: a local model, or a server URL whose tokenizer is `config.lm_tokenizer`
+    (then HTTPLM sends token-id prompts, the contract's rule)."""
+    remote = config.lm.startswith(("http://", "https://"))
+    options = {"tokenizer": config.lm_tokenizer} if remote and config.get("lm_tokenizer") else {}
+    return rj.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
+                      dtype=dtype, **options)
+
+
 def lm_tokenizer(lm, config):
     """The tokenizer that cuts passages and windows: the LM's own, or config.lm_tokenizer for a remote LM."""
+    if getattr(lm, "tokenizer", None) is not None:
+        return lm.tokenizer
     if config.get("lm_tokenizer"):
         return rj.load_tokenizer(config.lm_tokenizer)
-    if getattr(lm, "tokenizer", None) is None:
-        raise ValueError(f"LM {config.lm!r} has no local tokenizer to cut passages and windows: set --config.lm_tokenizer")
-    return lm.tokenizer
+    raise ValueError(f"LM {config.lm!r} has no local tokenizer to cut passages and windows: set --config.lm_tokenizer")
 
 
 @dataclasses.dataclass
@@ -157,11 +162,14 @@ def prepare(config, workdir: str) -> Setup:
     os.makedirs(workdir, exist_ok=True)
     dtype = jnp.dtype(config.dtype)
     paths = data_paths(config, workdir)
+    console.phase(f"data: corpus {paths['datastore']}, held-out {paths['eval']}")
     encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
                               normalize=config.metric == "cosine", dtype=dtype)
-    lm = rj.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None, dtype=dtype)
+    lm = load_job_lm(config, dtype)
     tokenizer = lm_tokenizer(lm, config)
+    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
     store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, workdir)
+    console.phase(f"datastore: {len(store):,} passages of up to {config.doc_tokens} LM tokens")
     index = build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
                               embedding_dtype=config.embedding_dtype)
     return Setup(paths, encoder, lm, tokenizer, store, index, started)

@@ -8,7 +8,7 @@ import os
 
 from absl import logging
 
-from replug_jax.evaluate import run as eval_run
+from replug_jax.jobs import lm_eval as eval_run
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint, training_examples
 from replug_jax.train.loop import LSRSettings, train_lsr

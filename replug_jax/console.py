@@ -1,0 +1,44 @@
+"""What a job shows a person: one line per phase and the progress bars on the console, the rest in a log file.
+
+    log_path = console.setup(workdir, verbosity=-1)   # main.py does this
+    console.phase("datastore: 3,862 passages (reused)")
+
+Library logging (absl, JAX's backend probe, FAISS's loader, orbax) goes to `WORKDIR/log.txt` at INFO;
+the console shows warnings and errors only, or everything from `--verbosity=0` (INFO) up.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+LOG_FILE = "log.txt"
+_state = {"start": time.monotonic(), "enabled": True}
+
+
+def setup(workdir: str, verbosity: int = -1, enabled: bool = True) -> str:
+    """Send every log record at INFO and above to WORKDIR/log.txt; keep the console at WARNING unless
+    `verbosity` >= 0 (absl's scale: 0 = INFO, 1 = DEBUG). `enabled=False` silences `phase` (other processes)."""
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, LOG_FILE)
+    root = logging.getLogger()
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.DEBUG if verbosity >= 1 else logging.INFO)
+    for other in root.handlers:  # absl's stderr handler, or basicConfig's
+        other.setLevel(logging.DEBUG if verbosity >= 1 else logging.INFO if verbosity == 0 else logging.WARNING)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbosity >= 1 else logging.INFO)
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(max(verbosity, 0))  # absl's own messages reach the file at INFO
+    _state.update(start=time.monotonic(), enabled=enabled)
+    return path
+
+
+def phase(message: str) -> None:
+    """One line on stdout (with the time since setup) and in the log file."""
+    logging.getLogger("replug_jax").info(message)
+    if _state["enabled"]:
+        print(f"[{time.monotonic() - _state['start']:7.1f}s] {message}", file=sys.stdout, flush=True)

@@ -1,0 +1,127 @@
+"""JSON over HTTP for the black-box client: retries, backoff, counters and a secret API key.
+
+    t = Transport("http://127.0.0.1:8000/v1", api_key_env="OPENAI_API_KEY")
+    reply = t.post(t.base_url + "/completions", body)   # dict; raises BlackBoxServerError when it fails for good
+    t.stats()                                           # {"requests", "retries", "failures", "prompts"}
+
+Retried with exponential backoff: timeouts, connection errors, 429 and 5xx (Retry-After
+honoured); never other 4xx. The API key is read from the environment variable `api_key_env`,
+sent as a Bearer token, and kept out of logs and error messages. Standard library only.
+"""
+from __future__ import annotations
+
+import email.utils
+import http.client
+import json
+import os
+import random
+import re
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+MAX_DELAY = 60.0  # seconds, cap on backoff and Retry-After
+
+
+class BlackBoxServerError(RuntimeError):
+    """A server that cannot be used, or a request that failed for good; the message says which."""
+
+
+class Refused(Exception):
+    """A 4xx answer to an optional request (a feature the server does not have)."""
+
+
+class Transport:
+    """POST/GET JSON to one OpenAI-compatible server, with retries and thread-safe counters."""
+
+    def __init__(self, base_url: str, *, api_key_env: str = "OPENAI_API_KEY", timeout: float = 60,
+                 max_retries: int = 5, backoff: float = 0.5):
+        parts = urllib.parse.urlsplit(base_url.rstrip("/"))
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{base_url!r} is not an http(s) URL")
+        path = parts.path if parts.path not in ("", "/") else "/v1"
+        self.base_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+        self.root_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, re.sub(r"/v1$", "", path), "", ""))
+        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+        self._api_key = os.environ.get(api_key_env) or None
+        self._lock = threading.Lock()
+        self._stats = {"requests": 0, "retries": 0, "failures": 0, "prompts": 0}
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(self._stats)
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._stats[key] += n
+
+    def redact(self, text: str) -> str:
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+    def get(self, url: str) -> dict:
+        return self.post(url, None, optional=True)
+
+    def post(self, url: str, body: dict | None, optional: bool = False) -> dict:
+        """JSON request with retries. optional: a 4xx raises `Refused` and is not counted as a failure."""
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in range(self.max_retries + 1):
+            self.count("requests")
+            retry_after = None
+            try:
+                request = urllib.request.Request(url, data=data, headers=self._headers(),
+                                                 method="GET" if data is None else "POST")
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    raw = response.read()
+                try:
+                    return json.loads(raw)
+                except ValueError:
+                    self.count("failures")
+                    raise BlackBoxServerError(self.redact(f"{url}: response is not JSON: {raw[:200]!r}")) from None
+            except urllib.error.HTTPError as e:
+                detail = _excerpt(e)
+                if e.code != 429 and e.code < 500:
+                    if optional:
+                        raise Refused(self.redact(f"HTTP {e.code}: {detail}")) from None
+                    self.count("failures")
+                    raise BlackBoxServerError(self.redact(f"{url}: HTTP {e.code} (not retried): {detail}")) from None
+                what, retry_after = f"HTTP {e.code}: {detail}", retry_after_seconds(e.headers.get("Retry-After"))
+            except (TimeoutError, urllib.error.URLError, http.client.HTTPException, ConnectionError, OSError) as e:
+                reason = getattr(e, "reason", e)
+                what = (f"timed out after {self.timeout}s" if isinstance(reason, TimeoutError)
+                        else f"{type(e).__name__}: {reason}")
+            if attempt == self.max_retries:
+                break
+            self.count("retries")
+            delay = retry_after if retry_after is not None else self.backoff * 2**attempt * (1 + 0.1 * random.random())
+            time.sleep(min(delay, MAX_DELAY))
+        self.count("failures")
+        raise BlackBoxServerError(self.redact(f"{url}: failed after {self.max_retries} retries; last error: {what}"))
+
+    def _headers(self) -> dict:
+        headers = {"Content-Type": "application/json", "User-Agent": "replug_jax"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+
+def _excerpt(error: urllib.error.HTTPError) -> str:
+    try:
+        body = error.read()[:300].decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - a body we cannot read is simply not shown
+        body = ""
+    return " ".join(body.split()) or (error.reason or "")
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (seconds or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None

@@ -1,0 +1,179 @@
+"""Ensembled greedy decoding on the local JAX backend (the contract's `generate`, see lm/blackbox.py).
+
+For B questions with K passes each, the rows are B·K sequences `prefix ∘ context_i`:
+  1. the shared prefix (few-shot block) is run ONCE, as one row, into a key/value cache;
+  2. its cache is copied to the B·K rows and each pass's own context tokens are appended;
+  3. a `lax.while_loop` decodes: mix the K next-token distributions of each question with λ
+     (`replug.ensemble_next_token_logprobs`), take the argmax, append it to all K passes (one
+     token per row per step through the cache), until every question has emitted a stop token
+     or `max_new_tokens`.
+Shapes are bucketed (prefix, context and new-token lengths; questions per batch), so the jitted
+function compiles once per bucket; rows are split over the device mesh by question, so a
+question's K passes stay on one device.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from replug_jax import replug, sharding
+from replug_jax.lm.blackbox import Generation, check_generation_inputs, cut_at_stop
+from replug_jax.models import causal_lm
+
+NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
+
+
+def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, *, steps: int, dtype):
+    """Greedy decoding of the λ-mixture, from rows whose next-token `logits` [B·K, V] are given.
+
+    log_weights [B, K] (-inf: no pass); stop_mask [V] bool; limit: tokens to generate (<= steps).
+    Returns tokens [B, steps] int32, their mixture log-probs [B, steps] float32 and counts [B]
+    (tokens generated, a stop token included)."""
+    b, k = log_weights.shape
+    valid = log_weights > -jnp.inf  # [B, K]
+
+    def mixed(logits):  # [B·K, V] -> [B, V]
+        per_pass = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, -1)
+        return replug.ensemble_next_token_logprobs(per_pass, log_weights, valid, 1.0)
+
+    def body(carry):
+        step, cache, logits, tokens, lps, counts, done = carry
+        mix = mixed(logits)  # [B, V]
+        token = jnp.argmax(mix, axis=-1).astype(jnp.int32)  # [B]
+        lp = jnp.take_along_axis(mix, token[:, None], axis=-1)[:, 0]
+        tokens = tokens.at[:, step].set(jnp.where(done, 0, token))
+        lps = lps.at[:, step].set(jnp.where(done, 0.0, lp))
+        counts = counts + (~done).astype(jnp.int32)
+        done = done | stop_mask[token]
+        ids = jnp.repeat(token, k)[:, None]  # [B·K, 1]: the chosen token goes to every pass
+        logits, cache = causal_lm.extend(params, config, cache, ids, jnp.ones_like(ids), dtype)
+        return step + 1, cache, logits, tokens, lps, counts, done
+
+    def cond(carry):
+        step, *_, done = carry
+        return (step < limit) & ~jnp.all(done)
+
+    start = (jnp.zeros((), jnp.int32), cache, logits, jnp.zeros((b, steps), jnp.int32),
+             jnp.zeros((b, steps), jnp.float32), jnp.zeros((b,), jnp.int32), ~jnp.any(valid, axis=-1))
+    _, _, _, tokens, lps, counts, _ = jax.lax.while_loop(cond, body, start)
+    return tokens, lps, counts
+
+
+def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, stop_mask, limit, *, config, dtype, slots, steps,
+         mesh):
+    """Prefix once, copied to every row; each row's own tokens; then `mixture_decode`."""
+    cache = causal_lm.init_cache(config, 1, slots, dtype)
+    _, cache = causal_lm.extend(params, config, cache, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
+    rows = ids.shape[0]
+    split = NamedSharding(mesh, P(None, sharding.DATA_AXIS))
+    cache = {"k": jax.lax.with_sharding_constraint(jnp.broadcast_to(cache["k"], cache["k"].shape[:1] + (rows,) +
+                                                                    cache["k"].shape[2:]), split),
+             "v": jax.lax.with_sharding_constraint(jnp.broadcast_to(cache["v"], cache["v"].shape[:1] + (rows,) +
+                                                                    cache["v"].shape[2:]), split),
+             "key_mask": jnp.broadcast_to(cache["key_mask"], (rows, slots)),
+             "count": jnp.broadcast_to(cache["count"], (rows,)), "length": cache["length"]}
+    logits, cache = causal_lm.extend(params, config, cache, ids, mask, dtype)  # [B·K, V] after each pass's tokens
+    return mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, steps=steps, dtype=dtype)
+
+
+class LocalGenerator:
+    """`generate` for a LocalLM: tokenises by the contract's rule, buckets, runs `_run`, decodes to text."""
+
+    def __init__(self, lm, questions_per_batch: int = 8):
+        self.lm = lm
+        self.questions_per_batch = sharding.round_up(questions_per_batch, lm.mesh.devices.size)
+        self._stop_masks: dict[tuple, np.ndarray] = {}
+        self._jitted: dict[tuple, object] = {}
+
+    def compiled_shapes(self) -> int:
+        """How many distinct shapes the decode function has compiled (for 'compiles once per bucket')."""
+        return sum(f._cache_size() for f in self._jitted.values())
+
+    def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
+                 progress: bool = False) -> list[Generation]:
+        weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]
+        lm, tok = self.lm, self.lm.tokenizer
+        prefix = tok.encode(shared_prefix) if shared_prefix else []
+        room = lm.max_length - len(prefix) - max_new_tokens
+        if room < 1:
+            raise ValueError(f"a shared prefix of {len(prefix)} tokens and max_new_tokens={max_new_tokens} leave no "
+                             f"room in the LM's {lm.max_length}-token window")
+        rows = [[self._context_ids(c, bool(prefix))[-room:] for c in ctx] for ctx in contexts]
+        stop_mask = self._stop_mask(tuple(stop))
+        steps = sharding.round_up(max_new_tokens, NEW_TOKEN_MULTIPLE)
+        p_len = sharding.round_up(max(len(prefix), 1), lm.length_multiple)
+        prefix_ids, prefix_mask = sharding.pad_rows([prefix], p_len, lm.pad_id, 1)
+        order = np.argsort([max(len(r) for r in q) for q in rows], kind="stable")
+        out: list[Generation | None] = [None] * len(rows)
+        from tqdm.auto import tqdm
+
+        for start in tqdm(range(0, len(rows), self.questions_per_batch), disable=not progress, desc="generate"):
+            idx = order[start : start + self.questions_per_batch]
+            tokens, lps, counts = self._batch([rows[i] for i in idx], weights[idx], prefix_ids, prefix_mask, stop_mask,
+                                              max_new_tokens, steps)
+            for j, i in enumerate(idx):
+                out[i] = self._to_generation(tokens[j, : counts[j]], lps[j, : counts[j]], stop, max_new_tokens)
+        return out  # type: ignore[return-value]
+
+    def _context_ids(self, context: str, has_prefix: bool) -> list[int]:
+        ids = self.lm.tokenizer.encode(context) if context else []
+        if not ids and has_prefix:
+            raise ValueError("a pass context is empty after the shared prefix: end the prompt in the context")
+        if not ids:
+            if self.lm.start_id is None:
+                raise ValueError("an empty prompt and the tokenizer has no document-start token to condition on")
+            ids = [self.lm.start_id]
+        return ids
+
+    def _batch(self, rows, weights, prefix_ids, prefix_mask, stop_mask, limit, steps):
+        lm = self.lm
+        b, k = len(rows), weights.shape[1]
+        n = self.questions_per_batch
+        width = sharding.length_bucket(max(len(r) for q in rows for r in q), lm.length_multiple, lm.max_length)
+        # missing passes and filler questions: one pad token, weight 0 (-inf), never read by the mixture
+        flat = [r for q in rows for r in q + [[lm.pad_id]] * (k - len(q))] + [[lm.pad_id]] * ((n - b) * k)
+        ids, mask = sharding.pad_rows(flat, width, lm.pad_id, n * k)  # [n·K, width]
+        w = np.full((n, k), -np.inf, np.float32)
+        w[:b] = weights
+        slots = prefix_ids.shape[1] + width + steps
+        fn = self._function(slots, steps)
+        split = sharding.batch_sharding(lm.mesh)
+        ids, mask, w = jax.device_put((ids, mask, w), split)
+        tokens, lps, counts = fn(lm.params, prefix_ids, prefix_mask, ids, mask, w, stop_mask, np.int32(limit))
+        return np.asarray(tokens)[:b], np.asarray(lps)[:b], np.asarray(counts)[:b]
+
+    def _function(self, slots: int, steps: int):
+        key = (slots, steps)
+        if key not in self._jitted:
+            lm = self.lm
+            self._jitted[key] = jax.jit(functools.partial(_run, config=lm.config, dtype=lm.dtype, slots=slots,
+                                                          steps=steps, mesh=lm.mesh))
+        return self._jitted[key]
+
+    def _stop_mask(self, stop: tuple) -> np.ndarray:
+        """[V] bool: the tokens whose text contains a stop string, and EOS."""
+        if stop not in self._stop_masks:
+            tok = self.lm.tokenizer
+            vocab = tok.vocab_size
+            mask = np.zeros(max(vocab, self.lm.config.vocab_size), bool)
+            if stop:
+                for i in range(vocab):
+                    piece = tok.decode([i])
+                    mask[i] = any(s in piece for s in stop if s)
+            if tok.eos_id is not None:
+                mask[tok.eos_id] = True
+            self._stop_masks[stop] = mask
+        return self._stop_masks[stop]
+
+    def _to_generation(self, tokens, lps, stop, max_new_tokens) -> Generation:
+        ids = [int(t) for t in tokens]
+        text, stopped = cut_at_stop(self.lm.tokenizer.decode(ids), stop)
+        eos = bool(ids) and ids[-1] == self.lm.tokenizer.eos_id
+        if eos:
+            text = cut_at_stop(self.lm.tokenizer.decode(ids[:-1]), stop)[0]
+        finished = stopped or eos or len(ids) < max_new_tokens
+        return Generation(text, ids, [float(x) for x in lps], "stop" if finished else "length")

@@ -1,0 +1,36 @@
+"""REPLUG's document passes (§3.1): each retrieved document is prepended to the input separately.
+
+Shared by the evaluation (scoring with documents) and LSR training (LM supervision), so both
+build exactly the same LM inputs:
+
+    contexts, continuations, where = document_passes(datastore, rows, prefixes, continuations)
+    # where[n] = (query number, rank): pass n is document rows[query, rank] ∘ prefix[query]
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+DOC_TEMPLATE = "{title}\n{text}\n\n"
+
+
+def format_docs(datastore, rows: Sequence[int], template: str = DOC_TEMPLATE) -> list[str]:
+    """The datastore rows as LM text, one string per row, in the given order."""
+    return [template.format(title=datastore.titles[r], text=datastore.texts[r]) for r in rows]
+
+
+def document_passes(datastore, rows: np.ndarray, prefixes: Sequence[str], continuations: Sequence[str],
+                    template: str = DOC_TEMPLATE):
+    """REPLUG's passes: one (document ∘ prefix, continuation) pair per retrieved row.
+
+    rows: [Q, K] (-1 = none). Returns (contexts, continuations, where) with where[n] = (query, rank).
+    """
+    contexts, conts, where = [], [], []
+    for q, (row, prefix, continuation) in enumerate(zip(rows, prefixes, continuations)):
+        ranks = np.flatnonzero(row >= 0)
+        for rank, doc in zip(ranks, format_docs(datastore, row[ranks], template)):
+            contexts.append(doc + prefix)
+            conts.append(continuation)
+            where.append((q, int(rank)))
+    return contexts, conts, where

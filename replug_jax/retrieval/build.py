@@ -1,0 +1,46 @@
+"""One way to get a dense index of a datastore: reuse the saved one if it matches, else embed and build.
+
+    index, reused = build_dense_index(encoder, datastore, "work/index_dense", metric="cosine",
+                                      factory="Flat", embedding_dtype="float16")
+
+Used by the evaluation jobs (the initial and the LSR-trained retriever's index) and by the LSR
+refresher (each index version), so both embed the same way, at the same dtype, and check the
+same metadata: the encoder's fingerprint, the datastore's, the metric and factory, plus any
+caller fields (`extra_meta`, e.g. the refresher's version). Embeddings stream to a resumable
+.npy memmap (`embed_corpus`); the index is saved atomically.
+"""
+from __future__ import annotations
+
+import os
+
+from replug_jax.retrieval.datastore import Datastore
+from replug_jax.retrieval.embeddings import embed_corpus, sidecar_path
+from replug_jax.retrieval.index import DenseIndex, IndexRefused
+from replug_jax.retrieval.retriever import index_meta
+
+
+def build_dense_index(encoder, datastore: Datastore, folder: str, *, metric: str = "cosine", factory: str = "Flat",
+                      embedding_dtype: str = "float32", extra_meta: dict | None = None, note: dict | None = None,
+                      embeddings_path: str | None = None, delete_embeddings: bool = False, block_size: int = 4096,
+                      progress: bool = True) -> tuple[DenseIndex, bool]:
+    """(index, reused): the index saved in `folder` when its metadata matches, else a new one saved there.
+
+    `encoder` needs `embed(texts)`, `fingerprint()` and `dim` (a DenseEncoder, or one bound to other
+    parameters). `extra_meta` must match for reuse; `note` is only recorded. Embeddings go to
+    `embeddings_path` (default `<folder>.embeddings.npy`), removed after the build with `delete_embeddings`."""
+    meta = {**index_meta(encoder, datastore), **(extra_meta or {})}
+    try:
+        return DenseIndex.load(folder, expected={**meta, "metric": metric, "factory": factory}), True
+    except (FileNotFoundError, IndexRefused, OSError, ValueError):
+        pass  # missing, built by another encoder or over another datastore, or unreadable: build it
+    path = embeddings_path or folder.rstrip("/") + ".embeddings.npy"
+    embeddings = embed_corpus(encoder, datastore.texts, path, dtype=embedding_dtype, block_size=block_size,
+                              progress=progress)
+    index = DenseIndex.build(embeddings, metric=metric, factory=factory, meta={**(note or {}), **meta})
+    index.save(folder)
+    del embeddings
+    if delete_embeddings:
+        for f in (path, sidecar_path(path)):
+            if os.path.exists(f):
+                os.remove(f)
+    return index, False
