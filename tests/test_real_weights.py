@@ -76,3 +76,19 @@ def test_smollm2_uses_context(smollm2):
     doc = "Velmora is a small town whose mayor is Tobias Grint."
     with_doc, without = smollm2.score([doc + " The mayor of Velmora is", "The mayor of Velmora is"], [" Tobias Grint"] * 2)
     assert with_doc.sum() > without.sum() + 5.0, (with_doc.sum(), without.sum())
+
+
+def test_smollm2_generate_with_one_pass_equals_transformers_greedy(smollm2, torch_smollm2):
+    """k = 1, weight 1: the ensembled decoder with its KV cache is plain greedy decoding (transformers `generate`)."""
+    model, _ = torch_smollm2
+    prompts = ["The capital of France is", "Question: What is the largest planet in the Solar System?\nAnswer:"]
+    gens = smollm2.generate([[p] for p in prompts], [[0.0]] * len(prompts), max_new_tokens=20, stop=())
+    for prompt, gen in zip(prompts, gens):
+        ids = smollm2.tokenizer.encode(prompt)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=20, do_sample=False, pad_token_id=0)
+        ref = out[0, len(ids):].tolist()
+        eos = smollm2.tokenizer.eos_id
+        ref = ref[: ref.index(eos) + 1] if eos in ref else ref
+        assert gen.token_ids == ref, (prompt, smollm2.tokenizer.decode(gen.token_ids), smollm2.tokenizer.decode(ref))

@@ -1,0 +1,98 @@
+"""REPLUG's ensembled greedy decoding on the local backend: the KV-cache decode loop equals a reference that
+recomputes every pass in full and mixes with `replug.ensemble_next_token_logprobs`."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import replug_jax as rj
+from replug_jax import replug, sharding
+from replug_jax.lm.local import LocalLM
+from replug_jax.models import causal_lm
+from tests import hf_tiny
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def tiny_lm(request, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp(request.param))
+    if request.param == "gpt2":
+        hf_tiny.tiny_gpt2(path, positions=128)
+    else:
+        hf_tiny.tiny_llama(path)
+    lm = rj.load_lm(path, batch_size=8)
+    # sharpen the random model (scaled embeddings) so that greedy decoding moves between tokens
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, x: x * 4.0 if "embed_tokens" in jax.tree_util.keystr(p) else x, jax.device_get(lm.params))
+    return LocalLM(lm.config, params, lm.tokenizer, name=request.param, batch_size=8)
+
+
+def reference(lm, contexts, log_weights, max_new, prefix=""):
+    """Greedy mixture decoding without a cache: every step re-runs each pass in full."""
+    tok = lm.tokenizer
+    full = jax.jit(lambda ids, mask: causal_lm.logits(lm.params, lm.config, ids, mask))  # one shape: [1, 64]
+    out = []
+    for ctx, lw in zip(contexts, log_weights):
+        rows = [(tok.encode(prefix) if prefix else []) + tok.encode(c) for c in ctx]
+        tokens, lps = [], []
+        for _ in range(max_new):
+            per_pass = []
+            for r in rows:
+                ids, mask = sharding.pad_rows([r + tokens], 64, 0, 1)  # right padding: the last real position
+                per_pass.append(jax.nn.log_softmax(full(ids, mask)[0, len(r + tokens) - 1]))
+            w = jnp.asarray(lw, jnp.float32)[None]
+            mix = replug.ensemble_next_token_logprobs(jnp.stack(per_pass)[None], w, w > -jnp.inf, 1.0)[0]
+            tokens.append(int(jnp.argmax(mix)))
+            lps.append(float(mix[tokens[-1]]))
+        out.append((tokens, lps))
+    return out
+
+
+CONTEXTS = [["the river ", "stars shine ", "bread rises in the "], ["a b c d"],
+            ["violin plays", "snow covers the mountain"], ["x", "yy", "zzz", "wwww"]]
+WEIGHTS = [np.log([0.5, 0.3, 0.2]), [0.0], np.log([0.9, 0.1]), np.log([0.1, 0.2, 0.3, 0.4])]
+
+
+@pytest.mark.parametrize("prefix", ["", "Shared block.\n"])
+def test_mixture_decode_equals_full_recomputation(tiny_lm, prefix):
+    """k = 1..4 in one batch (missing passes masked), with and without a shared prefix."""
+    gens = tiny_lm.generate(CONTEXTS, WEIGHTS, max_new_tokens=8, stop=(), shared_prefix=prefix)
+    for gen, (tokens, lps) in zip(gens, reference(tiny_lm, CONTEXTS, WEIGHTS, 8, prefix)):
+        assert gen.token_ids == tokens
+        np.testing.assert_allclose(gen.logprobs, lps, atol=1e-4)
+        assert gen.finish_reason == "length" and gen.text == tiny_lm.tokenizer.decode(tokens)
+    assert len({t for g in gens for t in g.token_ids}) > 3  # the decoder really moves between tokens
+
+
+def test_stop_strings_end_generation_and_are_cut(tiny_lm):
+    free = tiny_lm.generate(CONTEXTS, WEIGHTS, max_new_tokens=12, stop=())
+    piece = tiny_lm.tokenizer.decode(free[0].token_ids[3:4])
+    stopped = tiny_lm.generate(CONTEXTS, WEIGHTS, max_new_tokens=12, stop=(piece,))
+    first = next(i for i, t in enumerate(free[0].token_ids) if piece in tiny_lm.tokenizer.decode([t]))
+    assert stopped[0].token_ids == free[0].token_ids[: first + 1] and stopped[0].finish_reason == "stop"
+    assert piece not in stopped[0].text and free[0].text.startswith(stopped[0].text)
+
+
+def test_compiles_once_per_bucket_and_sharded_equals_one_device(tiny_lm):
+    one = LocalLM(tiny_lm.config, jax.device_get(tiny_lm.params), tiny_lm.tokenizer, batch_size=8,
+                  mesh=sharding.data_mesh(jax.devices()[:1]))
+    many = tiny_lm.generate(CONTEXTS, WEIGHTS, max_new_tokens=5, stop=())
+    single = one.generate(CONTEXTS, WEIGHTS, max_new_tokens=5, stop=())
+    for a, b in zip(many, single):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    before = tiny_lm._generator.compiled_shapes()
+    tiny_lm.generate([["other", "text", "k", "passes"]] * 3, [np.log([0.25] * 4)] * 3, max_new_tokens=7, stop=())
+    assert tiny_lm._generator.compiled_shapes() == before  # same buckets: no new compilation
+
+
+def test_generate_rejects_bad_input(tiny_lm):
+    with pytest.raises(ValueError, match="passes but"):
+        tiny_lm.generate([["a", "b"]], [[0.0]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        tiny_lm.generate([["a"]], [[0.0]], max_new_tokens=0)
+    with pytest.raises(TypeError, match="list of lists"):
+        tiny_lm.generate(["a"], [[0.0]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="log-probabilities"):
+        tiny_lm.generate([["a"]], [[1.0]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="leave no room"):
+        tiny_lm.generate([["a"]], [[0.0]], max_new_tokens=2, shared_prefix="word " * 200)
