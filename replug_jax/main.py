@@ -38,8 +38,12 @@ def main(argv):
         from replug_jax.jobs.lsr import run_lsr
 
         run_lsr(config, _WORKDIR.value)
+    elif config.job in ("qa", "mmlu"):
+        from replug_jax.jobs.downstream import run_downstream
+
+        run_downstream(config, _WORKDIR.value)
     else:
-        raise ValueError(f"unknown job {config.job!r} (known: lm_eval, lsr)")
+        raise ValueError(f"unknown job {config.job!r} (known: lm_eval, lsr, qa, mmlu)")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ from tests import hf_tiny
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "lsr_tiny_run.py")
 STEPS = 9
+# index version serving step t (t = 1..9) with refresh_every=3, swap_after=1 (lsr_tiny_run.SETTINGS): a build
+# requested after step s is swapped in at the first maybe_swap (start of a step) with step >= s + swap_after
+EXPECTED_INDEX_VERSIONS = [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +43,12 @@ def test_killed_run_resumes_to_the_same_parameters_and_losses(models, tmp_path):
     assert proc.returncode == 0, out
     ref_metrics = metrics(reference)
     assert [m["step"] for m in ref_metrics] == list(range(1, STEPS + 1))
-    assert max(m["index_version"] for m in ref_metrics) >= 2  # refreshed at steps 3 and 6, swapped a step later
-    assert any(m.get("refresh_swapped") for m in ref_metrics)
+    # refresh_every=3, swap_after=1: version 0 (the initial index) serves steps 1-3; the build requested after
+    # step 3 is swapped in by maybe_swap at the start of step 4 (3 + swap_after), the one requested after step 6
+    # at step 7; none is requested after the last step (9)
+    assert [m["index_version"] for m in ref_metrics] == EXPECTED_INDEX_VERSIONS
+    assert [m["step"] for m in ref_metrics if m.get("refresh_swapped")] == [4, 7]
+    assert all(m["refresh_ok"] for m in ref_metrics if m.get("refresh_swapped"))
     assert os.path.isfile(reference / "loss.png") and os.listdir(reference / "tensorboard")
 
     killed = tmp_path / "killed"

@@ -6,12 +6,28 @@ from __future__ import annotations
 
 import os
 
+import jax
 from absl import logging
 
 from replug_jax.jobs import lm_eval as eval_run
+from replug_jax.models.weights import load_params, save_params
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint, training_examples
 from replug_jax.train.loop import LSRSettings, train_lsr
+
+
+TRAINED_RETRIEVER = "retriever.safetensors"  # in an LSR workdir: the trained retriever's parameters
+
+
+def load_trained_encoder(encoder, lsr_workdir: str):
+    """`encoder` with the parameters an LSR job trained (WORKDIR/retriever.safetensors), named "+lsr"."""
+    path = os.path.join(lsr_workdir, TRAINED_RETRIEVER)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no trained retriever (run the LSR job with --workdir {lsr_workdir} first)")
+    params, meta = load_params(path, jax.device_get(encoder.params))
+    if meta.get("encoder") not in (None, encoder.name):
+        raise ValueError(f"{path} was trained from encoder {meta['encoder']!r}, not {encoder.name!r}")
+    return encoder.with_params(params, name=f"{encoder.name}+lsr")
 
 
 def lsr_settings(config) -> LSRSettings:
@@ -36,6 +52,7 @@ def run_lsr(config, workdir: str) -> dict:
     trained = train_lsr(setup.encoder, setup.lm, setup.store, examples, os.path.join(workdir, "lsr"), settings,
                         initial_index=setup.index)
     encoder_lsr = setup.encoder.with_params(trained["params"], name=f"{config.encoder}+lsr")
+    save_params(trained["params"], os.path.join(workdir, TRAINED_RETRIEVER), {"encoder": config.encoder})
     index_lsr = eval_run.build_dense_index(encoder_lsr, setup.store, workdir, metric=config.metric,
                                            factory=config.index_factory, embedding_dtype=config.embedding_dtype,
                                            name="lsr")

@@ -101,6 +101,20 @@ class HTTPLM:
             pool.shutdown(wait=True, cancel_futures=True)  # on an error, nothing partial is returned
         return out  # type: ignore[return-value]
 
+    def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
+                 top_n: int = 20, progress: bool = False):
+        """REPLUG's ensembled greedy decoding through the server: a per-token mixture over each pass's top-n
+        next tokens, or (one pass) the server's own decoding in one request; see lm/http_generate.py."""
+        from replug_jax.lm.http_generate import http_generate
+
+        return http_generate(self, contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
+                             shared_prefix=shared_prefix, top_n=top_n)
+
+    @property
+    def leading(self) -> int:
+        """Entries the server echoes before a token-id prompt's own (its start token): they use window room."""
+        return self._leading
+
     def count_tokens(self, text: str) -> int:
         """Tokens of `text`: the local tokenizer when given, else the server's vLLM-style /tokenize."""
         if self.tokenizer is not None:

@@ -179,5 +179,33 @@ def weights_fingerprint(params, settings) -> str:
     h = hashlib.sha256(json.dumps(settings, default=str).encode())
     for leaf in jax.tree_util.tree_leaves(params):
         a = np.asarray(leaf)
+        h.update(f"{a.dtype}{a.shape}".encode())
         h.update(a.reshape(-1)[:: max(1, a.size // 256)].tobytes())
     return h.hexdigest()[:16]
+
+
+def save_params(params, path: str, meta: dict | None = None) -> None:
+    """A parameter pytree as one safetensors file (keys are the tree paths), atomically; `meta` as strings."""
+    from safetensors.numpy import save_file
+
+    flat = {jax.tree_util.keystr(p): np.ascontiguousarray(np.asarray(x))
+            for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    tmp = path + ".tmp"
+    save_file(flat, tmp, metadata={k: json.dumps(v) for k, v in (meta or {}).items()})
+    os.replace(tmp, path)
+
+
+def load_params(path: str, like) -> tuple[dict, dict]:
+    """(params shaped as the pytree `like`, meta) from `save_params`; a missing or mismatched leaf is an error."""
+    with safe_open(path, framework="numpy") as f:
+        keys, meta = set(f.keys()), {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+        leaves = []
+        for p, x in jax.tree_util.tree_flatten_with_path(like)[0]:
+            key = jax.tree_util.keystr(p)
+            if key not in keys:
+                raise WeightsError(f"{path}: no tensor {key} (saved for another model?)")
+            value = f.get_tensor(key)
+            if value.shape != np.shape(x):
+                raise WeightsError(f"{path}: {key} has shape {value.shape}, expected {np.shape(x)}")
+            leaves.append(value)
+    return jax.tree.unflatten(jax.tree.structure(like), leaves), meta

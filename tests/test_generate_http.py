@@ -1,0 +1,40 @@
+"""Ensembled generation over HTTP (our server, SmolLM2) against the local backend: the sequence-level path
+equals local greedy decoding; the per-token mixture over each pass's top-20 tokens picks the same tokens,
+and its log-probs are lower bounds of the local mixture's (the missing mass, stated in lm/http_generate.py)."""
+import numpy as np
+import pytest
+
+from replug_jax.lm.http import HTTPLM
+from replug_jax.serve import BackgroundServer
+
+DOCS = ["Paris is the capital and largest city of France.", "The Eiffel Tower stands in Paris.",
+        "Berlin is the capital of Germany."]
+QUESTION = "\nQuestion: What is the capital of France?\nAnswer:"
+
+
+@pytest.fixture(scope="module")
+def remote(smollm2):
+    with BackgroundServer(smollm2) as server:
+        yield HTTPLM(server.url, tokenizer=smollm2.tokenizer)
+
+
+def test_one_pass_is_the_servers_own_greedy_decoding(smollm2, remote):
+    contexts = [["The capital of France is"], ["Knowledge: " + DOCS[2] + QUESTION.replace("France", "Germany")]]
+    local = smollm2.generate(contexts, [[0.0], [0.0]], max_new_tokens=8, stop=("\n",))
+    got = remote.generate(contexts, [[0.0], [0.0]], max_new_tokens=8, stop=("\n",))
+    for a, b in zip(got, local):
+        assert a.text == b.text and a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_per_token_mixture_matches_local_with_lower_bound_logprobs(smollm2, remote):
+    contexts = [["Knowledge: " + d + QUESTION for d in DOCS], ["Knowledge: " + d + QUESTION for d in DOCS[1:]]]
+    weights = [np.log([0.5, 0.3, 0.2]), np.log([0.6, 0.4])]
+    local = smollm2.generate(contexts, weights, max_new_tokens=6, stop=("\n",), shared_prefix="Answer briefly.\n")
+    before = remote.stats()["requests"]
+    got = remote.generate(contexts, weights, max_new_tokens=6, stop=("\n",), shared_prefix="Answer briefly.\n")
+    for a, b in zip(got, local):
+        assert a.text == b.text and a.token_ids == b.token_ids, (a.text, b.text)
+        gap = np.asarray(b.logprobs) - np.asarray(a.logprobs)  # missing mass: HTTP <= local
+        assert (gap >= -1e-4).all() and gap.max() < 0.05, gap
+    assert remote.stats()["requests"] - before >= sum(len(g.token_ids) for g in got)  # one request per pass per step
