@@ -81,7 +81,7 @@ def test_compiles_once_per_bucket_and_sharded_equals_one_device(tiny_lm):
         assert a.token_ids == b.token_ids
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     before = tiny_lm._generator.compiled_shapes()
-    tiny_lm.generate([["other", "text", "k", "passes"]] * 3, [np.log([0.25] * 4)] * 3, max_new_tokens=7, stop=())
+    tiny_lm.generate([["other", "text of twenty chars!", "k", "passes"]] * 3, [np.log([0.25] * 4)] * 3, max_new_tokens=7, stop=())
     assert tiny_lm._generator.compiled_shapes() == before  # same buckets: no new compilation
 
 

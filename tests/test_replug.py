@@ -168,3 +168,17 @@ def test_sharded_equals_single_device():
         assert out.shape == (13, 9)
         np.testing.assert_allclose(out, replug.ensemble_token_logprobs(lp, scores, mask, tau), rtol=1e-6, atol=1e-6)
     assert fn._cache_size() == 1  # the temperature is traced: one compilation
+
+
+def test_weights_keep_precision_for_large_scores_and_small_temperature():
+    """BM25-sized scores over a small τ: the row maximum is subtracted before dividing by τ, so log λ keeps
+    float32 precision (dividing first rounds s/τ ≈ 1e6 to ~0.06 and shifts the weights by that much)."""
+    scores = np.asarray([[1000.1, 1000.125, 1000.05, 999.98]], np.float32)
+    tau = 0.001
+    z = scores.astype(np.float64) / tau
+    want = z - np.log(np.exp(z - z.max()).sum()) - z.max()
+    got = np.asarray(replug.ensemble_log_weights(scores, np.ones((1, 4), bool), tau), np.float64)
+    np.testing.assert_allclose(got, want, atol=1e-3)
+    divided_first = (scores / np.float32(tau)).astype(np.float32)  # the old order, in float32
+    old = divided_first - np.log(np.exp((divided_first - divided_first.max()).astype(np.float64)).sum()) - divided_first.max()
+    assert np.abs(old - want).max() > 1e-2  # the test would catch the old order

@@ -49,6 +49,8 @@ def retrieval_query(example, with_options: bool) -> str:
 
 def check_option_tokens(lm, n: int = 4) -> None:
     """The option letters must be single tokens after "Answer:" (else their probabilities are not comparable)."""
+    if n > len(LETTERS):
+        raise ValueError(f"{n} choices: at most {len(LETTERS)} options (letters {LETTERS}) are supported")
     if hasattr(lm, "count_tokens"):
         long = [f" {x}" for x in LETTERS[:n] if lm.count_tokens(f" {x}") != 1]
         if long:
@@ -69,10 +71,14 @@ def option_logprobs(lm, prompts: list[list[str]], n_options: int = 4, progress: 
     return out
 
 
-def mixture_predictions(option_lps: np.ndarray, scores: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """(predicted option [Q], mixed log-probs [Q, n]): argmax of log Σ_i λ_i p_i(option)."""
+def mixture_predictions(option_lps: np.ndarray, scores: np.ndarray, temperature: float,
+                        num_choices: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted option [Q], mixed log-probs [Q, n]): argmax of log Σ_i λ_i p_i(option) over each question's
+    own `num_choices` options (default: all n)."""
     valid = np.isfinite(option_lps).all(-1)  # [Q, K]
     mixed = np.asarray(replug.ensemble_logprobs(np.where(valid[..., None], option_lps, 0.0), scores, valid, temperature))
+    if num_choices is not None:
+        mixed = np.where(np.arange(mixed.shape[1])[None, :] < np.asarray(num_choices)[:, None], mixed, -np.inf)
     return mixed.argmax(-1), mixed
 
 

@@ -49,20 +49,29 @@ def load_sets(config, kind: str):
         demos = covered[: config.shots]
         return covered[config.shots :][: config.max_questions or None], demos, len(demos)
     load = data.load_qa if kind == "qa" else (lambda src, split: data.load_mc(src, split, config.get("subjects") or None))
-    questions = load(config.questions, config.get("split", "validation" if kind == "qa" else "test"))
+    split = config.get("split", "validation" if kind == "qa" else "test")
+    demo_split = config.get("demo_split", "validation" if kind == "qa" else "dev")
+    questions = load(config.questions, split)
     demo_source = config.get("demos") or config.questions
-    demos = load(demo_source, config.get("demo_split", "validation" if kind == "qa" else "dev"))
-    if kind == "mmlu":  # shots from the same subject's dev split: chosen per question below
+    demos = load(demo_source, demo_split)
+    # demos come from the evaluated set itself (a file is the same set whatever the split): never score them
+    same_set = demo_source == config.questions and (demo_split == split or demo_source.endswith(".jsonl"))
+    if kind == "mmlu":  # shots: the first `shots` of each subject, chosen per question in _run_mmlu
+        per_subject: dict[str, list] = {}
+        for d in demos:
+            per_subject.setdefault(d.subject, []).append(d)
+        demos = [d for ds in per_subject.values() for d in ds[: config.shots]]
+    else:
+        demos = demos[: config.shots]
+    ids = {d.id for d in demos} if same_set else set()
+    kept = [q for q in questions if q.id not in ids]
+    if kind == "mmlu":
         seen: dict[str, int] = {}
         rank = []
-        for q in questions:  # interleave subjects, so a cut keeps every subject
+        for q in kept:  # interleave subjects, so a cut keeps every subject
             seen[q.subject] = seen.get(q.subject, -1) + 1
             rank.append((seen[q.subject], q.subject))
-        questions = [q for _, q in sorted(zip(rank, questions), key=lambda rq: rq[0])]
-        return questions[: config.max_questions or None], demos, 0
-    demos = demos[: config.shots]
-    ids = {d.id for d in demos}
-    kept = [q for q in questions if q.id not in ids]
+        kept = [q for _, q in sorted(zip(rank, kept), key=lambda rq: rq[0])]
     return kept[: config.max_questions or None], demos, len(questions) - len(kept)
 
 
@@ -104,6 +113,8 @@ def run_downstream(config, workdir: str) -> dict:
         raise ValueError(f"k={config.k} is larger than the datastore ({len(store)} passages)")
     console.phase(f"datastore: {len(store):,} passages")
     retrievers = retrievers_for(config, encoder, store, workdir)
+    if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
+        raise ValueError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
     run = _run_qa if kind == "qa" else _run_mmlu
     results, predictions = run(config, lm, store, retrievers, questions, demos)
     results.update({"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
@@ -145,7 +156,8 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
 
 
 def _run_mmlu(config, lm, store, retrievers, questions, dev):
-    mmlu.check_option_tokens(lm)
+    n_options = max(len(q.choices) for q in questions)
+    mmlu.check_option_tokens(lm, n_options)
     shots_by_subject: dict[str, list] = {}
     for ex in dev:
         shots_by_subject.setdefault(ex.subject, []).append(ex)
@@ -167,9 +179,10 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
         else:
             prompts = [[prefixes.get(q.subject, "") + mmlu.question_block(q, p) for p in ps]
                        for q, ps in zip(questions, passages)]
-        option_lps = mmlu.option_logprobs(lm, prompts, progress=True)
+        option_lps = mmlu.option_logprobs(lm, prompts, n_options=n_options, progress=True)
         weights = scores[:, : option_lps.shape[1]] if method not in ("none", "concat") else np.zeros(option_lps.shape[:2])
-        predicted, _ = mmlu.mixture_predictions(option_lps, weights.astype(np.float32), config.temperature)
+        predicted, _ = mmlu.mixture_predictions(option_lps, weights.astype(np.float32), config.temperature,
+                                                [len(q.choices) for q in questions])
         results["accuracy"][method] = mmlu.accuracy(questions, predicted)
         for row, p in zip(predictions, predicted):
             row[method] = int(p)

@@ -25,6 +25,7 @@ from replug_jax.lm.blackbox import Generation, check_generation_inputs, cut_at_s
 from replug_jax.models import causal_lm
 
 NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
+CONTEXT_MULTIPLE = 16  # each pass's own tokens are padded to a multiple of this (the prefix: LocalLM's multiple)
 
 
 def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, *, steps: int, dtype):
@@ -111,10 +112,14 @@ class LocalGenerator:
         out: list[Generation | None] = [None] * len(rows)
         from tqdm.auto import tqdm
 
-        for start in tqdm(range(0, len(rows), self.questions_per_batch), disable=not progress, desc="generate"):
-            idx = order[start : start + self.questions_per_batch]
+        # questions per call: a power of two (at least the device count, at most questions_per_batch), so a
+        # small call does not pay for filler questions and the shapes stay few
+        devices = lm.mesh.devices.size
+        per_call = min(self.questions_per_batch, sharding.round_up(1 << (len(rows) - 1).bit_length(), devices))
+        for start in tqdm(range(0, len(rows), per_call), disable=not progress, desc="generate"):
+            idx = order[start : start + per_call]
             tokens, lps, counts = self._batch([rows[i] for i in idx], weights[idx], prefix_ids, prefix_mask, stop_mask,
-                                              max_new_tokens, steps)
+                                              max_new_tokens, steps, per_call)
             for j, i in enumerate(idx):
                 out[i] = self._to_generation(tokens[j, : counts[j]], lps[j, : counts[j]], stop, max_new_tokens)
         return out  # type: ignore[return-value]
@@ -129,11 +134,10 @@ class LocalGenerator:
             ids = [self.lm.start_id]
         return ids
 
-    def _batch(self, rows, weights, prefix_ids, prefix_mask, stop_mask, limit, steps):
+    def _batch(self, rows, weights, prefix_ids, prefix_mask, stop_mask, limit, steps, n):
         lm = self.lm
         b, k = len(rows), weights.shape[1]
-        n = self.questions_per_batch
-        width = sharding.length_bucket(max(len(r) for q in rows for r in q), lm.length_multiple, lm.max_length)
+        width = sharding.length_bucket(max(len(r) for q in rows for r in q), CONTEXT_MULTIPLE, lm.max_length)
         # missing passes and filler questions: one pad token, weight 0 (-inf), never read by the mixture
         flat = [r for q in rows for r in q + [[lm.pad_id]] * (k - len(q))] + [[lm.pad_id]] * ((n - b) * k)
         ids, mask = sharding.pad_rows(flat, width, lm.pad_id, n * k)  # [n·K, width]
