@@ -42,3 +42,8 @@ def phase(message: str) -> None:
     logging.getLogger("replug_jax").info(message)
     if _state["enabled"]:
         print(f"[{time.monotonic() - _state['start']:7.1f}s] {message}", file=sys.stdout, flush=True)
+
+
+def phases(enabled: bool):
+    """`phase` when `enabled` (e.g. progress on, process 0), else a function that prints nothing."""
+    return phase if enabled else (lambda message: None)

@@ -63,7 +63,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     temperatures: per-retriever softmax temperature (default `temperature`).
     """
     temperatures = temperatures or {}
-    say = console.phase if progress else (lambda message: None)
+    say = console.phases(progress)
     say(f"scoring none: {len(windows)} windows without retrieval")
     base = lm.score([w.prefix for w in windows], [w.continuation for w in windows], progress=progress)
     queried = [i for i, w in enumerate(windows) if w.query]

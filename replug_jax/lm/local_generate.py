@@ -71,10 +71,8 @@ def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, stop_mask, lim
     _, cache = causal_lm.extend(params, config, cache, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
     rows = ids.shape[0]
     split = NamedSharding(mesh, P(None, sharding.DATA_AXIS))
-    cache = {"k": jax.lax.with_sharding_constraint(jnp.broadcast_to(cache["k"], cache["k"].shape[:1] + (rows,) +
-                                                                    cache["k"].shape[2:]), split),
-             "v": jax.lax.with_sharding_constraint(jnp.broadcast_to(cache["v"], cache["v"].shape[:1] + (rows,) +
-                                                                    cache["v"].shape[2:]), split),
+    copy = lambda x: jnp.broadcast_to(x, x.shape[:1] + (rows,) + x.shape[2:])  # [layers, 1, ...] -> [layers, rows, ...]
+    cache = {**{name: jax.lax.with_sharding_constraint(copy(cache[name]), split) for name in ("k", "v")},
              "key_mask": jnp.broadcast_to(cache["key_mask"], (rows, slots)),
              "count": jnp.broadcast_to(cache["count"], (rows,)), "length": cache["length"]}
     logits, cache = causal_lm.extend(params, config, cache, ids, mask, dtype)  # [B·K, V] after each pass's tokens

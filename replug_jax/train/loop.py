@@ -157,7 +157,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
     cache = LMScoreCache(os.path.join(workdir, "lm_cache.sqlite"), lm, key_fields={"doc_template": s.doc_template})
     logger = MetricsLogger(workdir, resume_step=start, enabled=lead)
     pending_checkpoint = False
-    say = console.phase if progress and lead else (lambda message: None)
+    say = console.phases(progress and lead)
     say(f"LSR training: steps {start + 1}-{s.steps}, batch {s.batch_size}, k {s.k}, refresh every {s.refresh_every} "
         f"steps (index v{refresher.version})")
     try:
