@@ -20,6 +20,7 @@ from replug_jax import console, replug
 from replug_jax.evaluate.windows import Window
 from replug_jax.passages import DOC_TEMPLATE, document_passes, format_docs
 
+
 @dataclasses.dataclass
 class Totals:
     """Summed log-probability of a method over all continuations."""
