@@ -59,13 +59,13 @@ def test_ensemble_and_k_sweep_reuse_match_direct_scoring(tiny, tmp_path):
     wins = []
     for d in docs("h", 2):
         wins += document_windows(d.id, d.text, lm.tokenizer, stride_tokens=24, query_tokens=16, context_tokens=16)
-    tau = 0.5
+    tau, other_tau = 0.5, 0.05
     results = lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=3, k_sweep=(1, 3), temperature=tau,
-                                  progress=False)
+                                  temperature_sweep=(other_tau,), progress=False)
     queried = [w for w in wins if w.query]
     scores, rows = retriever.retrieve([w.query for w in queried], 3, exclude_sources=[[w.doc_id] for w in queried])
     base = {w: lm.score([w.prefix], [w.continuation])[0] for w in wins}
-    for k in (1, 3):
+    for k, tau in ((1, tau), (3, other_tau), (3, tau)):
         total, tokens = 0.0, 0
         for w in wins:
             if not w.query:
@@ -77,6 +77,11 @@ def test_ensemble_and_k_sweep_reuse_match_direct_scoring(tiny, tmp_path):
                 lam = np.exp(scores[i, :k] / tau) / np.exp(scores[i, :k] / tau).sum()
                 lps = np.log((lam[:, None] * np.exp(per_doc)).sum(0))
             total, tokens = total + lps.sum(), tokens + len(lps)
+        if tau == other_tau:  # the temperature sweep re-weights the same passes
+            swept = results["temperature_sweep"]["replug"][str(other_tau)]["perplexity"]
+            assert swept == pytest.approx(np.exp(-total / tokens), rel=1e-5)
+            assert swept != results["perplexity"]["replug"]  # τ changed the mixture (slightly: a tiny random LM)
+            continue
         assert results["k_sweep"]["replug"][str(k)]["perplexity"] == pytest.approx(np.exp(-total / tokens), rel=1e-5)
         if k == 3:
             replug_total, replug_tokens = total, tokens
@@ -176,6 +181,18 @@ def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeyp
     monkeypatch.setattr(build, "embed_corpus", lambda *a, **k: pytest.fail("re-embedded a valid corpus"))
     again = run.run_lm_eval(config, workdir)
     assert again["perplexity"] == pytest.approx(results["perplexity"])
+    # runs sharing cache_dir (datastore and index) and lm_cache: the second one neither embeds nor scores anything
+    monkeypatch.undo()
+    shared = dict(cache_dir=str(tmp_path / "shared"), lm_cache=str(tmp_path / "shared" / "lm.sqlite"))
+    first = run.run_lm_eval(config_dict.ConfigDict({**config.to_dict(), **shared}), str(tmp_path / "a"))
+    asked = first["lm_requests"]["cache_misses"] + first["lm_requests"]["cache_hits"]
+    assert first["lm_requests"]["cache_misses"] > 0
+    assert os.path.isdir(tmp_path / "shared" / "index_dense") and not os.path.exists(tmp_path / "a" / "index_dense")
+    monkeypatch.setattr(build, "embed_corpus", lambda *a, **k: pytest.fail("re-embedded a shared corpus"))
+    second = run.run_lm_eval(config_dict.ConfigDict({**config.to_dict(), **shared}), str(tmp_path / "b"))
+    assert second["lm_requests"]["cache_misses"] == 0 and second["lm_requests"]["cache_hits"] == asked
+    assert second["perplexity"] == first["perplexity"]  # from the cache, exactly
+    assert second["perplexity"] == pytest.approx(results["perplexity"], rel=1e-6)  # what the uncached run gave
 
 
 def test_random_documents_are_uniformly_weighted(tiny):

@@ -2,6 +2,7 @@
 embedded with the current parameters, settings are validated, the LM score cache is keyed by
 everything that changes a score, enough index versions are kept for every kept checkpoint (a
 corrupt newest checkpoint falls back to an older one and its index), and the LSR job end to end."""
+import concurrent.futures
 import hashlib
 import json
 import math
@@ -15,15 +16,17 @@ import pytest
 from ml_collections import config_dict
 
 import replug_jax as rj
-from replug_jax.jobs.lsr import lsr_settings, run_lsr
+from replug_jax.jobs.lsr import load_trained_encoder, lsr_settings, run_lsr
 from replug_jax.lm.local import LocalLM
 from replug_jax.passages import DOC_TEMPLATE, format_docs
 from replug_jax.retrieval.index import read_meta
 from replug_jax.retrieval.refresh import IndexRefresher, saved_versions
+from replug_jax.train import loop
 from replug_jax.train import step as train_step_lib
 from replug_jax.train.checkpoint import CORRUPT_DIR, Checkpointer
 from replug_jax.train.lm_cache import LMScoreCache
-from replug_jax.train.loop import LSRSettings, make_batch, supervise, train_lsr
+from replug_jax.train.batch import FrozenDocumentVectors, make_batch, supervise
+from replug_jax.train.loop import LSRSettings, train_lsr
 from replug_jax.train.metrics import read_metrics
 
 from tests import hf_tiny, lsr_tiny_run
@@ -208,11 +211,151 @@ def test_queries_are_embedded_with_the_current_parameters(tiny, first_run):
     assert same_tree(host_copy(tiny["encoder"].params), initial)  # the encoder's own weights are left alone
 
 
+# ---- 2b. query-side-only training, and one truncation for retrieval and the train step ----
+
+def test_step_scores_are_the_retrieval_scores_full_and_query_side(tiny):
+    """With token lengths 0 (the encoder's own), the step's scores at the index's parameters equal the scores
+    that retrieved the documents, for a full batch and a query-side batch (document vectors from the index's
+    encoder); shorter fixed lengths truncate differently from retrieval and do not."""
+    encoder, store, examples, index = tiny["encoder"], tiny["store"], tiny["examples"][:4], tiny["index"]
+    retrieved, rows = index.search(encoder.embed([e.query for e in examples]), 3)  # [4, 3]
+    lm_scores = np.zeros(rows.shape, np.float32)
+    full = make_batch(encoder, store, examples, rows, lm_scores, query_max_tokens=0, doc_max_tokens=0)
+    query_side = make_batch(encoder, store, examples, rows, lm_scores, query_max_tokens=0, doc_max_tokens=0,
+                            doc_vectors=FrozenDocumentVectors(encoder, store))
+    assert "doc_ids" not in query_side and query_side["doc_embeddings"].shape == (4, 3, encoder.dim)
+    for batch in (full, query_side):
+        scores, valid = train_step_lib.retrieval_scores(encoder.params, encoder.config, batch)
+        assert valid.all()
+        np.testing.assert_allclose(scores, retrieved, atol=2e-5)
+    short = make_batch(encoder, store, examples, rows, lm_scores, query_max_tokens=8, doc_max_tokens=12)
+    scores, _ = train_step_lib.retrieval_scores(encoder.params, encoder.config, short)
+    assert np.abs(np.asarray(scores) - retrieved).max() > 1e-2
+
+    # the query-side loss has no document path: its gradient is the full gradient with the documents held fixed
+    loss_fn = train_step_lib.make_loss_fn(encoder.config, gamma=0.1, beta=1.0)
+    lm_batch = lambda b: {**b, "lm_scores": np.random.default_rng(0).normal(size=rows.shape).astype(np.float32)}
+    g_query = jax.grad(lambda p: loss_fn(p, lm_batch(query_side))[0])(encoder.params)
+    g_full = jax.grad(lambda p: loss_fn(p, lm_batch(full))[0])(encoder.params)
+    leaves = lambda g: np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)])
+    assert np.linalg.norm(leaves(g_query)) > 0
+    assert np.linalg.norm(leaves(g_full) - leaves(g_query)) > 1e-3 * np.linalg.norm(leaves(g_full))
+
+
+def test_query_side_only_run_trains_queries_and_never_refreshes(tiny, tmp_path):
+    settings = LSRSettings(**dict(TINY, steps=4, refresh_every=2, swap_after=1, warmup_fraction=0.0, lm_score="mean",
+                                  train_documents=False))
+    initial = host_copy(tiny["encoder"].params)
+    workdir = str(tmp_path / "run")
+    out = train(tiny, workdir, settings)
+    rows = read_metrics(workdir)
+    assert [m["index_version"] for m in rows] == [0, 0, 0, 0] and out["stats"]["refreshes"] == 0
+    assert saved_versions(os.path.join(workdir, "indexes")) == [0]  # nothing re-embedded
+    assert all(np.isfinite(m["loss"]) for m in rows) and not same_tree(host_copy(out["params"]), initial)
+    assert same_tree(host_copy(tiny["encoder"].params), initial)
+
+
+# ---- 2c. the pipelined loop ----
+
+class SynchronousExecutor:
+    """ThreadPoolExecutor's interface, running each task at submit: the pipelined schedule without a thread."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def submit(self, fn, *args):
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as error:  # noqa: BLE001 (handed to the caller, as a thread's future would)
+            future.set_exception(error)
+        return future
+
+    def shutdown(self, wait=True, cancel_futures=False):
+        pass
+
+
+PIPELINED = dict(TINY, steps=6, refresh_every=3, swap_after=1, checkpoint_every=2, keep_checkpoints=3,
+                 warmup_fraction=0.0, pipeline=True)
+
+
+class Crash(Exception):
+    pass
+
+
+def spied_run(tiny, workdir, settings, crash_at_step=None):
+    """train_lsr recording the parameters each query embedding used and each step returned."""
+    encoder, queries = tiny["encoder"], {e.query for e in tiny["examples"]}
+    embedded_with, after_step = [], []
+    embed, make_train_step = encoder.embed, train_step_lib.make_train_step
+
+    def spy_embed(texts, progress=False, params=None):
+        if set(texts) <= queries:
+            embedded_with.append(host_copy(params))
+        return embed(texts, progress=progress, params=params)
+
+    def spy_make_train_step(*args, **kwargs):
+        step_fn = make_train_step(*args, **kwargs)
+
+        def spy_step(state, batch):
+            if len(after_step) + 1 == crash_at_step:
+                raise Crash(f"killed at step {crash_at_step}")
+            state, metrics = step_fn(state, batch)
+            after_step.append(host_copy(state["params"]))
+            return state, metrics
+
+        return spy_step
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(encoder, "embed", spy_embed)
+        patch.setattr(train_step_lib, "make_train_step", spy_make_train_step)
+        out = train(tiny, workdir, LSRSettings(**settings))
+    return out, embedded_with, after_step
+
+
+def test_pipelined_loop_retrieves_one_step_stale_deterministically_and_resumes(tiny, tmp_path, monkeypatch):
+    initial = host_copy(tiny["encoder"].params)
+    out, embedded_with, after_step = spied_run(tiny, str(tmp_path / "threaded"), PIPELINED)
+    steps = PIPELINED["steps"]
+    assert len(embedded_with) == len(after_step) == steps
+    # steps 1 and 2 retrieve with the initial parameters; step t + 1 with those before step t
+    assert same_tree(embedded_with[0], initial) and same_tree(embedded_with[1], initial)
+    for t in range(2, steps):
+        assert same_tree(embedded_with[t], after_step[t - 2]), f"step {t + 1} did not retrieve with step {t - 1}'s"
+        assert not same_tree(embedded_with[t], after_step[t - 1])
+    threaded = read_metrics(str(tmp_path / "threaded"))
+    assert [m["index_version"] for m in threaded] == [0, 0, 0, 1, 1, 1]  # refreshed after step 3, served from 4
+    assert all(m["lm_seconds"] >= 0 and m["wait_seconds"] >= 0 for m in threaded)
+
+    # the same schedule without the thread: the same losses and parameters
+    monkeypatch.setattr(loop, "ThreadPoolExecutor", SynchronousExecutor)
+    serial_out, _, _ = spied_run(tiny, str(tmp_path / "synchronous"), PIPELINED)
+    serial = read_metrics(str(tmp_path / "synchronous"))
+    np.testing.assert_allclose([m["loss"] for m in serial], [m["loss"] for m in threaded], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(host_copy(serial_out["params"])), jax.tree.leaves(host_copy(out["params"]))):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+    monkeypatch.undo()
+
+    # killed during step 5, restarted: resumes from step 4 with the rows step 5 had retrieved, to the same end
+    killed = str(tmp_path / "killed")
+    with pytest.raises(Crash):
+        spied_run(tiny, killed, PIPELINED, crash_at_step=5)
+    assert Checkpointer(os.path.join(killed, "checkpoints")).all_steps() == [2, 4]
+    resumed_out, resumed_embedded, _ = spied_run(tiny, killed, PIPELINED)
+    assert len(resumed_embedded) == 1  # step 5's rows came from the checkpoint; step 6 retrieved (with step 4's)
+    assert same_tree(resumed_embedded[0], after_step[3])
+    resumed = read_metrics(killed)
+    assert [m["step"] for m in resumed] == list(range(1, steps + 1))
+    np.testing.assert_allclose([m["loss"] for m in resumed], [m["loss"] for m in threaded], rtol=1e-5, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(host_copy(resumed_out["params"])), jax.tree.leaves(host_copy(out["params"]))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
 # ---- 3. settings: validation, and index versions kept for every kept checkpoint ----
 
-POSITIVE_INTS = ("k", "steps", "batch_size", "refresh_every", "query_max_tokens", "doc_max_tokens",
-                 "checkpoint_every", "keep_checkpoints", "log_every")
+POSITIVE_INTS = ("k", "steps", "batch_size", "refresh_every", "checkpoint_every", "keep_checkpoints", "log_every")
 INVALID = ([(name, {name: value}) for name in POSITIVE_INTS for value in (0, -1)]
+           + [(name, {name: -1}) for name in ("query_max_tokens", "doc_max_tokens")]  # 0: the encoder's own
            + [(name, {name: value}) for name in ("learning_rate", "gamma", "beta") for value in (0.0, -0.1, math.nan)]
            + [("lm_score", {"lm_score": "max"}), ("lm_score", {"lm_score": "SUM"}),
               ("direction", {"direction": "kl"}), ("metric", {"metric": "l2"}),
@@ -450,8 +593,8 @@ def test_lsr_job_end_to_end(tiny, tmp_path):
     # the trained retriever weighs (or ranks) the documents differently from the initial one
     assert saved["perplexity"]["replug_lsr"] != saved["perplexity"]["replug"]
     lsr = saved["lsr"]
-    assert {key: lsr[key] for key in ("steps", "batch_size", "k", "refresh_every", "kl_direction")} == \
-        {"steps": 2, "batch_size": 8, "k": 3, "refresh_every": 2, "kl_direction": "pr_q"}
+    assert {key: lsr[key] for key in ("steps", "batch_size", "k", "refresh_every", "direction", "train_documents")} == \
+        {"steps": 2, "batch_size": 8, "k": 3, "refresh_every": 2, "direction": "pr_q", "train_documents": True}
     assert lsr["learning_rate"] == pytest.approx(3e-3) and lsr["gamma"] == lsr["beta"] == pytest.approx(0.1)
     assert lsr["training_examples"] == 16 and lsr["refreshes"] == 0  # none is requested after the last step
     assert lsr["cache_misses"] > 0
@@ -463,3 +606,19 @@ def test_lsr_job_end_to_end(tiny, tmp_path):
     assert lsr_meta["datastore"] == initial_meta["datastore"] and lsr_meta["encoder"] != initial_meta["encoder"]
     assert saved_versions(os.path.join(workdir, "lsr", "indexes")) == [0]  # the evaluation's index, adopted
     assert Checkpointer(os.path.join(workdir, "lsr", "checkpoints")).all_steps() == [2]
+    # both τ = config.temperature and τ = γ are reported for REPLUG and REPLUG LSR
+    for method in ("replug", "replug_lsr"):
+        assert set(saved["temperature_sweep"][method]) == {"0.1", "1.0"}
+    assert saved["perplexity"]["replug_lsr"] == pytest.approx(saved["temperature_sweep"]["replug_lsr"]["1.0"]["perplexity"])
+
+    # query side only, evaluated at τ = γ: the trained query encoder searches the original index
+    config.update(train_documents=False, lsr_temperature=0.1)
+    query_side = str(tmp_path / "query_side")
+    saved = run_lsr(config, query_side)
+    assert not os.path.exists(os.path.join(query_side, "index_lsr")) and saved["lsr"]["train_documents"] is False
+    assert saved["temperature"]["replug_lsr"] == 0.1
+    assert saved["perplexity"]["replug_lsr"] == pytest.approx(saved["temperature_sweep"]["replug_lsr"]["0.1"]["perplexity"])
+    assert saved["perplexity"]["replug_lsr"] != saved["temperature_sweep"]["replug"]["0.1"]["perplexity"]
+    trained, train_documents = load_trained_encoder(tiny["encoder"], query_side)
+    assert train_documents is False and trained.fingerprint() != tiny["encoder"].fingerprint()
+    assert load_trained_encoder(tiny["encoder"], workdir)[1] is True

@@ -1,8 +1,11 @@
 """LSR training data (§5.2) and the persistent LM-score cache."""
+import os
+
 import numpy as np
 import pytest
 
 import replug_jax as rj
+from replug_jax.lm.cache import CachedLM
 from replug_jax.retrieval.datastore import Document, chunk_documents
 from replug_jax.train.data import check_disjoint, training_examples
 from replug_jax.train.lm_cache import LMScoreCache
@@ -69,3 +72,25 @@ def test_cache_scores_each_pair_once_across_restarts(tiny_lm, tmp_path):
     sums2, _ = again.score(contexts + ["new"], conts + [" pair"])
     np.testing.assert_array_equal(sums2[:3], sums)
     assert lm.pairs == 3 and again.stats()["cache_hits"] == 3
+
+
+def test_cached_lm_returns_the_lms_token_logprobs_and_is_the_lm_otherwise(tiny_lm, tmp_path):
+    lm = CountingLM(tiny_lm)
+    lm.tokenizer = tiny_lm.tokenizer
+    contexts, conts = ["a b c", "", "d e"], [" x y", " z w v", " x y"]
+    cached = CachedLM(lm, str(tmp_path / "lm.sqlite"))
+    first = cached.score(contexts, conts)
+    for got, want in zip(first, tiny_lm.score(contexts, conts)):
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_array_equal(got, want.astype(np.float32))  # stored exactly
+    first[0][:] = 0.0  # the caller's arrays are copies: the cache is not changed through them
+    second = cached.score(contexts[::-1], conts[::-1])
+    np.testing.assert_array_equal(second[2], tiny_lm.score(contexts[:1], conts[:1])[0].astype(np.float32))
+    assert lm.pairs == 3 and cached.cache_stats() == {"cache_hits": 3, "cache_misses": 3, "cache_hit_rate": 0.5}
+    assert cached.name == "counting" and cached.tokenizer is tiny_lm.tokenizer  # everything else is the LM's
+    training = LMScoreCache("ignored.sqlite", cached)  # a job's cached LM serves the training loop as it is
+    assert training.lm is cached and not os.path.exists("ignored.sqlite")
+    sums, counts = training.score(contexts, conts)
+    assert lm.pairs == 3 and list(counts) == [len(x) for x in second[::-1]]
+    with pytest.raises(ValueError, match="3 contexts but 2 continuations"):
+        cached.score(contexts, conts[:2])

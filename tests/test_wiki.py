@@ -82,6 +82,29 @@ def test_split_is_by_article_disjoint_and_deterministic(articles):
         wiki.split_articles(articles, 0.6, 0.4)
 
 
+def test_related_split_puts_each_held_out_articles_opening_in_the_datastore(articles):
+    by_article = wiki.split_articles(articles, eval_fraction=0.1, train_fraction=0.15, seed=0)
+    parts = wiki.split_related(articles, eval_fraction=0.1, train_fraction=0.15, held_out_fraction=0.4, seed=0)
+    original = {a.id: a for a in articles}
+    assert parts["datastore"][: len(by_article["datastore"])] == by_article["datastore"]
+    heads = {d.id: d for d in parts["datastore"][len(by_article["datastore"]):]}
+    for name in ("eval", "train"):
+        assert [d.id for d in parts[name]] == [f"{a.id}#tail" for a in by_article[name]]
+        for tail in parts[name]:
+            article = original[tail.id.removesuffix("#tail")]
+            head = heads[f"{article.id}#head"]
+            assert head.text + "\n\n" + tail.text == article.text and head.title == tail.title == article.title
+            assert 0.2 < len(tail.text) / len(article.text) < 0.6  # about 40%, cut at a paragraph boundary
+    # the scored text itself is never in the datastore; the same article's opening is
+    store = {p for d in parts["datastore"] for p in d.text.split("\n\n") if len(p) > 200}
+    held = [p for d in parts["eval"] + parts["train"] for p in d.text.split("\n\n") if len(p) > 200]
+    assert held and not any(p in store for p in held)
+    assert len(heads) == len(parts["eval"]) + len(parts["train"])
+    for bad in (0.0, 1.0):
+        with pytest.raises(ValueError, match="held_out_fraction"):
+            wiki.split_related(articles, held_out_fraction=bad)
+
+
 def test_write_jsonl_round_trips(tmp_path, articles):
     path = str(tmp_path / "sub" / "docs.jsonl")
     assert wiki.write_jsonl(articles[:3], path) == 3

@@ -21,6 +21,7 @@ def get_config():
     c.k_sweep = (1, 2, 4, 8, 10)  # also reported; reuses the passes of the largest k
     c.temperature = 1.0  # λ = softmax(s / τ); the paper uses τ = 1 on cosine similarity
     c.bm25_temperature = 1.0  # τ for BM25 scores (appendix D)
+    c.temperature_sweep = ()  # other τ values also reported for REPLUG (the same passes, re-weighted)
     c.doc_tokens = 128  # datastore chunk length in LM tokens (the paper: 128)
     c.query_tokens = 128  # retrieval query: the previous tokens of the held-out document
     c.context_tokens = 128  # LM context before each continuation
@@ -35,5 +36,9 @@ def get_config():
     c.lm_max_length = 0  # 0: the LM's own window
     c.encoder_batch_size = 32
     c.seed = 0
+    c.cache_dir = ""  # where the data split, datastore, embeddings and index live ("": the workdir); runs may share it
+    c.lm_cache = ""  # SQLite file of LM scores shared by runs ("": evaluation uncached, LSR caches in WORKDIR/lsr)
+    c.wiki_split = "by_article"  # gensim_wiki only: "related" also puts the opening of held-out articles in the datastore
+    c.held_out_fraction = 0.5  # wiki_split="related": the share of each eval/train article that is held out
     c.dtype = "float32"  # "bfloat16" on TPU/GPU
     return c

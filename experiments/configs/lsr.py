@@ -27,13 +27,15 @@ def get_config():
     c.beta = 0.1  # Q = softmax(ℓ / β)
     c.direction = "pr_q"  # KL(P_R ‖ Q) as the paper; "q_pr" = KL(Q ‖ P_R) as Atlas
     c.lm_score = "sum"  # ℓ = Σ_t log p(y_t | d ∘ x); or "mean"
+    c.train_documents = True  # False: query-side only (document encoder and index frozen, no refresh)
+    c.lsr_temperature = 0.0  # τ of REPLUG LSR at evaluation (0: config.temperature); τ = γ is always reported too
     c.refresh_every = 3_000
     c.swap_after = 100  # a refresh is swapped in this many steps after its request (0: synchronous)
     c.train_query_tokens = 128
     c.train_continuation_tokens = 128
     c.max_train_examples = 0  # 0: all
-    c.query_max_tokens = 192  # encoder tokens per query / document in the train step (fixed shapes)
-    c.doc_max_tokens = 192
+    c.query_max_tokens = 0  # encoder tokens per query / document in the train step (fixed shapes);
+    c.doc_max_tokens = 0  # 0: the encoder's own length, which retrieval and the index use
     c.checkpoint_every = 500
     c.keep_checkpoints = 3
     c.log_every = 10

@@ -215,6 +215,40 @@ def split_articles(articles: Sequence[Document], eval_fraction: float = 0.1, tra
     return out
 
 
+def split_related(articles: Sequence[Document], eval_fraction: float = 0.1, train_fraction: float = 0.1,
+                  held_out_fraction: float = 0.5, seed: int = 0) -> dict[str, list[Document]]:
+    """Like `split_articles`, but the datastore also holds the opening part of every eval and train article.
+
+    Each eval (train) article is cut at the paragraph boundary nearest `1 - held_out_fraction` of its
+    characters: the opening goes to the datastore as "<id>#head", the rest is the held-out (training)
+    document "<id>#tail". The scored text itself is never in the datastore, but text *related* to it is
+    (the same article's other sections), so a retriever has something worth finding and LSR something
+    to learn. Held-out windows exclude only their own source ("<id>#tail"), not the head.
+    """
+    if not 0 < held_out_fraction < 1:
+        raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
+    parts = split_articles(articles, eval_fraction, train_fraction, seed)
+    out = {"datastore": list(parts["datastore"]), "eval": [], "train": []}
+    for name in ("eval", "train"):
+        for article in parts[name]:
+            head, tail = _cut_at_paragraph(article.text, 1 - held_out_fraction)
+            if head:
+                out["datastore"].append(Document(f"{article.id}#head", article.title, head))
+            out[name].append(Document(f"{article.id}#tail", article.title, tail))
+    return out
+
+
+def _cut_at_paragraph(text: str, fraction: float) -> tuple[str, str]:
+    """(opening, rest) of `text` cut at the paragraph boundary nearest `fraction` of its characters;
+    the rest keeps at least one paragraph."""
+    paragraphs = text.split("\n\n")
+    ends = [sum(len(p) + 2 for p in paragraphs[: i + 1]) for i in range(len(paragraphs) - 1)]  # boundary offsets
+    if not ends:
+        return "", text
+    cut = min(range(len(ends)), key=lambda i: abs(ends[i] - fraction * len(text)))
+    return "\n\n".join(paragraphs[: cut + 1]), "\n\n".join(paragraphs[cut + 1 :])
+
+
 def write_jsonl(docs: Iterable[Document], path: str) -> int:
     """Write {"id", "title", "text"} lines (read back by `retrieval.datastore.read_jsonl`), atomically.
 

@@ -56,12 +56,13 @@ def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.nda
 
 def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: int, k_sweep: Sequence[int] = (),
                 sweep_retrievers: Sequence[str] = ("replug", "random"), concat_retriever: str | None = "replug",
-                temperature: float = 1.0, temperatures: dict | None = None, doc_template: str = DOC_TEMPLATE,
-                progress: bool = True) -> dict:
+                temperature: float = 1.0, temperatures: dict | None = None, temperature_sweep: Sequence[float] = (),
+                doc_template: str = DOC_TEMPLATE, progress: bool = True) -> dict:
     """Perplexity and bits per byte of every method; see the module docstring.
 
     retrievers: name -> object with `retrieve(queries, k, exclude_sources) -> (scores [Q,k], rows [Q,k])`.
     temperatures: per-retriever softmax temperature (default `temperature`).
+    temperature_sweep: τ values also reported for the sweep retrievers at k (the same passes, re-weighted).
     """
     temperatures = temperatures or {}
     say = console.phases(progress)
@@ -73,6 +74,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
 
     totals: dict[str, Totals] = {"none": Totals()}
     sweep: dict[str, dict[int, Totals]] = {}
+    tau_sweep: dict[str, dict[float, Totals]] = {}
     for name, retriever in retrievers.items():
         depth = max([k, *k_sweep]) if name in sweep_retrievers else k
         say(f"scoring {name}: top-{depth} documents for {len(queries)} windows, each prepended separately")
@@ -86,6 +88,9 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
             sweep.setdefault(name, {})[kk] = t
             if kk == k:
                 totals[name] = t
+        for t2 in temperature_sweep if name in sweep_retrievers else ():
+            mixed = ensemble(doc_lps, [len(base[i]) for i in queried], scores, rows, k, t2) if queried else {}
+            tau_sweep.setdefault(name, {})[t2] = _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
         if name == concat_retriever:
             say(f"scoring concat: the top-{k} {name} documents in one prompt")
             totals["concat"] = _totals(windows, base, _score_concat(lm, [windows[i] for i in queried], queried, datastore,
@@ -105,6 +110,9 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         "k_sweep": {name: {str(kk): t.metrics() for kk, t in by_k.items()} for name, by_k in sweep.items()
                     if name in sweep_retrievers},
     }
+    if tau_sweep:
+        results["temperature_sweep"] = {name: {str(t): x.metrics() for t, x in by_t.items()}
+                                        for name, by_t in tau_sweep.items()}
     return results
 
 

@@ -29,6 +29,15 @@ def markdown_table(results: dict) -> str:
         for m in _ordered(sweep):
             cells = [f"{sweep[m][str(k)]['perplexity']:.3f}" if str(k) in sweep[m] else "" for k in ks]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    taus = results.get("temperature_sweep") or {}
+    if taus:
+        values = sorted({float(t) for by_t in taus.values() for t in by_t})
+        lines += ["", f"Perplexity against the ensemble temperature τ (λ = softmax(s / τ), k = {results['k']}):", "",
+                  "| method | " + " | ".join(f"τ={t:g}" for t in values) + " |", "|---|" + "---:|" * len(values)]
+        for m in _ordered(taus):
+            by_value = {float(t): x for t, x in taus[m].items()}
+            lines.append(f"| {m} | " + " | ".join(f"{by_value[t]['perplexity']:.3f}" if t in by_value else ""
+                                                   for t in values) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -24,7 +24,7 @@ from replug_jax.data import downstream as data
 from replug_jax.data import wiki
 from replug_jax.evaluate import downstream_report, mmlu, qa
 from replug_jax.jobs import lm_eval
-from replug_jax.jobs.lsr import load_trained_encoder
+from replug_jax.jobs.lsr import load_trained_encoder, trained_retriever
 from replug_jax.retrieval.retriever import DenseRetriever
 
 DEMO = "demo"
@@ -81,11 +81,8 @@ def retrievers_for(config, encoder, store, workdir):
                                       embedding_dtype=config.embedding_dtype)
     out = {"replug": DenseRetriever(encoder, index, store)}
     if "replug_lsr" in config.methods:
-        trained = load_trained_encoder(encoder, config.retriever_workdir)
-        lsr_index = lm_eval.build_dense_index(trained, store, workdir, metric=config.metric,
-                                              factory=config.index_factory, embedding_dtype=config.embedding_dtype,
-                                              name="lsr")
-        out["replug_lsr"] = DenseRetriever(trained, lsr_index, store)
+        trained, train_documents = load_trained_encoder(encoder, config.retriever_workdir)
+        out["replug_lsr"] = trained_retriever(encoder, trained, train_documents, store, index, workdir, config)
     return out
 
 

@@ -23,6 +23,7 @@ from replug_jax.data import wiki
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
 from replug_jax.evaluate.windows import document_windows
+from replug_jax.lm.cache import CachedLM
 from replug_jax.retrieval import datastore as ds
 from replug_jax.retrieval.bm25 import BM25Index
 from replug_jax.retrieval import build
@@ -51,10 +52,23 @@ def read_documents(source: str) -> list[ds.Document]:
     return list(ds.read_jsonl(source))
 
 
-def demo_split(workdir: str, eval_fraction: float, train_fraction: float, seed: int) -> dict[str, str]:
-    """Split gensim's Wikipedia articles by article into WORKDIR/data/{datastore,eval,train}.jsonl."""
-    parts = wiki.split_articles(wiki.load_wiki_articles(), eval_fraction=eval_fraction, train_fraction=train_fraction,
-                                seed=seed)
+WIKI_SPLITS = ("by_article", "related")
+
+
+def demo_split(workdir: str, eval_fraction: float, train_fraction: float, seed: int, how: str = "by_article",
+               held_out_fraction: float = 0.5) -> dict[str, str]:
+    """Split gensim's Wikipedia articles into WORKDIR/data/{datastore,eval,train}.jsonl.
+
+    how "by_article": whole articles go to one part (`wiki.split_articles`); "related": the datastore also
+    holds the opening part of each eval and train article (`wiki.split_related`)."""
+    articles = wiki.load_wiki_articles()
+    if how == "by_article":
+        parts = wiki.split_articles(articles, eval_fraction=eval_fraction, train_fraction=train_fraction, seed=seed)
+    elif how == "related":
+        parts = wiki.split_related(articles, eval_fraction=eval_fraction, train_fraction=train_fraction,
+                                   held_out_fraction=held_out_fraction, seed=seed)
+    else:
+        raise ValueError(f"wiki_split must be one of {WIKI_SPLITS}, got {how!r}")
     paths = {}
     for name, docs in parts.items():
         paths[name] = os.path.join(workdir, "data", f"{name}.jsonl")
@@ -65,7 +79,8 @@ def demo_split(workdir: str, eval_fraction: float, train_fraction: float, seed: 
 def data_paths(config, workdir: str) -> dict[str, str]:
     """{"datastore": ..., "eval": ..., "train": ...} paths, materialising the demo split if asked for."""
     if GENSIM_WIKI in (config.corpus, config.eval_data):
-        split = demo_split(workdir, config.get("eval_fraction", 0.1), config.get("train_fraction", 0.1), config.seed)
+        split = demo_split(workdir, config.get("eval_fraction", 0.1), config.get("train_fraction", 0.1), config.seed,
+                           config.get("wiki_split", "by_article"), config.get("held_out_fraction", 0.5))
     else:
         split = {}
     resolve = lambda value, part: split[part] if value == GENSIM_WIKI else value
@@ -160,30 +175,40 @@ def prepare(config, workdir: str) -> Setup:
     """Load the models and build (or reuse) the datastore, embeddings and index in `workdir`."""
     started = time.time()
     os.makedirs(workdir, exist_ok=True)
+    shared = config.get("cache_dir") or workdir  # data split, datastore, embeddings and index: shareable by runs
     dtype = jnp.dtype(config.dtype)
-    paths = data_paths(config, workdir)
+    paths = data_paths(config, shared)
     console.phase(f"data: corpus {paths['datastore']}, held-out {paths['eval']}")
     encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
                               normalize=config.metric == "cosine", dtype=dtype)
     lm = load_job_lm(config, dtype)
     tokenizer = lm_tokenizer(lm, config)
-    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
-    store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, workdir)
+    kind = type(lm).__name__
+    if config.get("lm_cache"):
+        lm = CachedLM(lm, config.lm_cache)
+        kind += f", scores cached in {config.lm_cache}"
+    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({kind})")
+    store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared)
     console.phase(f"datastore: {len(store):,} passages of up to {config.doc_tokens} LM tokens")
-    index = build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
+    index = build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
                               embedding_dtype=config.embedding_dtype)
     return Setup(paths, encoder, lm, tokenizer, store, index, started)
 
 
-def evaluate_and_report(config, workdir: str, setup: Setup, retrievers: dict, extra: dict | None = None) -> dict:
-    """Score every method on the held-out windows; write results.json, results.md and the plot."""
+def evaluate_and_report(config, workdir: str, setup: Setup, retrievers: dict, extra: dict | None = None,
+                        temperatures: dict | None = None, temperature_sweep=()) -> dict:
+    """Score every method on the held-out windows; write results.json, results.md and the plot.
+
+    temperatures: per-retriever τ overriding config.temperature (bm25: config.bm25_temperature);
+    temperature_sweep: τ values reported besides config.temperature_sweep."""
     windows = make_windows(setup.paths["eval"], setup.tokenizer, config)
     logging.info("datastore %d chunks; %d evaluation windows", len(setup.store), len(windows))
     results = lm_eval.evaluate_lm(
         setup.lm, windows, setup.store, retrievers, k=config.get("eval_k") or config.k, k_sweep=tuple(config.k_sweep),
         sweep_retrievers=("replug", "replug_lsr", "random"),
         concat_retriever="replug" if "concat" in config.methods else None, temperature=config.temperature,
-        temperatures={"bm25": config.bm25_temperature})
+        temperatures={"bm25": config.bm25_temperature, **(temperatures or {})},
+        temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})))
     results.update({"encoder": config.encoder, "lm": config.lm, "datastore_chunks": len(setup.store),
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,

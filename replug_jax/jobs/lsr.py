@@ -4,6 +4,7 @@ Only this module (and main.py) reads configs; it turns them into `LSRSettings` a
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -20,14 +21,26 @@ TRAINED_RETRIEVER = "retriever.safetensors"  # in an LSR workdir: the trained re
 
 
 def load_trained_encoder(encoder, lsr_workdir: str):
-    """`encoder` with the parameters an LSR job trained (WORKDIR/retriever.safetensors), named "+lsr"."""
+    """(`encoder` with the parameters an LSR job trained (WORKDIR/retriever.safetensors), named "+lsr",
+    whether the documents were trained too: False means the trained encoder embeds queries only and
+    searches an index built by the original `encoder`)."""
     path = os.path.join(lsr_workdir, TRAINED_RETRIEVER)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no trained retriever (run the LSR job with --workdir {lsr_workdir} first)")
     params, meta = load_params(path, jax.device_get(encoder.params))
     if meta.get("encoder") not in (None, encoder.name):
         raise ValueError(f"{path} was trained from encoder {meta['encoder']!r}, not {encoder.name!r}")
-    return encoder.with_params(params, name=f"{encoder.name}+lsr")
+    return encoder.with_params(params, name=f"{encoder.name}+lsr"), meta.get("train_documents", "true") == "true"
+
+
+def trained_retriever(encoder, trained, train_documents: bool, store, index, workdir: str, config) -> DenseRetriever:
+    """The REPLUG LSR retriever: the trained encoder on both sides (an index re-embedded with it in
+    WORKDIR/index_lsr), or, query-side only, the trained query encoder over the original `index`."""
+    if not train_documents:
+        return DenseRetriever(trained, index, store, document_encoder=encoder)
+    index_lsr = eval_run.build_dense_index(trained, store, workdir, metric=config.metric, factory=config.index_factory,
+                                           embedding_dtype=config.embedding_dtype, name="lsr")
+    return DenseRetriever(trained, index_lsr, store)
 
 
 def lsr_settings(config) -> LSRSettings:
@@ -52,14 +65,12 @@ def run_lsr(config, workdir: str) -> dict:
     trained = train_lsr(setup.encoder, setup.lm, setup.store, examples, os.path.join(workdir, "lsr"), settings,
                         initial_index=setup.index)
     encoder_lsr = setup.encoder.with_params(trained["params"], name=f"{config.encoder}+lsr")
-    save_params(trained["params"], os.path.join(workdir, TRAINED_RETRIEVER), {"encoder": config.encoder})
-    index_lsr = eval_run.build_dense_index(encoder_lsr, setup.store, workdir, metric=config.metric,
-                                           factory=config.index_factory, embedding_dtype=config.embedding_dtype,
-                                           name="lsr")
+    save_params(trained["params"], os.path.join(workdir, TRAINED_RETRIEVER),
+                {"encoder": config.encoder, "train_documents": str(settings.train_documents).lower()})
     retrievers = eval_run.make_retrievers(config.methods, setup.encoder, setup.store, setup.index, config.seed)
-    retrievers["replug_lsr"] = DenseRetriever(encoder_lsr, index_lsr, setup.store)
-    extra = {"lsr": {"kl_direction": settings.direction, "gamma": settings.gamma, "beta": settings.beta,
-                     "steps": settings.steps, "batch_size": settings.batch_size, "k": settings.k,
-                     "learning_rate": settings.learning_rate, "refresh_every": settings.refresh_every,
-                     "training_examples": len(examples), **trained["stats"]}}
-    return eval_run.evaluate_and_report(config, workdir, setup, retrievers, extra)
+    retrievers["replug_lsr"] = trained_retriever(setup.encoder, encoder_lsr, settings.train_documents, setup.store,
+                                                 setup.index, workdir, config)
+    extra = {"lsr": {**dataclasses.asdict(settings), "training_examples": len(examples), **trained["stats"]}}
+    tau_lsr = config.get("lsr_temperature") or config.temperature  # both are reported: τ and γ are in the sweep
+    return eval_run.evaluate_and_report(config, workdir, setup, retrievers, extra, temperatures={"replug_lsr": tau_lsr},
+                                        temperature_sweep=(settings.gamma, config.temperature, tau_lsr))

@@ -63,13 +63,19 @@ def _as_list(query_texts: Sequence[str]) -> list[str]:
 
 
 class DenseRetriever:
-    """Queries embedded by `encoder.embed`, searched in a DenseIndex over `datastore`'s rows."""
+    """Queries embedded by `encoder.embed`, searched in a DenseIndex over `datastore`'s rows.
 
-    def __init__(self, encoder, index: DenseIndex, datastore: Datastore):
+    `document_encoder`: the encoder that built the index when it is not the query encoder (a
+    query-side-only LSR retriever searches the original index); the index is checked against it."""
+
+    def __init__(self, encoder, index: DenseIndex, datastore: Datastore, document_encoder=None):
         _check_rows(index, datastore)
+        builder = document_encoder or encoder
         fingerprint = index.meta.get("encoder")
-        if fingerprint is not None and fingerprint != encoder.fingerprint():
-            raise IndexRefused(f"the index was built with encoder {fingerprint}, not {encoder.fingerprint()}")
+        if fingerprint is not None and fingerprint != builder.fingerprint():
+            raise IndexRefused(f"the index was built with encoder {fingerprint}, not {builder.fingerprint()}")
+        if builder.dim != encoder.dim:
+            raise IndexRefused(f"query encoder gives {encoder.dim}-d vectors, the index holds {builder.dim}-d")
         self.encoder, self.index, self.datastore = encoder, index, datastore
 
     def retrieve(self, query_texts, k, exclude_sources=None):

@@ -8,29 +8,39 @@ queries and documents with the current parameters and minimises KL(P_R ‖ Q). E
 swaps the new index in `swap_after` steps later. Checkpoints are taken only when no
 refresh is pending, so a killed run resumes exactly: same index version, same data
 position, same parameters and losses as an uninterrupted run.
+
+Pipelined (`pipeline=True`): LM scoring dominates a step (and with an API LM it is network
+time), so step t+1's retrieval, LM scores and arrays are prepared on a thread while step t
+runs on the devices. Step t+1 then retrieves with the parameters *before* step t (one step
+stale; the train step itself always re-encodes with the current ones). The schedule is fixed,
+so a pipelined run is deterministic: its checkpoints keep the next step's retrieved rows
+("next_rows"), and a killed run resumes to the same losses. Metrics: lm_seconds (asking the
+LM for this step's batch) and wait_seconds (the loop blocked on the batch: all of the
+preparation when serial, what the overlap did not hide when pipelined).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
 from replug_jax import console, lsr
-from replug_jax.passages import DOC_TEMPLATE, document_passes
+from replug_jax.passages import DOC_TEMPLATE
 from replug_jax.retrieval.refresh import IndexRefresher
 from replug_jax.retrieval.retriever import excluded_rows
 from replug_jax.train import step as train_step_lib
 from replug_jax.train.checkpoint import Checkpointer
+from replug_jax.train.batch import LM_SCORES, FrozenDocumentVectors, make_batch, supervise
 from replug_jax.train.lm_cache import LMScoreCache
 from replug_jax.train.metrics import MetricsLogger, plot_loss
 
-
-LM_SCORES = ("sum", "mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +57,12 @@ class LSRSettings:
     beta: float = 0.1  # LM likelihood temperature
     direction: str = "pr_q"  # KL(P_R ‖ Q) as the paper writes it; "q_pr": KL(Q ‖ P_R) as Atlas
     lm_score: str = "sum"  # ℓ = Σ_t log p(y_t | d ∘ x, y_<t); "mean" divides by the token count
+    train_documents: bool = True  # False: query-side only (document encoder and index frozen, no refresh)
+    pipeline: bool = False  # retrieve and LM-score step t+1 on a thread while step t runs (queries one step stale)
     refresh_every: int = 3_000
     swap_after: int = 1  # steps between a refresh request and its swap (0: synchronous)
-    query_max_tokens: int = 192  # encoder tokens of a query x (fixed shape)
-    doc_max_tokens: int = 192  # encoder tokens of a document (fixed shape)
+    query_max_tokens: int = 0  # encoder tokens of a query x (fixed shape); 0: the encoder's own, as retrieval
+    doc_max_tokens: int = 0  # encoder tokens of a document (fixed shape); 0: the encoder's own, as the index
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
     log_every: int = 1
@@ -60,13 +72,14 @@ class LSRSettings:
     doc_template: str = DOC_TEMPLATE
 
     def __post_init__(self):
-        positive = ("k", "steps", "batch_size", "refresh_every", "query_max_tokens", "doc_max_tokens",
-                    "checkpoint_every", "keep_checkpoints", "log_every")
+        positive = ("k", "steps", "batch_size", "refresh_every", "checkpoint_every", "keep_checkpoints", "log_every")
         bad = [f"{name}={getattr(self, name)}" for name in positive if getattr(self, name) < 1]
+        bad += [f"{name}={getattr(self, name)}" for name in ("query_max_tokens", "doc_max_tokens")
+                if getattr(self, name) < 0]
         bad += [f"{name}={getattr(self, name)}" for name in ("learning_rate", "gamma", "beta")
                 if not getattr(self, name) > 0]
         if bad:
-            raise ValueError(f"LSRSettings: {', '.join(bad)} must be positive")
+            raise ValueError(f"LSRSettings: {', '.join(bad)} must be positive (token lengths: >= 0)")
         choices = {"direction": lsr.DIRECTIONS, "lm_score": LM_SCORES, "metric": ("cosine", "ip"),
                    "embedding_dtype": ("float32", "float16")}
         for name, allowed in choices.items():
@@ -92,32 +105,17 @@ class LSRSettings:
         return -(-span // self.refresh_every) + 2
 
 
-def make_batch(encoder, datastore, examples, rows: np.ndarray, lm_scores: np.ndarray, *, query_max_tokens: int,
-               doc_max_tokens: int) -> dict:
-    """Fixed-shape arrays of the jitted step for B examples and their K retrieved rows."""
-    b, k = rows.shape
-    query_ids, query_mask = encoder.padded([e.query for e in examples], query_max_tokens)  # [B, Lq]
-    texts = [datastore.texts[r] if r >= 0 else "" for r in rows.reshape(-1)]
-    doc_ids, doc_mask = encoder.padded(texts, doc_max_tokens)  # [B*K, Ld]
-    return {"query_ids": query_ids, "query_mask": query_mask,
-            "doc_ids": doc_ids.reshape(b, k, -1), "doc_mask_tokens": doc_mask.reshape(b, k, -1),
-            "doc_valid": rows >= 0, "lm_scores": np.where(rows >= 0, lm_scores, 0.0).astype(np.float32)}
+@dataclasses.dataclass
+class Prepared:
+    """A step's input: its retrieved rows [B, K] (scores [B, K]: None when the rows came from a checkpoint), the
+    step's arrays, and the seconds spent asking the LM and preparing in all."""
 
-
-def supervise(cache: LMScoreCache, datastore, examples, rows: np.ndarray, *, lm_score: str = "sum",
-              doc_template: str = DOC_TEMPLATE) -> np.ndarray:
-    """ℓ(x, d, y) for every example and retrieved row: [B, K] (0 where no document).
-
-    lm_score "sum": Σ_t log p(y_t | d ∘ x, y_<t); "mean": divided by the continuation's token count."""
-    if lm_score not in LM_SCORES:
-        raise ValueError(f"lm_score must be one of {LM_SCORES}, got {lm_score!r}")
-    contexts, continuations, where = document_passes(datastore, rows, [e.query for e in examples],
-                                                     [e.continuation for e in examples], doc_template)
-    sums, counts = cache.score(contexts, continuations)
-    scores = np.zeros(rows.shape, np.float32)
-    for (i, j), total, n in zip(where, sums, counts):
-        scores[i, j] = total / n if lm_score == "mean" else total
-    return scores
+    step: int
+    rows: np.ndarray
+    scores: np.ndarray | None
+    batch: dict
+    lm_seconds: float
+    seconds: float
 
 
 def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSettings, initial_index=None,
@@ -141,10 +139,13 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
                                workdir=os.path.join(workdir, "indexes"), swap_after=s.swap_after,
                                keep=s.index_versions_to_keep(), embedding_dtype=s.embedding_dtype)
     data_position = 0  # examples consumed so far (the batch of step t starts there, modulo the dataset)
+    resume_rows, next_swap = None, None
     if restored is not None:
         start, state, meta = restored
         state = train_step_lib.place_state(state, mesh)  # the step's compiled sharding: no second compile
         index_version, data_position = meta["index_version"], meta["data_position"]
+        if s.pipeline and meta.get("next_rows") is not None:  # the prefetched batch of the step after the checkpoint
+            resume_rows = np.asarray(meta["next_rows"], np.int64)
         refresher.load_version(index_version)
         logging.info("resumed from step %d (index version %d, example %d)", start, index_version, data_position)
     else:
@@ -155,33 +156,64 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
     step_fn = train_step_lib.make_train_step(encoder.config, optimizer, mesh, gamma=s.gamma, beta=s.beta,
                                              direction=s.direction, normalize=s.metric == "cosine", dtype=encoder.dtype)
     cache = LMScoreCache(os.path.join(workdir, "lm_cache.sqlite"), lm, key_fields={"doc_template": s.doc_template})
+    doc_vectors = None if s.train_documents else FrozenDocumentVectors(encoder, datastore)
     logger = MetricsLogger(workdir, resume_step=start, enabled=lead)
     pending_checkpoint = False
     say = console.phases(progress and lead)
-    say(f"LSR training: steps {start + 1}-{s.steps}, batch {s.batch_size}, k {s.k}, refresh every {s.refresh_every} "
-        f"steps (index v{refresher.version})")
+    refreshing = (f"refresh every {s.refresh_every} steps" if s.train_documents
+                  else "query side only: document encoder and index frozen")
+    say(f"LSR training: steps {start + 1}-{s.steps}, batch {s.batch_size}, k {s.k}, {refreshing} "
+        f"(index v{refresher.version}{', pipelined' if s.pipeline else ''})")
+
+    def prepare(step: int, position: int, params, rows=None) -> Prepared:
+        """Step `step`'s batch: its examples (from `position`), their top-k under `params` (or the given rows),
+        LM scores, and the step's arrays. Runs on the prefetch thread when pipelined."""
+        started = time.perf_counter()
+        batch_examples = [examples[(position + i) % len(examples)] for i in range(s.batch_size)]
+        scores = None
+        if rows is None:
+            queries = encoder.embed([e.query for e in batch_examples], params=params)
+            exclude = excluded_rows(datastore, [[e.doc_id] for e in batch_examples], len(batch_examples))
+            scores, rows = refresher.current.search(queries, s.k, exclude=exclude)
+        lm_started = time.perf_counter()
+        lm_scores = supervise(cache, datastore, batch_examples, rows, lm_score=s.lm_score, doc_template=s.doc_template)
+        lm_seconds = time.perf_counter() - lm_started
+        batch = make_batch(encoder, datastore, batch_examples, rows, lm_scores, query_max_tokens=s.query_max_tokens,
+                           doc_max_tokens=s.doc_max_tokens, doc_vectors=doc_vectors)
+        return Prepared(step, np.asarray(rows), scores, batch, lm_seconds, time.perf_counter() - started)
+
+    prefetch = ThreadPoolExecutor(1, thread_name_prefix="lsr-prefetch") if s.pipeline else None
+    upcoming = None  # pipelined: the next step's batch (a Future), prepared while this step runs
     try:
         for step in tqdm(range(start + 1, s.steps + 1), initial=start, total=s.steps, disable=not (progress and lead),
                          desc="LSR", unit="step"):
             started = time.perf_counter()
-            swap = refresher.maybe_swap(step)
-            batch_examples = [examples[(data_position + i) % len(examples)] for i in range(s.batch_size)]
+            # the index serving this step: pipelined, it was swapped in before this step's batch was prefetched
+            swap = refresher.maybe_swap(step) if upcoming is None else next_swap
+            if upcoming is None:  # serial, or the first pipelined step (rows saved by the checkpoint on resume)
+                prepared = prepare(step, data_position, state["params"], rows=resume_rows)
+                resume_rows, waited = None, prepared.seconds
+            else:
+                waited_from = time.perf_counter()
+                prepared = upcoming.result()
+                waited = time.perf_counter() - waited_from
             data_position += s.batch_size
-            queries = encoder.embed([e.query for e in batch_examples], params=state["params"])
-            exclude = excluded_rows(datastore, [[e.doc_id] for e in batch_examples], len(batch_examples))
-            scores, rows = refresher.current.search(queries, s.k, exclude=exclude)
-            lm_scores = supervise(cache, datastore, batch_examples, rows, lm_score=s.lm_score,
-                                  doc_template=s.doc_template)
-            batch = make_batch(encoder, datastore, batch_examples, rows, lm_scores, query_max_tokens=s.query_max_tokens,
-                               doc_max_tokens=s.doc_max_tokens)
-            state, metrics = step_fn(state, batch)
-            if step % s.refresh_every == 0 and step < s.steps:
+            previous_params = jax.tree.map(jnp.copy, state["params"]) if s.pipeline else None  # before the donation
+            state, metrics = step_fn(state, prepared.batch)  # dispatched: runs on the devices while we go on
+            if s.train_documents and step % s.refresh_every == 0 and step < s.steps:
                 refresher.request(state["params"], step=step, version=refresher.version + 1)
                 if s.swap_after == 0:  # synchronous: serve it now, so no refresh is pending at the checkpoint
                     swap = refresher.maybe_swap(step) or swap
+            version = refresher.version
+            upcoming = None
+            if s.pipeline and step < s.steps:  # step + 1 retrieves with the parameters before this step
+                next_swap = refresher.maybe_swap(step + 1)
+                upcoming = prefetch.submit(prepare, step + 1, data_position, previous_params)
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            metrics.update(index_version=refresher.version, step_seconds=time.perf_counter() - started,
-                           mean_retrieval_score=float(np.mean(scores[rows >= 0])), **cache.stats())
+            retrieved = prepared.scores[prepared.rows >= 0] if prepared.scores is not None else np.zeros(0)
+            metrics.update(index_version=version, step_seconds=time.perf_counter() - started,
+                           lm_seconds=prepared.lm_seconds, wait_seconds=waited,
+                           mean_retrieval_score=float(retrieved.mean()) if retrieved.size else 0.0, **cache.stats())
             if swap:
                 say(f"refresh: index v{swap['version']} {'swapped in' if swap['ok'] else 'FAILED, old index kept'} at "
                     f"step {step} (built in {swap['build_seconds']:.1f}s, training waited {swap['waited_seconds']:.1f}s)")
@@ -191,8 +223,10 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
                 logger.log(step, metrics)
             pending_checkpoint |= step % s.checkpoint_every == 0 or step == s.steps
             if pending_checkpoint and not refresher.pending:
-                checkpoints.save(step, state, {"step": step, "index_version": refresher.version,
-                                               "data_position": data_position})
+                meta = {"step": step, "index_version": refresher.version, "data_position": data_position}
+                if upcoming is not None:  # the next step's rows came from this step's input parameters: keep them
+                    meta["next_rows"] = upcoming.result().rows.tolist()
+                checkpoints.save(step, state, meta)
                 pending_checkpoint = False
         final_params = jax.device_get(state["params"])
         if lead and os.path.isfile(logger.path):
@@ -200,6 +234,8 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
         return {"params": final_params, "index_version": refresher.version, "steps": s.steps,
                 "stats": {**cache.stats(), "refreshes": refresher.version}}
     finally:
+        if prefetch is not None:
+            prefetch.shutdown(wait=True, cancel_futures=True)
         logger.close()
         refresher.close()
         cache.close()

@@ -36,7 +36,7 @@ from replug_jax.models import encoder
 from replug_jax.models.encoder import BertConfig
 from replug_jax.sharding import batch_sharding, data_mesh, replicated
 
-__all__ = ["TrainBatch", "BATCH_KEYS", "make_schedule", "make_optimizer", "current_learning_rate", "init_train_state",
+__all__ = ["TrainBatch", "BATCH_KEYS", "QUERY_SIDE_KEYS", "make_schedule", "make_optimizer", "current_learning_rate", "init_train_state",
            "place_state", "shard_batch", "retrieval_scores", "make_loss_fn", "make_train_step", "compiled_count"]
 
 
@@ -60,6 +60,8 @@ class TrainBatch(TypedDict):
 
 
 BATCH_KEYS = tuple(TrainBatch.__annotations__)
+# query-side-only training (document encoder frozen): the documents arrive as their index embeddings
+QUERY_SIDE_KEYS = ("query_ids", "query_mask", "doc_embeddings", "doc_valid", "lm_scores")  # doc_embeddings [B, K, D]
 
 
 def make_schedule(learning_rate: float, total_steps: int, warmup_fraction: float = 0.1,
@@ -120,9 +122,11 @@ def init_train_state(params, optimizer: optax.GradientTransformation, mesh: Mesh
 
 
 def shard_batch(batch: dict, mesh: Mesh) -> dict:
-    """Process-local batch rows as global arrays split over the mesh's "data" axis."""
+    """Process-local batch rows as global arrays split over the mesh's "data" axis (a full or a
+    query-side batch, by whether it has "doc_embeddings")."""
     sharding = batch_sharding(mesh)
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(batch[k])) for k in BATCH_KEYS}
+    keys = QUERY_SIDE_KEYS if "doc_embeddings" in batch else BATCH_KEYS
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(batch[k])) for k in keys}
 
 
 def _with_a_token(mask, has_tokens):
@@ -134,21 +138,27 @@ def _with_a_token(mask, has_tokens):
 def retrieval_scores(params, config: BertConfig, batch, normalize: bool = True, dtype=jnp.float32):
     """Re-encode the queries and documents with `params`: -> (scores [B, K] float32, valid [B, K] bool).
 
-    One shared encoder on both sides; s = <E(d), E(x)>. Invalid slots (doc_valid False, no
-    tokens, or a query without tokens) are encoded as a one-token padding document, so their
+    One shared encoder on both sides; s = <E(d), E(x)>. A batch with "doc_embeddings" [B, K, D]
+    (query-side-only training) encodes only the queries and takes the documents' vectors as
+    constants. Invalid slots (doc_valid False, no tokens, or a query without tokens) are
+    encoded as a one-token padding document, so their
     embeddings are finite (NaN there would leak into the gradient through the query side,
     and a zero vector has a NaN gradient under L2 normalisation); their scores are not used.
     """
-    b, k, ld = batch["doc_ids"].shape
     q_mask = jnp.asarray(batch["query_mask"])  # [B, Lq]
     q_has = jnp.any(q_mask > 0, axis=-1)  # [B]
+    q_ids = jnp.where(q_has[:, None], batch["query_ids"], config.pad_token_id)
+    q = encoder.embed(params, config, q_ids, _with_a_token(q_mask, q_has), normalize, dtype)  # [B, D]
+    if "doc_embeddings" in batch:  # query-side only: the documents are the index's (frozen) vectors
+        valid = jnp.asarray(batch["doc_valid"], bool) & q_has[:, None]  # [B, K]
+        d = jnp.where(valid[..., None], jnp.asarray(batch["doc_embeddings"], jnp.float32), 0.0)  # [B, K, D]
+        return jnp.einsum("bkd,bd->bk", d, q.astype(jnp.float32)), valid
+    b, k, ld = batch["doc_ids"].shape
     d_ids = jnp.asarray(batch["doc_ids"]).reshape(b * k, ld)  # [B*K, Ld]
     d_mask = jnp.asarray(batch["doc_mask_tokens"]).reshape(b * k, ld)  # [B*K, Ld]
     valid = (jnp.asarray(batch["doc_valid"], bool) & q_has[:, None]).reshape(b * k) & jnp.any(d_mask > 0, axis=-1)
     d_ids = jnp.where(valid[:, None], d_ids, config.pad_token_id)
     d_mask = _with_a_token(jnp.where(valid[:, None], d_mask, 0), valid)
-    q_ids = jnp.where(q_has[:, None], batch["query_ids"], config.pad_token_id)
-    q = encoder.embed(params, config, q_ids, _with_a_token(q_mask, q_has), normalize, dtype)  # [B, D]
     d = encoder.embed(params, config, d_ids, d_mask, normalize, dtype).reshape(b, k, -1)  # [B, K, D]
     scores = jnp.einsum("bkd,bd->bk", d, q, preferred_element_type=jnp.float32)  # [B, K]
     return scores, valid.reshape(b, k)

@@ -1,0 +1,90 @@
+"""How much could a better retriever gain? Oracle re-rankings of the dense top-N on held-out windows.
+
+    python experiments/lsr_headroom.py --cache_dir runs/lsr_grid/shared --lm_cache runs/lsr_grid/lm_cache.sqlite \
+        --depth 12 --k 4 --every 4
+
+For every `every`-th evaluation window of the demo split in CACHE_DIR (as a demo_lsr.py run left it), the LM
+scores the window's continuation with each of the dense retriever's top-`depth` documents (through the shared LM
+cache). Then perplexity of: REPLUG (top-k, uniform weights), random k of the top-depth, all depth documents,
+and the oracle that keeps the k documents with the highest ℓ = log P_LM(y | d ∘ x). The gap between REPLUG
+and the oracle bounds what LSR can gain by re-ranking the top-depth; the rank correlation between retrieval
+score and ℓ says how much the retriever already knows about it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+import replug_jax as rj
+from replug_jax.config_files import sibling_config
+from replug_jax.jobs import lm_eval as run
+from replug_jax.lm.cache import CachedLM
+from replug_jax.passages import DOC_TEMPLATE, document_passes
+from replug_jax.retrieval.datastore import Datastore
+from replug_jax.retrieval.index import DenseIndex
+from replug_jax.retrieval.retriever import excluded_rows
+
+
+def mixture_perplexity(logprobs: np.ndarray, lengths: list[int], pick) -> float:
+    """Perplexity of uniform mixtures: logprobs [W, N, T], pick(w) -> document indices."""
+    total, tokens = 0.0, 0
+    for w, n in enumerate(lengths):
+        chosen = logprobs[w, pick(w), :n]  # [k, T]
+        total += float(np.sum(np.logaddexp.reduce(chosen, axis=0) - np.log(len(chosen))))
+        tokens += n
+    return float(np.exp(-total / tokens))
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cache_dir", required=True)
+    ap.add_argument("--lm_cache", required=True)
+    ap.add_argument("--depth", type=int, default=12)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--every", type=int, default=4)
+    ap.add_argument("--seeds", type=int, default=5)
+    args = ap.parse_args()
+    config = sibling_config(os.path.join("experiments", "configs", "demo_lsr.py"), "demo_lsr.py")
+    config.max_eval_docs, config.max_windows_per_doc = 12, 8
+    store = Datastore.load(os.path.join(args.cache_dir, "datastore.jsonl"))
+    encoder, lm = rj.load_encoder(config.encoder), rj.load_lm(config.lm)
+    index = DenseIndex.load(os.path.join(args.cache_dir, "index_dense"))
+    windows = [w for w in run.make_windows(os.path.join(args.cache_dir, "data", "eval.jsonl"), lm.tokenizer, config)
+               if w.query][:: args.every]
+    exclude = excluded_rows(store, [[w.doc_id] for w in windows], len(windows))
+    scores, rows = index.search(encoder.embed([w.query for w in windows]), args.depth, exclude=exclude)
+    contexts, continuations, where = document_passes(store, rows, [w.prefix for w in windows],
+                                                     [w.continuation for w in windows], DOC_TEMPLATE)
+    cached = CachedLM(lm, args.lm_cache)
+    flat = cached.score(contexts, continuations, progress=True)
+    lengths = [0] * len(windows)
+    logprobs = np.full((len(windows), args.depth, max(map(len, flat))), 0.0)
+    for (w, j), x in zip(where, flat):
+        logprobs[w, j, : len(x)], lengths[w] = x, len(x)
+    ell = logprobs.sum(-1)  # [W, N]
+    k = args.k
+    out = {
+        "windows": len(windows), "depth": args.depth, "k": k, "lm_cache": cached.cache_stats(),
+        "replug_top_k": mixture_perplexity(logprobs, lengths, lambda w: np.arange(k)),
+        "top_1": mixture_perplexity(logprobs, lengths, lambda w: np.arange(1)),
+        "random_k_of_depth": float(np.mean([mixture_perplexity(
+            logprobs, lengths, lambda w: np.random.default_rng(1000 * s + w).permutation(args.depth)[:k])
+            for s in range(args.seeds)])),
+        "all_depth": mixture_perplexity(logprobs, lengths, lambda w: np.arange(args.depth)),
+        "oracle_best_k": mixture_perplexity(logprobs, lengths, lambda w: np.argsort(-ell[w])[:k]),
+        "oracle_best_1": mixture_perplexity(logprobs, lengths, lambda w: np.argsort(-ell[w])[:1]),
+        "spearman_score_vs_ell": float(np.mean([spearman(scores[w], ell[w]) for w in range(len(windows))])),
+    }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

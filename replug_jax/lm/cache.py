@@ -1,0 +1,89 @@
+"""A black-box LM whose scores go through a persistent cache: no (context, continuation) is scored twice.
+
+    lm = CachedLM(rj.load_lm("smollm2"), "runs/shared/lm_cache.sqlite")
+    lps = lm.score(contexts, continuations)  # list of [T_i] float32, from disk where it can
+
+With an API LM every call costs money, and an LSR grid or a re-run evaluation asks for the
+same passes again and again. SQLite (stdlib) keeps the per-token log-probabilities on disk,
+safe against a crash mid-write and shareable by runs that follow each other. Keys hash the
+LM's name and fingerprint (weights, dtype and window; or server, model and prompt format),
+the caller's `key_fields`, the context and the continuation. Everything else (name,
+tokenizer, count_tokens, generate, ...) is the wrapped LM's.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from typing import Sequence
+
+import numpy as np
+
+
+class CachedLM:
+    """`score` through an on-disk cache; every other attribute is the wrapped LM's."""
+
+    def __init__(self, lm, path: str, key_fields: dict | None = None):
+        self.path = os.path.abspath(path)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.lm = lm
+        self.namespace = json.dumps({"lm": lm.name, "lm_fingerprint": lm.fingerprint(), **(key_fields or {})},
+                                    sort_keys=True, default=str)
+        self._lock = threading.Lock()  # one connection, shared by the training loop's threads
+        self.db = sqlite3.connect(self.path, check_same_thread=False, timeout=60)
+        self.db.execute("CREATE TABLE IF NOT EXISTS token_logprobs (key TEXT PRIMARY KEY, logprobs BLOB)")
+        self.db.commit()
+        self.hits = self.misses = 0
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["lm"], name)
+
+    def _key(self, context: str, continuation: str) -> str:
+        return hashlib.sha256("\0".join((self.namespace, context, continuation)).encode()).hexdigest()
+
+    def _lookup(self, keys: list[str]) -> dict[str, np.ndarray]:
+        found = {}
+        for start in range(0, len(keys), 500):  # SQLite limits the number of bound parameters
+            chunk = keys[start : start + 500]
+            rows = self.db.execute(f"SELECT key, logprobs FROM token_logprobs WHERE key IN ({','.join('?' * len(chunk))})",
+                                   chunk)
+            found.update({k: np.frombuffer(blob, np.float32) for k, blob in rows})
+        return found
+
+    def score(self, contexts: Sequence[str], continuations: Sequence[str], progress: bool = False) -> list[np.ndarray]:
+        """Per-token log-probabilities [T_i] of each continuation after its context (the LM's `score`)."""
+        if len(contexts) != len(continuations):
+            raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
+        keys = [self._key(c, y) for c, y in zip(contexts, continuations)]
+        with self._lock:
+            found = self._lookup(keys)
+        first: dict[str, int] = {}  # one LM call per distinct uncached pair
+        for i, k in enumerate(keys):
+            if k not in found:
+                first.setdefault(k, i)
+        missing = list(first.values())
+        if missing:
+            lps = self.lm.score([contexts[i] for i in missing], [continuations[i] for i in missing], progress=progress)
+            new = {keys[i]: np.asarray(x, np.float32) for i, x in zip(missing, lps)}
+            with self._lock:
+                self.db.executemany("INSERT OR REPLACE INTO token_logprobs VALUES (?, ?)",
+                                    [(k, v.tobytes()) for k, v in new.items()])
+                self.db.commit()
+            found.update(new)
+        with self._lock:
+            self.misses += len(missing)
+            self.hits += len(keys) - len(missing)
+        return [found[k].copy() for k in keys]
+
+    def cache_stats(self) -> dict:
+        total = self.hits + self.misses
+        return {"cache_hits": self.hits, "cache_misses": self.misses, "cache_hit_rate": self.hits / total if total else 0.0}
+
+    def stats(self) -> dict:
+        inner = self.lm.stats() if hasattr(self.lm, "stats") else {}
+        return {**inner, **self.cache_stats()}
+
+    def close(self) -> None:
+        self.db.close()

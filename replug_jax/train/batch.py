@@ -1,0 +1,58 @@
+"""One LSR training batch: LM supervision for the retrieved (query, document) pairs, and the fixed-shape
+arrays of the jitted step (`train/step.py`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from replug_jax.passages import DOC_TEMPLATE, document_passes
+from replug_jax.train.lm_cache import LMScoreCache
+
+LM_SCORES = ("sum", "mean")
+
+
+class FrozenDocumentVectors:
+    """Query-side-only training: document vectors under the encoder's own (initial, frozen) parameters, as the
+    index holds them, embedded once per datastore row. `self(rows [B, K]) -> [B, K, D]` float32 (0 for -1)."""
+
+    def __init__(self, encoder, datastore):
+        self.encoder, self.datastore, self.vectors = encoder, datastore, {}
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        new = sorted({int(r) for r in rows.reshape(-1) if r >= 0} - self.vectors.keys())
+        if new:
+            self.vectors.update(zip(new, self.encoder.embed([self.datastore.texts[r] for r in new])))
+        zero = np.zeros(self.encoder.dim, np.float32)
+        return np.stack([self.vectors.get(int(r), zero) for r in rows.reshape(-1)]).reshape(*rows.shape, -1)
+
+
+def make_batch(encoder, datastore, examples, rows: np.ndarray, lm_scores: np.ndarray, *, query_max_tokens: int,
+               doc_max_tokens: int, doc_vectors: FrozenDocumentVectors | None = None) -> dict:
+    """Fixed-shape arrays of the jitted step for B examples and their K retrieved rows.
+
+    Token lengths 0 mean the encoder's own (what retrieval and the index use). With `doc_vectors`
+    (query-side-only training) the documents come as vectors ("doc_embeddings" [B, K, D]), not tokens."""
+    b, k = rows.shape
+    query_ids, query_mask = encoder.padded([e.query for e in examples], query_max_tokens or encoder.max_length)
+    batch = {"query_ids": query_ids, "query_mask": query_mask,  # [B, Lq]
+             "doc_valid": rows >= 0, "lm_scores": np.where(rows >= 0, lm_scores, 0.0).astype(np.float32)}
+    if doc_vectors is not None:
+        return {**batch, "doc_embeddings": doc_vectors(rows)}
+    texts = [datastore.texts[r] if r >= 0 else "" for r in rows.reshape(-1)]
+    doc_ids, doc_mask = encoder.padded(texts, doc_max_tokens or encoder.max_length)  # [B*K, Ld]
+    return {**batch, "doc_ids": doc_ids.reshape(b, k, -1), "doc_mask_tokens": doc_mask.reshape(b, k, -1)}
+
+
+def supervise(cache: LMScoreCache, datastore, examples, rows: np.ndarray, *, lm_score: str = "sum",
+              doc_template: str = DOC_TEMPLATE) -> np.ndarray:
+    """ℓ(x, d, y) for every example and retrieved row: [B, K] (0 where no document).
+
+    lm_score "sum": Σ_t log p(y_t | d ∘ x, y_<t); "mean": divided by the continuation's token count."""
+    if lm_score not in LM_SCORES:
+        raise ValueError(f"lm_score must be one of {LM_SCORES}, got {lm_score!r}")
+    contexts, continuations, where = document_passes(datastore, rows, [e.query for e in examples],
+                                                     [e.continuation for e in examples], doc_template)
+    sums, counts = cache.score(contexts, continuations)
+    scores = np.zeros(rows.shape, np.float32)
+    for (i, j), total, n in zip(where, sums, counts):
+        scores[i, j] = total / n if lm_score == "mean" else total
+    return scores
