@@ -19,7 +19,7 @@ ROOT = os.path.join("runs", "lsr_grid")
 # every cell: the related split (the datastore holds the opening half of each held-out article), 75 held-out
 # windows, k = 4, encoder lengths as retrieval's, 128-token training queries; cells differ in what follows
 COMMON = dict(wiki_split="related", eval_fraction=0.1, max_eval_docs=12, max_windows_per_doc=8, k_sweep="(4,)", query_max_tokens=0,
-              doc_max_tokens=0, train_query_tokens=128, batch_size=8, gamma=0.1, learning_rate=1e-4,
+              doc_max_tokens=0, train_query_tokens=128, batch_size=8, gamma=0.1, learning_rate=1e-4, direction="pr_q",
               lm_cache=f"{ROOT}/lm_cache.sqlite")
 T10 = dict(cache_dir=f"{ROOT}/shared_t10", train_fraction=0.1, train_continuation_tokens=64)  # 10 articles
 T30 = dict(cache_dir=f"{ROOT}/shared_t30", train_fraction=0.3, train_continuation_tokens=32)  # 30 (~600)

@@ -20,6 +20,7 @@ def get_config():
     c.k = 20
     c.eval_k = 10
     c.gamma = c.beta = 0.1
+    c.lm_score, c.direction = "sum", "pr_q"  # the paper's: ℓ summed over y, KL(P_R ‖ Q)
     c.learning_rate = 2e-5
     c.warmup_fraction = 0.1
     c.batch_size = 64
