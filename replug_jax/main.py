@@ -10,7 +10,7 @@ from __future__ import annotations
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from replug_jax import console
+from replug_jax import console, distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory for datastore, embeddings, index and results")
@@ -21,11 +21,15 @@ def main(argv):
     del argv
     config = _CONFIG.value
     lead = True
-    if config.get("multihost"):  # TPU VMs: one process per host; only process 0 prints phases and writes results
+    # several processes (TPU VM hosts with multihost=True, or replug_jax.launch): only process 0 prints and writes
+    if distributed.initialize(config.get("multihost", False)):
         import jax
 
-        jax.distributed.initialize()
         lead = jax.process_index() == 0
+        if jax.process_count() > 1:
+            raise NotImplementedError(
+                f"{jax.process_count()} processes joined, but the jobs do not split their work over processes yet: "
+                "every process would embed, retrieve and ask the LM for everything (issue 9). Run one process.")
     verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else -1
     log_path = console.setup(_WORKDIR.value, verbosity, enabled=lead)
     console.phase(f"{config.job} job, workdir {_WORKDIR.value} (library log: {log_path}; --verbosity=0 shows it here)")

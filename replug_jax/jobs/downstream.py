@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -117,7 +118,8 @@ def run_downstream(config, workdir: str) -> dict:
     results.update({"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                     "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
                     "lm": config.lm, "k": config.k, "shots": config.shots, "temperature": config.temperature,
-                    "methods": list(config.methods), "seconds": time.time() - started})
+                    "methods": list(config.methods), "seconds": time.time() - started,
+                    "processes": jax.process_count()})
     if hasattr(lm, "stats"):
         results["lm_requests"] = lm.stats()
     print(downstream_report.write(results, predictions, workdir))

@@ -212,7 +212,7 @@ def evaluate_and_report(config, workdir: str, setup: Setup, retrievers: dict, ex
     results.update({"encoder": config.encoder, "lm": config.lm, "datastore_chunks": len(setup.store),
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
-                    "metric": config.metric, "seconds": time.time() - setup.started,
+                    "metric": config.metric, "seconds": time.time() - setup.started, "processes": jax.process_count(),
                     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **(extra or {})})
     if hasattr(setup.lm, "stats"):
         results["lm_requests"] = setup.lm.stats()

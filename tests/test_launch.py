@@ -1,0 +1,63 @@
+"""The multi-process launcher (`python -m replug_jax.launch`): real JAX processes on 127.0.0.1, CPU
+collectives through gloo, output forwarded with a process prefix, failures propagated."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from replug_jax import launch
+from replug_jax.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHILD = os.path.join(ROOT, "tests", "multiprocess_child.py")
+
+
+def launch_children(processes, devices, *child_args, timeout=240):
+    command = [sys.executable, "-m", "replug_jax.launch", "--processes", str(processes), "--devices", str(devices),
+               "--", sys.executable, CHILD, *child_args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("processes,devices", [(2, 2), (4, 1)])
+def test_processes_join_and_reduce_across_each_other(processes, devices):
+    done = launch_children(processes, devices)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    reports = re.findall(r"^\[process (\d)\] id=(\d) processes=(\d) devices=(\d+) local=(\d+) sum=(\S+)$",
+                         done.stdout, re.M)
+    assert sorted(int(r[0]) for r in reports) == list(range(processes))
+    expected_sum = devices * sum(i + 1 for i in range(processes))  # every device of every process contributed
+    for prefix, index, count, total_devices, local, total in reports:
+        assert prefix == index and int(count) == processes and int(local) == devices
+        assert int(total_devices) == processes * devices and float(total) == expected_sum
+
+
+def test_a_failing_process_fails_the_launch_and_stops_the_others():
+    done = launch_children(2, 1, "1")
+    assert done.returncode == 3, done.stdout[-3000:]
+    assert "[process 1] process 1 fails on purpose" in done.stdout
+    assert "[launch] process 1 failed with exit code 3" in done.stdout
+    assert "sum=" not in done.stdout  # process 0 was stopped while it waited for process 1
+
+
+def test_child_environment_and_bad_usage():
+    env = launch.child_env(1, 4, 5555, 3, base={"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=8"})
+    assert env[ENV_COORDINATOR] == "127.0.0.1:5555" and env[ENV_NUM_PROCESSES] == "4" and env[ENV_PROCESS_ID] == "1"
+    assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=3"
+    with pytest.raises(ValueError, match="at least 1"):
+        launch.run(["true"], 0)
+    with pytest.raises(ValueError, match="no command"):
+        launch.run([], 2)
+    with pytest.raises(SystemExit, match="usage"):
+        launch.main(["--processes", "2", "python"])
+
+
+def test_jobs_under_several_processes_refuse_clearly(tmp_path):
+    """main joins the processes, then refuses: no job splits its work over processes yet."""
+    command = [sys.executable, "-m", "replug_jax.launch", "--processes", "2", "--devices", "1", "--",
+               sys.executable, "-m", "replug_jax.main", "--config", os.path.join(ROOT, "experiments", "configs", "demo.py"),
+               "--workdir", str(tmp_path / "run")]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    assert "do not split their work over processes yet" in done.stdout
