@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 import replug_jax as rj
+from replug_jax import replug
 from replug_jax.config_files import sibling_config
 from replug_jax.jobs import lm_eval as run
 from replug_jax.lm.cache import CachedLM
@@ -29,11 +30,12 @@ from replug_jax.retrieval.retriever import excluded_rows
 
 
 def mixture_perplexity(logprobs: np.ndarray, lengths: list[int], pick) -> float:
-    """Perplexity of uniform mixtures: logprobs [W, N, T], pick(w) -> document indices."""
+    """Perplexity of REPLUG mixtures with equal weights: logprobs [W, N, T], pick(w) -> document indices."""
     total, tokens = 0.0, 0
     for w, n in enumerate(lengths):
-        chosen = logprobs[w, pick(w), :n]  # [k, T]
-        total += float(np.sum(np.logaddexp.reduce(chosen, axis=0) - np.log(len(chosen))))
+        chosen = logprobs[w, pick(w), :n][None].astype(np.float32)  # [1, k, T]
+        equal = np.zeros(chosen.shape[:2], np.float32)  # equal scores: λ = 1/k
+        total += float(np.sum(replug.ensemble_token_logprobs(chosen, equal, equal == 0, 1.0)))
         tokens += n
     return float(np.exp(-total / tokens))
 

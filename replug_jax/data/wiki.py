@@ -19,6 +19,7 @@ import bz2
 import hashlib
 import html
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -242,7 +243,7 @@ def _cut_at_paragraph(text: str, fraction: float) -> tuple[str, str]:
     """(opening, rest) of `text` cut at the paragraph boundary nearest `fraction` of its characters;
     the rest keeps at least one paragraph."""
     paragraphs = text.split("\n\n")
-    ends = [sum(len(p) + 2 for p in paragraphs[: i + 1]) for i in range(len(paragraphs) - 1)]  # boundary offsets
+    ends = list(itertools.accumulate(len(p) + 2 for p in paragraphs[:-1]))  # offsets of the boundaries
     if not ends:
         return "", text
     cut = min(range(len(ends)), key=lambda i: abs(ends[i] - fraction * len(text)))

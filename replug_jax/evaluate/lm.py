@@ -70,6 +70,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     base = lm.score([w.prefix for w in windows], [w.continuation for w in windows], progress=progress)
     queried = [i for i, w in enumerate(windows) if w.query]
     queries = [windows[i].query for i in queried]
+    lengths = [len(base[i]) for i in queried]  # continuation tokens of each queried window
     exclude = [[windows[i].doc_id] for i in queried]
 
     totals: dict[str, Totals] = {"none": Totals()}
@@ -81,16 +82,16 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         scores, rows = retriever.retrieve(queries, depth, exclude_sources=exclude)
         doc_lps = _score_with_docs(lm, [windows[i] for i in queried], datastore, rows, doc_template, progress)
         tau = temperatures.get(name, temperature)
+
+        def mixture_totals(kk: int, t: float) -> Totals:  # the first kk documents mixed with λ = softmax(s / t)
+            mixed = ensemble(doc_lps, lengths, scores, rows, kk, t) if queried else {}
+            return _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
+
         for kk in sorted({k, *(k_sweep if name in sweep_retrievers else ())}):
-            mixed = ensemble(doc_lps, [len(base[i]) for i in queried], scores, rows, kk, tau) if queried else {}
-            mixed = {queried[w]: lps for w, lps in mixed.items()}
-            t = _totals(windows, base, mixed)
-            sweep.setdefault(name, {})[kk] = t
-            if kk == k:
-                totals[name] = t
+            sweep.setdefault(name, {})[kk] = mixture_totals(kk, tau)
+        totals[name] = sweep[name][k]
         for t2 in temperature_sweep if name in sweep_retrievers else ():
-            mixed = ensemble(doc_lps, [len(base[i]) for i in queried], scores, rows, k, t2) if queried else {}
-            tau_sweep.setdefault(name, {})[t2] = _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
+            tau_sweep.setdefault(name, {})[t2] = mixture_totals(k, t2)
         if name == concat_retriever:
             say(f"scoring concat: the top-{k} {name} documents in one prompt")
             totals["concat"] = _totals(windows, base, _score_concat(lm, [windows[i] for i in queried], queried, datastore,

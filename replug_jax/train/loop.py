@@ -110,7 +110,6 @@ class Prepared:
     """A step's input: its retrieved rows [B, K] (scores [B, K]: None when the rows came from a checkpoint), the
     step's arrays, and the seconds spent asking the LM and preparing in all."""
 
-    step: int
     rows: np.ndarray
     scores: np.ndarray | None
     batch: dict
@@ -165,8 +164,8 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
     say(f"LSR training: steps {start + 1}-{s.steps}, batch {s.batch_size}, k {s.k}, {refreshing} "
         f"(index v{refresher.version}{', pipelined' if s.pipeline else ''})")
 
-    def prepare(step: int, position: int, params, rows=None) -> Prepared:
-        """Step `step`'s batch: its examples (from `position`), their top-k under `params` (or the given rows),
+    def prepare(position: int, params, rows=None) -> Prepared:
+        """A step's batch: its examples (from `position`), their top-k under `params` (or the given rows),
         LM scores, and the step's arrays. Runs on the prefetch thread when pipelined."""
         started = time.perf_counter()
         batch_examples = [examples[(position + i) % len(examples)] for i in range(s.batch_size)]
@@ -180,7 +179,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
         lm_seconds = time.perf_counter() - lm_started
         batch = make_batch(encoder, datastore, batch_examples, rows, lm_scores, query_max_tokens=s.query_max_tokens,
                            doc_max_tokens=s.doc_max_tokens, doc_vectors=doc_vectors)
-        return Prepared(step, np.asarray(rows), scores, batch, lm_seconds, time.perf_counter() - started)
+        return Prepared(np.asarray(rows), scores, batch, lm_seconds, time.perf_counter() - started)
 
     prefetch = ThreadPoolExecutor(1, thread_name_prefix="lsr-prefetch") if s.pipeline else None
     upcoming = None  # pipelined: the next step's batch (a Future), prepared while this step runs
@@ -188,12 +187,12 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
         for step in tqdm(range(start + 1, s.steps + 1), initial=start, total=s.steps, disable=not (progress and lead),
                          desc="LSR", unit="step"):
             started = time.perf_counter()
-            # the index serving this step: pipelined, it was swapped in before this step's batch was prefetched
-            swap = refresher.maybe_swap(step) if upcoming is None else next_swap
             if upcoming is None:  # serial, or the first pipelined step (rows saved by the checkpoint on resume)
-                prepared = prepare(step, data_position, state["params"], rows=resume_rows)
+                swap = refresher.maybe_swap(step)
+                prepared = prepare(data_position, state["params"], rows=resume_rows)
                 resume_rows, waited = None, prepared.seconds
-            else:
+            else:  # pipelined: this step's index was swapped in before its batch was prefetched
+                swap = next_swap
                 waited_from = time.perf_counter()
                 prepared = upcoming.result()
                 waited = time.perf_counter() - waited_from
@@ -208,7 +207,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
             upcoming = None
             if s.pipeline and step < s.steps:  # step + 1 retrieves with the parameters before this step
                 next_swap = refresher.maybe_swap(step + 1)
-                upcoming = prefetch.submit(prepare, step + 1, data_position, previous_params)
+                upcoming = prefetch.submit(prepare, data_position, previous_params)
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             retrieved = prepared.scores[prepared.rows >= 0] if prepared.scores is not None else np.zeros(0)
             metrics.update(index_version=version, step_seconds=time.perf_counter() - started,
