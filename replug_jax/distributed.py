@@ -43,3 +43,73 @@ def initialize(multihost: bool = False) -> bool:
         jax.distributed.initialize()
         return True
     return False
+
+
+# --- helpers every job uses; with one process they cost nothing and need no collective ---------------------------
+
+
+def process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def process_count() -> int:
+    import jax
+
+    return jax.process_count()
+
+
+def is_lead() -> bool:
+    """Process 0: the one that prints, writes shared files and builds shared indexes."""
+    return process_index() == 0
+
+
+def share(total: int, index: int | None = None, count: int | None = None) -> range:
+    """The contiguous rows [start, stop) of `total` that process `index` of `count` owns (sizes differ by <= 1)."""
+    index = process_index() if index is None else index
+    count = process_count() if count is None else count
+    if not 0 <= index < count:
+        raise ValueError(f"process index {index} is not in [0, {count})")
+    start = total * index // count
+    return range(start, total * (index + 1) // count)
+
+
+def barrier(name: str) -> None:
+    """Wait until every process reaches the barrier `name` (a no-op with one process)."""
+    if process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def allgather_json(value) -> list:
+    """[value of process 0, value of process 1, ...] for any JSON value (exact: sent as bytes)."""
+    import json
+
+    if process_count() == 1:
+        return [json.loads(json.dumps(value))]
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
+    padded = np.zeros(max(int(sizes.max()), 1), np.uint8)
+    padded[: data.size] = data
+    gathered = np.asarray(multihost_utils.process_allgather(padded))  # [processes, longest]
+    return [json.loads(bytes(row[:size])) for row, size in zip(gathered, sizes.tolist())]
+
+
+def lead_value(value):
+    """Process 0's `value`, on every process: one decision for all (e.g. whether a saved index is reusable)."""
+    return allgather_json(value)[0]
+
+
+def lead_first(fn):
+    """fn() on process 0 first, then on the others (which then find what process 0 wrote); its result."""
+    if is_lead():
+        out = fn()
+        barrier(f"lead first: {getattr(fn, '__name__', 'fn')}")
+        return out
+    barrier(f"lead first: {getattr(fn, '__name__', 'fn')}")
+    return fn()

@@ -1,8 +1,12 @@
 """Device mesh, shardings and fixed-shape batching shared by every jitted batch function.
 
 All batch work (corpus embedding, LM scoring, the ensemble) uses one 1-D mesh with the
-axis "data": the batch is split over all devices, parameters are replicated. Shapes are
+axis "data": the batch is split over the devices, parameters are replicated. Shapes are
 padded to buckets so a function compiles once per bucket, not once per call.
+
+With several processes (`replug_jax.distributed`) each process embeds and scores its own share
+on its own devices (`data_mesh()`: the local ones, no collective); the LSR train step and the
+on-device search use `global_mesh()`, every device of every process.
 """
 from __future__ import annotations
 
@@ -16,9 +20,14 @@ DATA_AXIS = "data"
 
 
 def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D mesh over `devices` (default: all) with axis 'data'."""
-    devices = list(devices) if devices is not None else jax.devices()
+    """A 1-D mesh over `devices` (default: this process's own) with axis 'data'."""
+    devices = list(devices) if devices is not None else jax.local_devices()
     return Mesh(np.array(devices), (DATA_AXIS,))
+
+
+def global_mesh() -> Mesh:
+    """A 1-D mesh over every device of every process (one process: the same as `data_mesh()`)."""
+    return data_mesh(jax.devices())
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

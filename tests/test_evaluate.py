@@ -178,7 +178,7 @@ def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeyp
     assert "| replug |" in open(os.path.join(workdir, "results.md")).read()
     assert os.path.getsize(os.path.join(workdir, "perplexity_vs_k.png")) > 1000
     # a second run with the same workdir reuses datastore, embeddings and index
-    monkeypatch.setattr(build, "embed_corpus", lambda *a, **k: pytest.fail("re-embedded a valid corpus"))
+    monkeypatch.setattr(build, "embed_corpus_split", lambda *a, **k: pytest.fail("re-embedded a valid corpus"))
     again = run.run_lm_eval(config, workdir)
     assert again["perplexity"] == pytest.approx(results["perplexity"])
     # runs sharing cache_dir (datastore and index) and lm_cache: the second one neither embeds nor scores anything
@@ -188,7 +188,7 @@ def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeyp
     asked = first["lm_requests"]["cache_misses"] + first["lm_requests"]["cache_hits"]
     assert first["lm_requests"]["cache_misses"] > 0
     assert os.path.isdir(tmp_path / "shared" / "index_dense") and not os.path.exists(tmp_path / "a" / "index_dense")
-    monkeypatch.setattr(build, "embed_corpus", lambda *a, **k: pytest.fail("re-embedded a shared corpus"))
+    monkeypatch.setattr(build, "embed_corpus_split", lambda *a, **k: pytest.fail("re-embedded a shared corpus"))
     second = run.run_lm_eval(config_dict.ConfigDict({**config.to_dict(), **shared}), str(tmp_path / "b"))
     assert second["lm_requests"]["cache_misses"] == 0 and second["lm_requests"]["cache_hits"] == asked
     assert second["perplexity"] == first["perplexity"]  # from the cache, exactly

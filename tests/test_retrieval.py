@@ -304,4 +304,9 @@ def test_random_retriever_honours_exclusion():
     scores, rows = retriever.retrieve(["a", "b"], 4, exclude_sources=[[f"s{i}" for i in range(6)], None])
     assert (scores == 0).all() and sorted(rows[0].tolist()) == [6, 7, 8, 9]
     assert len(set(rows[1].tolist())) == 4
-    assert not np.array_equal(retriever.retrieve(["a"] * 20, 4)[1], RandomRetriever(ds, 1).retrieve(["a"] * 20, 4)[1])
+    queries = [f"query {i}" for i in range(20)]
+    _, together = retriever.retrieve(queries, 4)
+    alone = np.concatenate([retriever.retrieve([q], 4)[1] for q in queries[::-1]])[::-1]
+    assert np.array_equal(together, alone)  # a query's draw depends on its text, not its batch or position
+    assert len({tuple(r) for r in together.tolist()}) > 10
+    assert not np.array_equal(together, RandomRetriever(ds, 1).retrieve(queries, 4)[1])

@@ -7,6 +7,10 @@ Methods, all scored on the same continuations through the black-box `lm.score`:
   concat   the top-k dense documents concatenated into one prompt (as far as they fit).
 A k sweep reuses the passes of the largest k: the top-k' documents of a top-k search are
 its first k' rows. Windows without a retrieval query (a document's first) use `none`.
+
+With several processes each scores its contiguous share of the windows (retrieval and LM calls
+for those only) and the summed log-probabilities, tokens and bytes are gathered: the results equal
+the one-process run's (up to the order of float64 sums).
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import console, replug
+from replug_jax import console, distributed, replug
 from replug_jax.evaluate.windows import Window
 from replug_jax.passages import DOC_TEMPLATE, document_passes, format_docs
 
@@ -33,6 +37,9 @@ class Totals:
         self.logprob += float(np.sum(lps, dtype=np.float64))
         self.tokens += int(lps.shape[0])
         self.num_bytes += num_bytes
+
+    def as_list(self) -> list:
+        return [self.logprob, self.tokens, self.num_bytes]
 
     def metrics(self) -> dict:
         return {"perplexity": math.exp(-self.logprob / self.tokens),
@@ -66,6 +73,8 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     """
     temperatures = temperatures or {}
     say = console.phases(progress)
+    mine = distributed.share(len(windows))  # this process's windows (all of them with one process)
+    all_windows, windows = windows, windows[mine.start : mine.stop]
     say(f"scoring none: {len(windows)} windows without retrieval")
     base = lm.score([w.prefix for w in windows], [w.continuation for w in windows], progress=progress)
     queried = [i for i, w in enumerate(windows) if w.query]
@@ -98,14 +107,15 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
                                                                       rows[:, :k], doc_template, progress))
     for w, lps in zip(windows, base):
         totals["none"].add(lps, w.num_bytes)
+    totals, sweep, tau_sweep = _sum_over_processes((totals, sweep, tau_sweep))
 
     results = {
         "perplexity": {m: t.metrics()["perplexity"] for m, t in totals.items()},
         "bits_per_byte": {m: t.metrics()["bits_per_byte"] for m, t in totals.items()},
         "tokens": totals["none"].tokens,
         "bytes": totals["none"].num_bytes,
-        "windows": len(windows),
-        "windows_with_retrieval": len(queried),
+        "windows": len(all_windows),
+        "windows_with_retrieval": sum(bool(w.query) for w in all_windows),
         "k": k,
         "temperature": {name: temperatures.get(name, temperature) for name in retrievers},
         "k_sweep": {name: {str(kk): t.metrics() for kk, t in by_k.items()} for name, by_k in sweep.items()
@@ -115,6 +125,24 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         results["temperature_sweep"] = {name: {str(t): x.metrics() for t, x in by_t.items()}
                                         for name, by_t in tau_sweep.items()}
     return results
+
+
+def _sum_over_processes(tree):
+    """The same nested dicts of Totals with every process's sums added (one process: unchanged)."""
+    if distributed.process_count() == 1:
+        return tree
+    flat = lambda t: t.as_list() if isinstance(t, Totals) else (  # noqa: E731
+        [flat(x) for x in t] if isinstance(t, tuple) else {str(key): flat(x) for key, x in t.items()})
+    parts = distributed.allgather_json(flat(tree))
+
+    def add(template, *values):
+        if isinstance(template, Totals):
+            return Totals(sum(v[0] for v in values), sum(v[1] for v in values), sum(v[2] for v in values))
+        if isinstance(template, tuple):
+            return tuple(add(t, *(v[i] for v in values)) for i, t in enumerate(template))
+        return {key: add(t, *(v[str(key)] for v in values)) for key, t in template.items()}
+
+    return add(tree, *parts)
 
 
 def _score_with_docs(lm, windows, datastore, rows, template, progress) -> list[list[np.ndarray]]:

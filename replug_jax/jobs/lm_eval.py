@@ -15,10 +15,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 
 import replug_jax as rj
-from replug_jax import console
+from replug_jax import console, distributed
 from replug_jax.data import wiki
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
@@ -27,6 +28,7 @@ from replug_jax.lm.cache import CachedLM
 from replug_jax.retrieval import datastore as ds
 from replug_jax.retrieval.bm25 import BM25Index
 from replug_jax.retrieval import build
+from replug_jax.retrieval.device_index import DeviceIndex
 from replug_jax.retrieval.index import DenseIndex
 from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever
 
@@ -109,13 +111,30 @@ def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) 
     return store
 
 
+INDEX_BACKENDS = ("faiss", "device")
+
+
 def build_dense_index(encoder, store: ds.Datastore, workdir: str, *, metric: str, factory: str,
-                      embedding_dtype: str, name: str = "dense") -> DenseIndex:
-    """WORKDIR/index_{name}: reused while its fingerprints match, else embedded (resumable) and built."""
+                      embedding_dtype: str, name: str = "dense", backend: str = "faiss",
+                      device_dtype: str = "float32") -> DenseIndex | DeviceIndex:
+    """WORKDIR/index_{name}: reused while its fingerprints match, else embedded (resumable) and built.
+
+    backend "device": searched on the devices instead (`DeviceIndex` over WORKDIR/embeddings_{name}.npy,
+    `device_dtype`), checked against the same metadata."""
+    if backend not in INDEX_BACKENDS:
+        raise ValueError(f"index_backend must be one of {INDEX_BACKENDS}, got {backend!r}")
+    embeddings_path = os.path.join(workdir, f"embeddings_{name}.npy")
     index, reused = build.build_dense_index(encoder, store, os.path.join(workdir, f"index_{name}"), metric=metric,
                                             factory=factory, embedding_dtype=embedding_dtype,
-                                            embeddings_path=os.path.join(workdir, f"embeddings_{name}.npy"))
+                                            embeddings_path=embeddings_path)
     console.phase(f"index {name}: {index.count:,} vectors, {metric}, {factory} ({'reused' if reused else 'embedded and built'})")
+    if backend == "device":
+        if not os.path.isfile(embeddings_path):
+            raise FileNotFoundError(f"{embeddings_path}: the embeddings the device index needs are gone (delete "
+                                    f"{os.path.join(workdir, f'index_{name}')} to re-embed)")
+        index = DeviceIndex.from_embeddings(np.load(embeddings_path, mmap_mode="r"), metric=metric,
+                                            dtype=device_dtype, meta=index.meta)
+        console.phase(f"index {name} on {index.mesh.devices.size} devices ({device_dtype}), exact search")
     return index
 
 
@@ -177,7 +196,7 @@ def prepare(config, workdir: str) -> Setup:
     os.makedirs(workdir, exist_ok=True)
     shared = config.get("cache_dir") or workdir  # data split, datastore, embeddings and index: shareable by runs
     dtype = jnp.dtype(config.dtype)
-    paths = data_paths(config, shared)
+    paths = distributed.lead_first(lambda: data_paths(config, shared))  # one writer of the data split
     console.phase(f"data: corpus {paths['datastore']}, held-out {paths['eval']}")
     encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
                               normalize=config.metric == "cosine", dtype=dtype)
@@ -188,10 +207,11 @@ def prepare(config, workdir: str) -> Setup:
         lm = CachedLM(lm, config.lm_cache)
         kind += f", scores cached in {config.lm_cache}"
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({kind})")
-    store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared)
+    store = distributed.lead_first(lambda: build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared))
     console.phase(f"datastore: {len(store):,} passages of up to {config.doc_tokens} LM tokens")
     index = build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
-                              embedding_dtype=config.embedding_dtype)
+                              embedding_dtype=config.embedding_dtype, backend=config.get("index_backend", "faiss"),
+                              device_dtype=config.get("device_index_dtype", "float32"))
     return Setup(paths, encoder, lm, tokenizer, store, index, started)
 
 
@@ -214,9 +234,10 @@ def evaluate_and_report(config, workdir: str, setup: Setup, retrievers: dict, ex
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
                     "metric": config.metric, "seconds": time.time() - setup.started, "processes": jax.process_count(),
                     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **(extra or {})})
-    if hasattr(setup.lm, "stats"):
-        results["lm_requests"] = setup.lm.stats()
-    if jax.process_index() == 0:  # multi-host: one writer
+    if hasattr(setup.lm, "stats"):  # several processes: one entry per process, each for its own share
+        stats = distributed.allgather_json(setup.lm.stats())
+        results["lm_requests"] = stats[0] if len(stats) == 1 else stats
+    if distributed.is_lead():  # several processes: one writer
         print(report.write_results(results, workdir))
         print(f"results in {os.path.join(workdir, 'results.json')}")
     return results

@@ -8,13 +8,17 @@ refresher (each index version), so both embed the same way, at the same dtype, a
 same metadata: the encoder's fingerprint, the datastore's, the metric and factory, plus any
 caller fields (`extra_meta`, e.g. the refresher's version). Embeddings stream to a resumable
 .npy memmap (`embed_corpus`); the index is saved atomically.
+
+With several processes every one embeds its share of the rows (`embed_corpus_split`), process 0
+builds and saves the index, and the others load it; process 0 decides whether the saved one is reused.
 """
 from __future__ import annotations
 
 import os
 
+from replug_jax import distributed
 from replug_jax.retrieval.datastore import Datastore
-from replug_jax.retrieval.embeddings import embed_corpus, sidecar_path
+from replug_jax.retrieval.embeddings import embed_corpus_split, sidecar_path
 from replug_jax.retrieval.index import DenseIndex, IndexRefused
 from replug_jax.retrieval.retriever import index_meta
 
@@ -29,17 +33,24 @@ def build_dense_index(encoder, datastore: Datastore, folder: str, *, metric: str
     parameters). `extra_meta` must match for reuse; `note` is only recorded. Embeddings go to
     `embeddings_path` (default `<folder>.embeddings.npy`), removed after the build with `delete_embeddings`."""
     meta = {**index_meta(encoder, datastore), **(extra_meta or {})}
+    expected = {**meta, "metric": metric, "factory": factory}
     try:
-        return DenseIndex.load(folder, expected={**meta, "metric": metric, "factory": factory}), True
+        saved = DenseIndex.load(folder, expected=expected)
     except (FileNotFoundError, IndexRefused, OSError, ValueError):
-        pass  # missing, built by another encoder or over another datastore, or unreadable: build it
+        saved = None  # missing, built by another encoder or over another datastore, or unreadable: build it
+    if distributed.lead_value(saved is not None):
+        return saved or DenseIndex.load(folder, expected=expected), True
     path = embeddings_path or folder.rstrip("/") + ".embeddings.npy"
-    embeddings = embed_corpus(encoder, datastore.texts, path, dtype=embedding_dtype, block_size=block_size,
-                              progress=progress)
-    index = DenseIndex.build(embeddings, metric=metric, factory=factory, meta={**(note or {}), **meta})
-    index.save(folder)
+    embeddings = embed_corpus_split(encoder, datastore.texts, path, dtype=embedding_dtype, block_size=block_size,
+                                    progress=progress)
+    if distributed.is_lead():
+        index = DenseIndex.build(embeddings, metric=metric, factory=factory, meta={**(note or {}), **meta})
+        index.save(folder)
     del embeddings
-    if delete_embeddings:
+    distributed.barrier(f"index saved at {folder}")
+    if not distributed.is_lead():
+        index = DenseIndex.load(folder, expected=expected)
+    if delete_embeddings and distributed.is_lead():
         for f in (path, sidecar_path(path)):
             if os.path.exists(f):
                 os.remove(f)

@@ -7,6 +7,10 @@ memmap. A JSON sidecar (`<path>.json`) records the rows done, the encoder finger
 a hash of the texts, the dtype, N and D; it is rewritten (atomically) only after a block
 is flushed to disk, so an interrupted run resumes from the last completed block and a
 finished run with the same encoder and texts is returned without recomputation.
+
+With several processes, `embed_corpus_split` has each one embed its contiguous share into a shard
+file of its own (`<path>.part-<i>-of-<n>.npy`, resumable per shard); process 0 then copies the shards
+into `path`. The work folder must be one file system for all processes (a TPU VM pod: a shared disk).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from replug_jax import distributed
 from replug_jax.retrieval.datastore import atomic_open, hash_strings
 
 DTYPES = ("float32", "float16")
@@ -61,6 +66,52 @@ def embed_corpus(encoder, texts: Sequence[str], path: str, dtype: str = "float32
             bar.update(stop - start)
     del out
     return np.load(path, mmap_mode="r")
+
+
+def shard_path(path: str, index: int, count: int) -> str:
+    return f"{path[:-4] if path.endswith('.npy') else path}.part-{index}-of-{count}.npy"
+
+
+def embed_corpus_split(encoder, texts: Sequence[str], path: str, dtype: str = "float32", block_size: int = 4096,
+                       progress: bool = True) -> np.memmap:
+    """`embed_corpus`, the rows split over the job's processes (each embeds only its share); every process
+    gets the whole [N, D] file. With one process it is `embed_corpus`."""
+    count = distributed.process_count()
+    if count == 1:
+        return embed_corpus(encoder, texts, path, dtype=dtype, block_size=block_size, progress=progress)
+    n, d = len(texts), int(encoder.dim)
+    if n == 0:
+        raise ValueError("empty corpus: no texts to embed")
+    want = {"encoder": encoder.fingerprint(), "texts": hash_strings(texts), "dtype": dtype, "count": n, "dim": d}
+    if distributed.lead_value(_rows_done(path, want)) != n:
+        index = distributed.process_index()
+        rows = distributed.share(n, index, count)
+        embed_corpus(encoder, texts[rows.start : rows.stop], shard_path(path, index, count), dtype=dtype,
+                     block_size=block_size, progress=progress)
+        distributed.barrier(f"embedded {path}")
+        if distributed.is_lead():
+            _merge_shards(path, want, count, block_size)
+        distributed.barrier(f"merged {path}")
+    return np.load(path, mmap_mode="r")
+
+
+def _merge_shards(path: str, want: dict, count: int, block_size: int) -> None:
+    """Copy the `count` shard files into `path` ([N, D], rows in order), then remove the shards."""
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=want["dtype"], shape=(want["count"], want["dim"]))
+    _write_sidecar(path, want, 0)
+    for index in range(count):
+        rows = distributed.share(want["count"], index, count)
+        part = np.load(shard_path(path, index, count), mmap_mode="r")
+        if part.shape != (len(rows), want["dim"]):
+            raise ValueError(f"shard {index} of {path} holds {part.shape}, expected {(len(rows), want['dim'])}")
+        for start in range(0, len(rows), block_size):
+            out[rows.start + start : rows.start + min(start + block_size, len(rows))] = part[start : start + block_size]
+    out.flush()
+    _write_sidecar(path, want, want["count"])
+    del out
+    for index in range(count):
+        for f in (shard_path(path, index, count), sidecar_path(shard_path(path, index, count))):
+            os.remove(f)
 
 
 def _rows_done(path: str, want: dict) -> int:

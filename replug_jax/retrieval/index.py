@@ -54,7 +54,7 @@ def search_excluding(search_fn: SearchFn, count: int, num_queries: int, k: int,
         scores, rows = search_fn(np.arange(num_queries), k)
         rows = np.asarray(rows, np.int64)
         return np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows
-    is_excluded, extra = _exclusion(exclude, num_queries, k)
+    is_excluded, extra = exclusion_rule(exclude, num_queries, k)
     out_scores = np.full((num_queries, k), -np.inf, np.float32)
     out_rows = np.full((num_queries, k), -1, np.int64)
     todo, depth = np.arange(num_queries), min(count, k + extra)
@@ -74,7 +74,7 @@ def search_excluding(search_fn: SearchFn, count: int, num_queries: int, k: int,
     return out_scores, out_rows
 
 
-def _exclusion(exclude: Exclude, num_queries: int, k: int):
+def exclusion_rule(exclude: Exclude, num_queries: int, k: int):
     """(is_excluded(q, rows [m]) -> bool [m], how many rows to search past k at first)."""
     if callable(exclude):
         return exclude, k

@@ -12,6 +12,7 @@ approximate index finds too few) are score -inf and row -1.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Iterable, Protocol, Sequence
 
 import numpy as np
@@ -97,17 +98,21 @@ class BM25Retriever:
 
 
 class RandomRetriever:
-    """Uniformly random distinct rows with score 0: the random-retrieval control of the paper's Fig. 4."""
+    """Uniformly random distinct rows with score 0: the random-retrieval control of the paper's Fig. 4.
+
+    The draw of each query depends only on `seed` and the query's text, so a query gets the same rows
+    whichever batch or process asks for it (evaluation split over processes equals one process)."""
 
     def __init__(self, datastore: Datastore, seed: int = 0):
-        self.datastore, self.rng = datastore, np.random.default_rng(seed)
+        self.datastore, self.seed = datastore, seed
 
     def retrieve(self, query_texts, k, exclude_sources=None):
         queries = _as_list(query_texts)
         n = len(self.datastore)
 
         def search_fn(todo, depth):
-            rows = np.stack([self.rng.choice(n, depth, replace=False) for _ in range(len(todo))])  # [q, depth]
+            rngs = [np.random.default_rng([self.seed, zlib.crc32(queries[q].encode("utf-8"))]) for q in todo]
+            rows = np.stack([rng.choice(n, depth, replace=False) for rng in rngs]).reshape(len(todo), depth)
             return np.zeros(rows.shape, np.float32), rows
 
         return search_excluding(search_fn, n, len(queries), k, excluded_rows(self.datastore, exclude_sources, len(queries)))

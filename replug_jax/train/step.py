@@ -34,7 +34,7 @@ from jax.sharding import Mesh
 from replug_jax import lsr
 from replug_jax.models import encoder
 from replug_jax.models.encoder import BertConfig
-from replug_jax.sharding import batch_sharding, data_mesh, replicated
+from replug_jax.sharding import batch_sharding, global_mesh, replicated
 
 __all__ = ["TrainBatch", "BATCH_KEYS", "QUERY_SIDE_KEYS", "make_schedule", "make_optimizer", "current_learning_rate", "init_train_state",
            "place_state", "shard_batch", "retrieval_scores", "make_loss_fn", "make_train_step", "compiled_count"]
@@ -111,14 +111,14 @@ def place_state(state, mesh: Mesh):
 
 def init_train_state(params, optimizer: optax.GradientTransformation, mesh: Mesh | None = None) -> dict:
     """{"params", "opt_state", "step": int32 []}, replicated over
-    `mesh` (default: all devices, as `data_mesh()`). `params` (numpy or jax) are copied, so
+    `mesh` (default: every device of every process, `global_mesh()`). `params` (numpy or jax) are copied, so
     the caller's arrays survive the step's donation.
     """
     params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
     state = {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32)}
     # strong types everywhere: a weakly typed leaf would change after one step and recompile
     state = jax.tree.map(lambda x: jnp.asarray(x, jnp.result_type(x)) if getattr(x, "weak_type", False) else x, state)
-    return place_state(state, mesh if mesh is not None else data_mesh())
+    return place_state(state, mesh if mesh is not None else global_mesh())
 
 
 def shard_batch(batch: dict, mesh: Mesh) -> dict:

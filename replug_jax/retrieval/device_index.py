@@ -1,0 +1,144 @@
+"""Exact search on the accelerators: the embedding matrix split over every device of every process.
+
+    index = DeviceIndex.from_embeddings(E, metric="cosine", dtype="bfloat16", meta=faiss_index.meta)
+    scores, rows = index.search(Q, k=4, exclude=[{12, 13}, None])   # as DenseIndex.search
+
+An alternative to the host FAISS index when the matrix fits in device memory (21M x 768 in bf16 is
+32 GB: a TPU pod slice's HBM). Rows are split over the global mesh's "data" axis (padded to a multiple
+of the device count; pad rows are never returned). Each device scores every query against its rows
+and keeps its own top-depth (`lax.top_k`); a second top-depth over the devices' candidates is the
+answer. Scores are float32 (bf16 products accumulate in float32).
+
+With several processes a search is collective: every process calls it the same number of times with
+its own queries (any number, even none); the queries are gathered, and each process gets its own rows
+of the answer. Exclusions must then be per-query row lists (their longest list sets one depth for all).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from replug_jax import distributed, sharding
+from replug_jax.retrieval.index import METRICS, Exclude, exclusion_rule, search_excluding
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+def _top_depth(queries, matrix, *, depth: int, count: int, per_device: int, mesh):
+    """(scores [Q, depth] float32, rows [Q, depth] int32) of queries [Q, D] against matrix [N_pad, D]."""
+
+    def local(q, m):  # q [Q, D] (all queries), m [per_device, D] (this device's rows)
+        scores = jnp.dot(q.astype(m.dtype), m.T, preferred_element_type=jnp.float32)  # [Q, per_device]
+        first = jax.lax.axis_index(sharding.DATA_AXIS) * per_device
+        rows = first + jnp.arange(per_device, dtype=jnp.int32)
+        scores = jnp.where(rows[None, :] < count, scores, -jnp.inf)  # pad rows never win
+        best, where = jax.lax.top_k(scores, min(depth, per_device))  # [Q, d_local]
+        return best, rows[where]
+
+    spec = P(None, sharding.DATA_AXIS)
+    best, rows = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(sharding.DATA_AXIS)), out_specs=(spec, spec))(
+        queries, matrix)  # [Q, devices * d_local]
+    top, where = jax.lax.top_k(best, depth)
+    return top, jnp.take_along_axis(rows, where, axis=1)
+
+
+class DeviceIndex:
+    """Exact inner-product / cosine search over a device-resident [N, D] matrix; `meta` as DenseIndex's."""
+
+    def __init__(self, matrix: jax.Array, count: int, meta: dict, mesh):
+        self.matrix, self._count, self.meta, self.mesh = matrix, count, meta, mesh
+        self._per_device = matrix.shape[0] // mesh.devices.size
+        self._fns: dict[int, callable] = {}
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def dim(self) -> int:
+        return int(self.matrix.shape[1])
+
+    def __len__(self) -> int:
+        return self.count
+
+    @classmethod
+    def from_embeddings(cls, embeddings: np.ndarray, metric: str = "cosine", dtype: str = "float32",
+                        meta: dict | None = None, mesh=None) -> "DeviceIndex":
+        """Place embeddings [N, D] (an array or a memmap: each process reads only its devices' rows) on `mesh`
+        (default: every device of every process), rows unit-normalised for the cosine metric."""
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if embeddings.ndim != 2 or embeddings.shape[0] == 0:
+            raise ValueError(f"empty embeddings: need a non-empty [N, D] array, got shape {embeddings.shape}")
+        mesh = mesh or sharding.global_mesh()
+        n, d = embeddings.shape
+        padded = sharding.round_up(n, mesh.devices.size)
+
+        def block(index):  # this device's rows [stop - start, D], zeros past N
+            start, stop = index[0].start or 0, index[0].stop or padded
+            out = np.zeros((stop - start, d), np.float32)
+            real = np.asarray(embeddings[start:min(stop, n)], np.float32)
+            out[: len(real)] = _normalise(real) if metric == "cosine" else real
+            return out.astype(jnp.dtype(dtype))
+
+        matrix = jax.make_array_from_callback((padded, d), NamedSharding(mesh, P(sharding.DATA_AXIS, None)), block)
+        meta = {**(meta or {}), "dimension": d, "metric": metric, "count": n, "device_dtype": dtype}
+        return cls(matrix, n, meta, mesh)
+
+    def _fn(self, depth: int):
+        if depth not in self._fns:  # one compile per (depth, query bucket)
+            self._fns[depth] = jax.jit(functools.partial(
+                _top_depth, depth=depth, count=self.count, per_device=self._per_device, mesh=self.mesh),
+                out_shardings=sharding.replicated(self.mesh))
+        return self._fns[depth]
+
+    def top(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores [Q, depth] float32, rows [Q, depth] int64) of this process's queries [Q, D]; collective."""
+        asks = distributed.allgather_json([len(queries), min(depth, self.count)])  # [[queries, depth]] per process
+        sizes, depth = [n for n, _ in asks], max(d for _, d in asks)  # one depth for all processes
+        local_devices = len(self.mesh.local_devices)
+        bucket = sharding.round_up(_next_power_of_two(max(sizes)), local_devices)  # queries per process, padded
+        if max(sizes) == 0:
+            return np.zeros((0, depth), np.float32), np.zeros((0, depth), np.int64)
+        padded = np.zeros((bucket, self.dim), np.float32)
+        padded[: len(queries)] = queries
+        if self.meta["metric"] == "cosine":
+            padded = _normalise(padded)
+        global_queries = jax.make_array_from_process_local_data(sharding.batch_sharding(self.mesh), padded)
+        scores, rows = self._fn(depth)(global_queries, self.matrix)  # [processes * bucket, depth], replicated
+        first = distributed.process_index() * bucket
+        scores = np.asarray(scores.addressable_data(0))[first : first + len(queries)]
+        rows = np.asarray(rows.addressable_data(0))[first : first + len(queries)].astype(np.int64)
+        return scores, rows
+
+    def search(self, queries: np.ndarray, k: int, exclude: Exclude = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k (scores [Q, k] float32, rows [Q, k] int64), as `DenseIndex.search`; collective."""
+        queries = np.asarray(queries, np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise ValueError(f"queries must be [Q, {self.dim}] (the index dimension), got shape {queries.shape}")
+        if callable(exclude) and distributed.process_count() > 1:
+            raise ValueError("with several processes, exclude must be per-query row lists, not a callable")
+        extra = 0 if exclude is None else exclusion_rule(exclude, len(queries), k)[1]
+        scores, rows = self.top(queries, k + extra)  # deep enough for list exclusions: one collective call
+
+        def search_fn(todo, depth):
+            if depth <= rows.shape[1]:
+                return scores[todo, :depth], rows[todo, :depth]
+            return self.top(queries[todo], depth)  # one process only: a callable exclusion went deeper
+
+        return search_excluding(search_fn, self.count, len(queries), k, exclude)

@@ -1,0 +1,112 @@
+"""Jobs split over several real JAX processes (`replug_jax.launch`, gloo on CPU) give the one-process results,
+each process doing only its share: corpus embedding, retrieval and LM scoring of the evaluation."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from ml_collections import config_dict
+
+from replug_jax import distributed
+from replug_jax.jobs import lm_eval as run
+from replug_jax.retrieval.datastore import Document
+from tests import hf_tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+WORDS = "river stars bread violin snow desert mill oven song peak quiet warm tall slow old sea night kitchen".split()
+
+
+def docs(prefix, n, seed):
+    """Documents of distinct random word sequences: no two passages tie in retrieval score."""
+    rng = np.random.default_rng(seed)
+    return [Document(f"{prefix}{i}", f"Title {prefix}{i}", " ".join(rng.choice(WORDS, 40)) + ".") for i in range(n)]
+
+
+def launch(processes, devices, *command, timeout=400):
+    full = [sys.executable, "-m", "replug_jax.launch", "--processes", str(processes), "--devices", str(devices), "--",
+            sys.executable, *command]
+    done = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+def write_config(path, values: dict) -> str:
+    with open(path, "w") as f:
+        f.write("from ml_collections import config_dict\n\n\ndef get_config():\n"
+                f"    return config_dict.ConfigDict({values!r})\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory):
+    base = tmp_path_factory.mktemp("mp")
+    hf_tiny.tiny_gpt2(str(base / "lm"), positions=256)
+    hf_tiny.tiny_bert(str(base / "enc"))
+    for name, part in (("corpus", docs("c", 13, 0)), ("heldout", docs("h", 5, 1))):
+        with open(base / f"{name}.jsonl", "w") as f:
+            for d in part:
+                f.write(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n")
+    values = dict(
+        job="lm_eval", corpus=str(base / "corpus.jsonl"), eval_data=str(base / "heldout.jsonl"),
+        encoder=str(base / "enc"), lm=str(base / "lm"), k=2, k_sweep=(1, 2), temperature=1.0, temperature_sweep=(0.1,),
+        bm25_temperature=1.0, doc_tokens=24, query_tokens=16, context_tokens=16, stride_tokens=24, max_eval_docs=5,
+        max_windows_per_doc=3, methods=("replug", "random", "concat", "bm25"), metric="cosine", index_factory="Flat",
+        embedding_dtype="float32", lm_batch_size=8, lm_max_length=0, encoder_batch_size=8, seed=0, dtype="float32")
+    return base, values
+
+
+def test_share_splits_rows_contiguously():
+    assert [list(distributed.share(7, i, 3)) for i in range(3)] == [[0, 1], [2, 3], [4, 5, 6]]
+    assert [len(distributed.share(2, i, 4)) for i in range(4)] == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="not in"):
+        distributed.share(5, 2, 2)
+
+
+def test_lm_eval_over_two_processes_equals_one(tiny_job):
+    base, values = tiny_job
+    one = run.run_lm_eval(config_dict.ConfigDict({**values, "lm_cache": str(base / "one" / "lm.sqlite")}),
+                          str(base / "one"))
+    config = write_config(base / "config.py", {**values, "lm_cache": str(base / "two" / "lm.sqlite")})
+    out = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(base / "two"))
+    assert "[process 0] " in out and "[process 1] " in out
+    two = json.load(open(base / "two" / "results.json"))
+    assert two["processes"] == 2 and one["processes"] == 1
+    # the same numbers: every method, the k sweep and the τ sweep
+    for key in ("perplexity", "bits_per_byte"):
+        assert two[key].keys() == one[key].keys()
+        for method, value in one[key].items():
+            assert two[key][method] == pytest.approx(value, rel=1e-5), (key, method)
+    for name, by_k in one["k_sweep"].items():
+        for kk, metrics in by_k.items():
+            assert two["k_sweep"][name][kk]["perplexity"] == pytest.approx(metrics["perplexity"], rel=1e-5)
+    assert two["temperature_sweep"]["replug"]["0.1"]["perplexity"] == pytest.approx(
+        one["temperature_sweep"]["replug"]["0.1"]["perplexity"], rel=1e-5)
+    assert (two["tokens"], two["bytes"], two["windows"]) == (one["tokens"], one["bytes"], one["windows"])
+    # each process asked the LM only for its own windows' passes: together exactly the one-process calls
+    per_process = two["lm_requests"]
+    assert len(per_process) == 2 and all(p["cache_misses"] > 0 for p in per_process)
+    assert sum(p["cache_misses"] for p in per_process) == one["lm_requests"]["cache_misses"]
+    # the corpus was embedded half by each process, into one file equal to the one-process embedding
+    e1, e2 = np.load(base / "one" / "embeddings_dense.npy"), np.load(base / "two" / "embeddings_dense.npy")
+    assert e1.shape == e2.shape and np.abs(e1 - e2).max() <= 1e-5
+    assert not [f for f in os.listdir(base / "two") if ".part-" in f]  # the shards were merged and removed
+    # a second 2-process run reuses the index (process 0 decides) and gives the same numbers again
+    again = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(base / "two"))
+    assert "(reused)" in again
+    assert json.load(open(base / "two" / "results.json"))["perplexity"] == two["perplexity"]
+
+
+def test_device_search_over_two_processes_equals_faiss(tiny_job):
+    """The embedding matrix split over the 4 devices of 2 processes; each process searches its own queries."""
+    base, values = tiny_job
+    one = run.run_lm_eval(config_dict.ConfigDict(values), str(base / "faiss"))
+    config = write_config(base / "device.py", {**values, "index_backend": "device", "cache_dir": str(base / "faiss")})
+    out = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(base / "device"))
+    assert "on 4 devices (float32), exact search" in out
+    two = json.load(open(base / "device" / "results.json"))
+    for method, value in one["perplexity"].items():
+        assert two["perplexity"][method] == pytest.approx(value, rel=1e-5), method
