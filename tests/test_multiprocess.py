@@ -26,10 +26,11 @@ def docs(prefix, n, seed):
     return [Document(f"{prefix}{i}", f"Title {prefix}{i}", " ".join(rng.choice(WORDS, 40)) + ".") for i in range(n)]
 
 
-def launch(processes, devices, *command, timeout=400):
+def launch(processes, devices, *command, timeout=400, env=None):
     full = [sys.executable, "-m", "replug_jax.launch", "--processes", str(processes), "--devices", str(devices), "--",
             sys.executable, *command]
-    done = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return done.stdout
 
@@ -108,5 +109,29 @@ def test_device_search_over_two_processes_equals_faiss(tiny_job):
     out = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(base / "device"))
     assert "on 4 devices (float32), exact search" in out
     two = json.load(open(base / "device" / "results.json"))
+    for method, value in one["perplexity"].items():
+        assert two["perplexity"][method] == pytest.approx(value, rel=1e-5), method
+
+
+def test_tfds_corpus_read_by_random_access_and_embedded_over_two_processes(tiny_job, tmp_path, monkeypatch):
+    """An array_record TFDS dataset written here (no network, no TensorFlow) is the corpus of a 2-process run."""
+    from replug_jax.jobs.lm_eval import read_documents
+    from tests import tfds_tiny
+
+    base, values = tiny_job
+    corpus = docs("t", 13, 2)
+    tfds_tiny.prepare(corpus, str(tmp_path / "tfds"))
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+    read = read_documents(f"tfds:{tfds_tiny.NAME}:train:text:title")
+    assert sorted((d.title, d.text) for d in read) == sorted((d.title, d.text) for d in corpus)
+    assert [d.id for d in read] == [f"train/{i}" for i in range(13)]
+    assert "tensorflow" not in sys.modules  # read (and written) without TensorFlow
+    values = {**values, "corpus": f"tfds:{tfds_tiny.NAME}:train:text:title"}
+    one = run.run_lm_eval(config_dict.ConfigDict(values), str(tmp_path / "one"))
+    config = write_config(tmp_path / "tfds.py", values)
+    launch(2, 1, "-m", "replug_jax.main", "--config", config, "--workdir", str(tmp_path / "two"),
+           env={"TFDS_DATA_DIR": str(tmp_path / "tfds")})
+    two = json.load(open(tmp_path / "two" / "results.json"))
+    assert two["datastore_chunks"] == one["datastore_chunks"] > 13 and two["processes"] == 2
     for method, value in one["perplexity"].items():
         assert two["perplexity"][method] == pytest.approx(value, rel=1e-5), method

@@ -36,12 +36,15 @@ GENSIM_WIKI = "gensim_wiki"
 
 
 def read_documents(source: str) -> list[ds.Document]:
-    """Documents from a JSONL file, a .txt file, a directory of .txt files, or "tfds:NAME:SPLIT[:TEXT_KEY]"."""
+    """Documents from a JSONL file, a .txt file, a directory of .txt files, or "tfds:NAME:SPLIT[:TEXT_KEY[:TITLE_KEY]]"
+    (an array_record TFDS dataset under $TFDS_DATA_DIR, or downloaded by TFDS)."""
     if not source:
         raise ValueError("no document source given (set --config.corpus / --config.eval_data)")
-    if source.startswith("tfds:"):
-        name, split, *key = source.split(":")[1:]
-        return list(ds.read_tfds(name, split, text_key=key[0] if key else "text"))
+    if source.startswith("tfds:"):  # tfds:NAME:SPLIT[:TEXT_KEY[:TITLE_KEY]], prepared under $TFDS_DATA_DIR
+        name, split, *keys = source.split(":")[1:]
+        return list(ds.read_tfds(name, split, text_key=keys[0] if keys else "text",
+                                 title_key=keys[1] if len(keys) > 1 else None,
+                                 data_dir=os.environ.get("TFDS_DATA_DIR") or None))
     if os.path.isdir(source):
         paths = sorted(glob.glob(os.path.join(source, "*.txt")))
         if not paths:

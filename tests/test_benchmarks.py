@@ -1,0 +1,28 @@
+"""The accelerator benchmark runs end to end on CPU with tiny shapes, so it is ready when a GPU or TPU is lent."""
+import importlib.util
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_accelerator_benchmark_runs_with_tiny_shapes_in_bf16(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    rows = load_script("bench_accelerator").main(["--shapes", "tiny", "--dtype", "bfloat16", "--passes", "8",
+                                                  "--batch", "8", "--rounds", "1", "--out", str(out)])
+    seen = {(r["benchmark"], r["impl"]) for r in rows}
+    assert seen == {("ensemble_scoring", "jax"), ("ensemble_scoring", "torch_per_pass"),
+                    ("ensemble_scoring", "torch_batched8"), ("corpus_embedding", "jax"),
+                    ("corpus_embedding", "torch_per_pass"), ("corpus_embedding", "torch_batched8"),
+                    ("lsr_train_step", "jax"), ("lsr_train_step", "torch")}
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["dtype"] == "bfloat16", r
+        assert r["command"].startswith("python benchmarks/bench_accelerator.py --shapes tiny")
+    assert [json.loads(line) for line in open(out)] == rows
