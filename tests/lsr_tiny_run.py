@@ -8,6 +8,7 @@ the run in the middle. `load(models, workdir)` and `SETTINGS` are also imported 
 in-process tests (tests/test_lsr_loop.py), so both train on the same tiny problem.
 """
 import os
+import signal
 import sys
 import time
 
@@ -30,6 +31,7 @@ WORDS = ["river", "mountain", "violin", "bread", "snow", "desert", "ocean", "for
 # the settings of the kill-and-resume run (tests override some of them with dataclasses.replace)
 SETTINGS = dict(k=3, batch_size=8, learning_rate=3e-3, refresh_every=3, swap_after=1, query_max_tokens=32,
                 doc_max_tokens=56, checkpoint_every=2, keep_checkpoints=2)
+QUERY_SIDE_SETTINGS = dict(SETTINGS, train_documents=False)  # the multi-process runs (tests/test_multiprocess.py)
 
 
 def documents(prefix, n, length=60, seed=0):
@@ -46,6 +48,23 @@ class SlowLM:
 
     def score(self, contexts, continuations, progress=False):
         time.sleep(self.delay)
+        return self.lm.score(contexts, continuations)
+
+
+class CountingLM:
+    """Counts the (context, continuation) pairs it is asked for; SIGKILLs its process at LM call `kill_at` (0: never)."""
+
+    def __init__(self, lm, kill_at=0):
+        self.lm, self.name, self.kill_at, self.calls, self.pairs = lm, lm.name, kill_at, 0, 0
+
+    def fingerprint(self):
+        return self.lm.fingerprint()
+
+    def score(self, contexts, continuations, progress=False):
+        self.calls += 1
+        if self.calls == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.pairs += len(contexts)
         return self.lm.score(contexts, continuations)
 
 

@@ -54,10 +54,10 @@ def test_child_environment_and_bad_usage():
 
 
 def test_jobs_under_several_processes_refuse_clearly(tmp_path):
-    """main joins the processes, then refuses a job that does not split its work over processes yet (LSR)."""
+    """main joins the processes, then refuses a job that does not split its work over processes yet (qa)."""
     command = [sys.executable, "-m", "replug_jax.launch", "--processes", "2", "--devices", "1", "--",
-               sys.executable, "-m", "replug_jax.main", "--config", os.path.join(ROOT, "experiments", "configs", "demo_lsr.py"),
+               sys.executable, "-m", "replug_jax.main", "--config", os.path.join(ROOT, "experiments", "configs", "demo_qa.py"),
                "--workdir", str(tmp_path / "run")]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode != 0
-    assert "the lsr job does not split its work over processes yet" in done.stdout
+    assert "the qa job does not split its work over processes yet" in done.stdout

@@ -135,3 +135,70 @@ def test_tfds_corpus_read_by_random_access_and_embedded_over_two_processes(tiny_
     assert two["datastore_chunks"] == one["datastore_chunks"] > 13 and two["processes"] == 2
     for method, value in one["perplexity"].items():
         assert two["perplexity"][method] == pytest.approx(value, rel=1e-5), method
+
+
+@pytest.fixture(scope="module")
+def lsr_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lsr_models")
+    hf_tiny.tiny_bert(str(root / "enc"))
+    hf_tiny.tiny_gpt2(str(root / "lm"), positions=256)
+    return str(root)
+
+
+def losses(workdir):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl")))}
+
+
+def lsr_one_process(models, workdir, steps, pipeline):
+    """The reference: the same global batches in this (8-device) process; (losses, parameters, LM pairs asked)."""
+    import jax
+
+    from replug_jax.train.loop import LSRSettings, train_lsr
+    from tests import lsr_tiny_run
+
+    encoder, lm, store, index, examples = lsr_tiny_run.load(models, os.path.join(workdir, "setup"))
+    counting = lsr_tiny_run.CountingLM(lm)
+    settings = LSRSettings(steps=steps, pipeline=pipeline, **lsr_tiny_run.QUERY_SIDE_SETTINGS)
+    out = train_lsr(encoder, counting, store, examples, workdir, settings, initial_index=index, progress=False)
+    return losses(workdir), [np.asarray(x) for x in jax.tree_util.tree_leaves(out["params"])], counting.pairs
+
+
+def two_process_params(workdir):
+    saved = np.load(os.path.join(workdir, "final_params.npz"))
+    return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["serial", "pipelined"])
+def test_query_side_lsr_over_two_processes_equals_one(lsr_models, tmp_path, pipeline):
+    """Each process retrieves for, LM-scores and encodes its half of every global batch of 8; the losses
+    and parameters equal the one-process run's."""
+    want_losses, want_params, want_pairs = lsr_one_process(lsr_models, str(tmp_path / "one"), 6, pipeline)
+    child = os.path.join(ROOT, "tests", "lsr_multiprocess_run.py")
+    launch(2, 2, child, lsr_models, str(tmp_path / "two"), "6", "1" if pipeline else "0")
+    got = losses(tmp_path / "two")
+    assert sorted(got) == sorted(want_losses) == list(range(1, 7))
+    for step, loss in want_losses.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+    for a, b in zip(two_process_params(tmp_path / "two"), want_params):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    asked = [json.load(open(tmp_path / "two" / f"lm_pairs.{i}.json"))["pairs"] for i in range(2)]
+    assert min(asked) > 0 and sum(asked) == want_pairs  # each its own rows: together what one process asked
+
+
+def test_query_side_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path):
+    """Both processes SIGKILL themselves at their 5th LM call (step 5); the relaunch resumes from the step-4
+    checkpoint, written by both, to the uninterrupted one-process run's losses and parameters."""
+    want_losses, want_params, _ = lsr_one_process(lsr_models, str(tmp_path / "one"), 7, False)
+    child = os.path.join(ROOT, "tests", "lsr_multiprocess_run.py")
+    full = [sys.executable, "-m", "replug_jax.launch", "--processes", "2", "--devices", "2", "--",
+            sys.executable, child, lsr_models, str(tmp_path / "two"), "7", "0", "5"]
+    killed = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert killed.returncode != 0 and "failed with exit code" in killed.stdout, killed.stdout[-3000:]
+    assert not os.path.exists(tmp_path / "two" / "final_params.npz")
+    assert sorted(int(s) for s in os.listdir(tmp_path / "two" / "checkpoints") if s.isdigit())[-1] == 4
+    launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", "0")
+    got = losses(tmp_path / "two")
+    for step, loss in want_losses.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+    for a, b in zip(two_process_params(tmp_path / "two"), want_params):
+        np.testing.assert_allclose(a, b, atol=1e-5)

@@ -10,6 +10,7 @@ import os
 import jax
 from absl import logging
 
+from replug_jax import distributed
 from replug_jax.jobs import lm_eval as eval_run
 from replug_jax.models.weights import load_params, save_params
 from replug_jax.retrieval.retriever import DenseRetriever
@@ -51,6 +52,8 @@ def lsr_settings(config) -> LSRSettings:
 
 
 def run_lsr(config, workdir: str) -> dict:
+    if config.get("index_backend", "faiss") != "faiss":
+        raise ValueError("the LSR job searches (and refreshes) FAISS indexes: index_backend must be 'faiss'")
     setup = eval_run.prepare(config, workdir)
     train_docs = eval_run.read_documents(setup.paths["train"])
     check_disjoint(train_docs, setup.store)
@@ -65,8 +68,9 @@ def run_lsr(config, workdir: str) -> dict:
     trained = train_lsr(setup.encoder, setup.lm, setup.store, examples, os.path.join(workdir, "lsr"), settings,
                         initial_index=setup.index)
     encoder_lsr = setup.encoder.with_params(trained["params"], name=f"{config.encoder}+lsr")
-    save_params(trained["params"], os.path.join(workdir, TRAINED_RETRIEVER),
-                {"encoder": config.encoder, "train_documents": str(settings.train_documents).lower()})
+    if distributed.is_lead():
+        save_params(trained["params"], os.path.join(workdir, TRAINED_RETRIEVER),
+                    {"encoder": config.encoder, "train_documents": str(settings.train_documents).lower()})
     retrievers = eval_run.make_retrievers(config.methods, setup.encoder, setup.store, setup.index, config.seed)
     retrievers["replug_lsr"] = trained_retriever(setup.encoder, encoder_lsr, settings.train_documents, setup.store,
                                                  setup.index, workdir, config)

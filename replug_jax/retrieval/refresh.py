@@ -42,6 +42,7 @@ import time
 import jax
 import numpy as np
 
+from replug_jax import distributed
 from replug_jax.retrieval.build import build_dense_index
 from replug_jax.retrieval.datastore import Datastore
 from replug_jax.retrieval.index import DenseIndex, IndexRefused, read_meta
@@ -88,7 +89,8 @@ class IndexRefresher:
         self._version: int | None = None
         self._pending: dict | None = None  # version, request_step, swap_step, thread, result
         self._stop = threading.Event()
-        if workdir:
+        self._writer = distributed.is_lead()  # several processes (query-side LSR): process 0 alone writes workdir
+        if workdir and self._writer:
             os.makedirs(workdir, exist_ok=True)
             for name in os.listdir(workdir):  # leftovers of a save killed between its renames
                 if (name.startswith(".index_v") and ".tmp-" in name) or (name.startswith("index_v") and ".old-" in name):
@@ -203,7 +205,7 @@ class IndexRefresher:
             if index.meta.get(key, meta[key]) != meta[key]:
                 raise IndexRefused(f"cannot adopt an index with {key} {index.meta[key]!r}: expected {meta[key]!r}")
         index = DenseIndex(index.index, meta)  # shares the FAISS index; the caller's meta is left alone
-        if self.workdir:
+        if self.workdir and self._writer:
             index.save(self.path(version))
             self._prune(version)
         with self._lock:

@@ -17,6 +17,13 @@ so a pipelined run is deterministic: its checkpoints keep the next step's retrie
 ("next_rows"), and a killed run resumes to the same losses. Metrics: lm_seconds (asking the
 LM for this step's batch) and wait_seconds (the loop blocked on the batch: all of the
 preparation when serial, what the overlap did not hide when pipelined).
+
+Several processes: each retrieves for, LM-scores and encodes only its own contiguous share of the
+global batch (`distributed.share`); the step joins the shares into global arrays and XLA reduces the
+gradient over every device of every process; process 0 logs. All processes share the LM-score cache
+(one SQLite file: safe on a local disk, not on a network file system) and write the orbax checkpoints
+together; "next_rows" holds the whole global batch's rows. Query-side-only for now: the refresher does
+not yet re-embed the datastore split over processes.
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
-from replug_jax import console, lsr
+from replug_jax import console, distributed, lsr, sharding
 from replug_jax.passages import DOC_TEMPLATE
 from replug_jax.retrieval.refresh import IndexRefresher
 from replug_jax.retrieval.retriever import excluded_rows
@@ -127,8 +134,15 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
     s = settings
     if not examples:
         raise ValueError("LSR needs training examples")
-    mesh = mesh or encoder.mesh
-    lead = jax.process_index() == 0
+    mesh = mesh or sharding.global_mesh()
+    lead = distributed.is_lead()
+    if distributed.process_count() > 1 and s.train_documents:
+        raise NotImplementedError(
+            f"LSR over {distributed.process_count()} processes trains the query side only for now "
+            "(train_documents=False): the refresher does not re-embed the datastore split over processes yet")
+    if s.batch_size % mesh.devices.size:
+        raise ValueError(f"batch_size {s.batch_size} is not a multiple of the {mesh.devices.size} devices")
+    mine = distributed.share(s.batch_size)  # this process's rows of every global batch
     optimizer = train_step_lib.make_optimizer(s.learning_rate, s.steps, s.warmup_fraction, s.clip_norm)
     state = train_step_lib.init_train_state(jax.device_get(encoder.params), optimizer, mesh=mesh)
     checkpoints = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=s.keep_checkpoints)
@@ -144,7 +158,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
         state = train_step_lib.place_state(state, mesh)  # the step's compiled sharding: no second compile
         index_version, data_position = meta["index_version"], meta["data_position"]
         if s.pipeline and meta.get("next_rows") is not None:  # the prefetched batch of the step after the checkpoint
-            resume_rows = np.asarray(meta["next_rows"], np.int64)
+            resume_rows = np.asarray(meta["next_rows"], np.int64)[mine.start : mine.stop]
         refresher.load_version(index_version)
         logging.info("resumed from step %d (index version %d, example %d)", start, index_version, data_position)
     else:
@@ -168,7 +182,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
         """A step's batch: its examples (from `position`), their top-k under `params` (or the given rows),
         LM scores, and the step's arrays. Runs on the prefetch thread when pipelined."""
         started = time.perf_counter()
-        batch_examples = [examples[(position + i) % len(examples)] for i in range(s.batch_size)]
+        batch_examples = [examples[(position + i) % len(examples)] for i in mine]
         scores = None
         if rows is None:
             queries = encoder.embed([e.query for e in batch_examples], params=params)
@@ -181,6 +195,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
                            doc_max_tokens=s.doc_max_tokens, doc_vectors=doc_vectors)
         return Prepared(np.asarray(rows), scores, batch, lm_seconds, time.perf_counter() - started)
 
+    distributed.barrier("LSR training starts")  # the first step's collective is set up within seconds on all
     prefetch = ThreadPoolExecutor(1, thread_name_prefix="lsr-prefetch") if s.pipeline else None
     upcoming = None  # pipelined: the next step's batch (a Future), prepared while this step runs
     try:
@@ -224,12 +239,13 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
             if pending_checkpoint and not refresher.pending:
                 meta = {"step": step, "index_version": refresher.version, "data_position": data_position}
                 if upcoming is not None:  # the next step's rows came from this step's input parameters: keep them
-                    meta["next_rows"] = upcoming.result().rows.tolist()
+                    meta["next_rows"] = sum(distributed.allgather_json(upcoming.result().rows.tolist()), [])
                 checkpoints.save(step, state, meta)
                 pending_checkpoint = False
         final_params = jax.device_get(state["params"])
         if lead and os.path.isfile(logger.path):
             plot_loss(workdir)
+        distributed.barrier("LSR training done")  # processes leave together (jax.distributed's shutdown waits 5 min)
         return {"params": final_params, "index_version": refresher.version, "steps": s.steps,
                 "stats": {**cache.stats(), "refreshes": refresher.version}}
     finally:
