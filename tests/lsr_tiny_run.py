@@ -51,6 +51,15 @@ class SlowLM:
         return self.lm.score(contexts, continuations)
 
 
+def save_models(root) -> str:
+    """The tiny random BERT and GPT-2 of these runs, saved to root/{enc,lm}; returns root as a string."""
+    from tests import hf_tiny
+
+    hf_tiny.tiny_bert(os.path.join(root, "enc"))
+    hf_tiny.tiny_gpt2(os.path.join(root, "lm"), positions=256)
+    return str(root)
+
+
 class CountingLM:
     """Counts the (context, continuation) pairs it is asked for; SIGKILLs its process at LM call `kill_at` (0: never)."""
 

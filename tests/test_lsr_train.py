@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tests import hf_tiny
+from tests import lsr_tiny_run
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "lsr_tiny_run.py")
 STEPS = 9
@@ -20,10 +20,7 @@ EXPECTED_INDEX_VERSIONS = [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    hf_tiny.tiny_bert(str(root / "enc"))
-    hf_tiny.tiny_gpt2(str(root / "lm"), positions=256)
-    return str(root)
+    return lsr_tiny_run.save_models(tmp_path_factory.mktemp("models"))
 
 
 def run(models, workdir, delay=0.0):

@@ -12,7 +12,7 @@ from ml_collections import config_dict
 from replug_jax import distributed
 from replug_jax.jobs import lm_eval as run
 from replug_jax.retrieval.datastore import Document
-from tests import hf_tiny
+from tests import hf_tiny, lsr_tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -139,10 +139,7 @@ def test_tfds_corpus_read_by_random_access_and_embedded_over_two_processes(tiny_
 
 @pytest.fixture(scope="module")
 def lsr_models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lsr_models")
-    hf_tiny.tiny_bert(str(root / "enc"))
-    hf_tiny.tiny_gpt2(str(root / "lm"), positions=256)
-    return str(root)
+    return lsr_tiny_run.save_models(tmp_path_factory.mktemp("lsr_models"))
 
 
 def losses(workdir):
@@ -154,7 +151,6 @@ def lsr_one_process(models, workdir, steps, pipeline):
     import jax
 
     from replug_jax.train.loop import LSRSettings, train_lsr
-    from tests import lsr_tiny_run
 
     encoder, lm, store, index, examples = lsr_tiny_run.load(models, os.path.join(workdir, "setup"))
     counting = lsr_tiny_run.CountingLM(lm)
