@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import sys
+import threading
 
 ENV_COORDINATOR = "REPLUG_JAX_COORDINATOR"  # host:port of process 0's coordinator service
 ENV_NUM_PROCESSES = "REPLUG_JAX_NUM_PROCESSES"
@@ -80,9 +81,15 @@ def share(total: int, index: int | None = None, count: int | None = None) -> ran
 
 # Host-side agreement goes through the coordination service (jax.distributed's key-value store and
 # barriers), not device collectives: no gloo context with its 30 s set-up deadline, and no ordering
-# constraint against the jitted collectives running on the devices. Every process makes the same calls in
-# the same order, so a per-process counter names them alike.
-_calls = itertools.count()
+# constraint against the jitted collectives running on the devices. In every process a thread of a given
+# name (the main thread, "index-refresh-v3", ...) makes the same calls in the same order, so a counter per
+# thread name names them alike, and threads never wait on each other's calls.
+_counters: dict[str, itertools.count] = {}
+
+
+def _next_call() -> str:
+    name = threading.current_thread().name
+    return f"{name}/{next(_counters.setdefault(name, itertools.count()))}"
 TIMEOUT_MS = int(float(os.environ.get("REPLUG_JAX_BARRIER_TIMEOUT_S", 24 * 3600)) * 1000)  # a slow share is fine
 
 
@@ -97,7 +104,7 @@ def _client():
 def barrier(name: str) -> None:
     """Wait until every process reaches this barrier (a no-op with one process); `name` says which in errors."""
     if process_count() > 1:
-        number = next(_calls)  # the id: names may differ between processes (paths), the call order does not
+        number = _next_call()  # the id: names may differ between processes (paths), the call order does not
         try:
             _client().wait_at_barrier(f"replug_jax/barrier/{number}", TIMEOUT_MS)
         except Exception as e:
@@ -109,7 +116,7 @@ def allgather_json(value) -> list:
     text = json.dumps(value)
     if process_count() == 1:
         return [json.loads(text)]
-    client, key = _client(), f"replug_jax/gather/{next(_calls)}"
+    client, key = _client(), f"replug_jax/gather/{_next_call()}"
     client.key_value_set(f"{key}/{process_index()}", text)
     return [json.loads(client.blocking_key_value_get(f"{key}/{p}", TIMEOUT_MS)) for p in range(process_count())]
 

@@ -31,7 +31,13 @@ WORDS = ["river", "mountain", "violin", "bread", "snow", "desert", "ocean", "for
 # the settings of the kill-and-resume run (tests override some of them with dataclasses.replace)
 SETTINGS = dict(k=3, batch_size=8, learning_rate=3e-3, refresh_every=3, swap_after=1, query_max_tokens=32,
                 doc_max_tokens=56, checkpoint_every=2, keep_checkpoints=2)
-QUERY_SIDE_SETTINGS = dict(SETTINGS, train_documents=False)  # the multi-process runs (tests/test_multiprocess.py)
+
+
+def settings_for(sides: str) -> dict:
+    """SETTINGS training "both" encoders (refreshing the index) or the "query" side only."""
+    if sides not in ("both", "query"):
+        raise ValueError(f"sides must be 'both' or 'query', got {sides!r}")
+    return dict(SETTINGS, train_documents=sides == "both")
 
 
 def documents(prefix, n, length=60, seed=0):

@@ -146,7 +146,7 @@ def losses(workdir):
     return {r["step"]: r["loss"] for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl")))}
 
 
-def lsr_one_process(models, workdir, steps, pipeline):
+def lsr_one_process(models, workdir, steps, pipeline, sides):
     """The reference: the same global batches in this (8-device) process; (losses, parameters, LM pairs asked)."""
     import jax
 
@@ -154,7 +154,7 @@ def lsr_one_process(models, workdir, steps, pipeline):
 
     encoder, lm, store, index, examples = lsr_tiny_run.load(models, os.path.join(workdir, "setup"))
     counting = lsr_tiny_run.CountingLM(lm)
-    settings = LSRSettings(steps=steps, pipeline=pipeline, **lsr_tiny_run.QUERY_SIDE_SETTINGS)
+    settings = LSRSettings(steps=steps, pipeline=pipeline, **lsr_tiny_run.settings_for(sides))
     out = train_lsr(encoder, counting, store, examples, workdir, settings, initial_index=index, progress=False)
     return losses(workdir), [np.asarray(x) for x in jax.tree_util.tree_leaves(out["params"])], counting.pairs
 
@@ -164,35 +164,41 @@ def two_process_params(workdir):
     return [saved[f"arr_{i}"] for i in range(len(saved.files))]
 
 
-@pytest.mark.parametrize("pipeline", [False, True], ids=["serial", "pipelined"])
-def test_query_side_lsr_over_two_processes_equals_one(lsr_models, tmp_path, pipeline):
-    """Each process retrieves for, LM-scores and encodes its half of every global batch of 8; the losses
-    and parameters equal the one-process run's."""
-    want_losses, want_params, want_pairs = lsr_one_process(lsr_models, str(tmp_path / "one"), 6, pipeline)
+@pytest.mark.parametrize("pipeline,sides", [(False, "query"), (True, "query"), (False, "both")],
+                         ids=["query-side", "query-side-pipelined", "both-sides-refreshing"])
+def test_lsr_over_two_processes_equals_one(lsr_models, tmp_path, pipeline, sides):
+    """Each process retrieves for, LM-scores and encodes its half of every global batch of 8 (both sides: and
+    re-embeds its half of the datastore at each refresh, after steps 3 and 6); the losses and parameters equal
+    the one-process run's."""
+    want_losses, want_params, want_pairs = lsr_one_process(lsr_models, str(tmp_path / "one"), 7, pipeline, sides)
     child = os.path.join(ROOT, "tests", "lsr_multiprocess_run.py")
-    launch(2, 2, child, lsr_models, str(tmp_path / "two"), "6", "1" if pipeline else "0")
+    out = launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", "1" if pipeline else "0", sides)
     got = losses(tmp_path / "two")
-    assert sorted(got) == sorted(want_losses) == list(range(1, 7))
+    assert sorted(got) == sorted(want_losses) == list(range(1, 8))
     for step, loss in want_losses.items():
         assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
     for a, b in zip(two_process_params(tmp_path / "two"), want_params):
         np.testing.assert_allclose(a, b, atol=1e-5)
     asked = [json.load(open(tmp_path / "two" / f"lm_pairs.{i}.json"))["pairs"] for i in range(2)]
     assert min(asked) > 0 and sum(asked) == want_pairs  # each its own rows: together what one process asked
+    if sides == "both":
+        versions = [r["index_version"] for r in map(json.loads, open(tmp_path / "two" / "metrics.jsonl"))]
+        assert versions == [0, 0, 0, 1, 1, 1, 2]  # refreshes requested after steps 3 and 6, swapped a step later
+        assert not [f for f in os.listdir(tmp_path / "two" / "indexes") if ".part-" in f]  # shards merged
 
 
-def test_query_side_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path):
-    """Both processes SIGKILL themselves at their 5th LM call (step 5); the relaunch resumes from the step-4
-    checkpoint, written by both, to the uninterrupted one-process run's losses and parameters."""
-    want_losses, want_params, _ = lsr_one_process(lsr_models, str(tmp_path / "one"), 7, False)
+def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path):
+    """Both processes SIGKILL themselves at their 5th LM call (both encoders trained, a refresh after step 3);
+    the relaunch resumes from the last checkpoint, written by both, to the uninterrupted one-process run."""
+    want_losses, want_params, _ = lsr_one_process(lsr_models, str(tmp_path / "one"), 7, False, "both")
     child = os.path.join(ROOT, "tests", "lsr_multiprocess_run.py")
     full = [sys.executable, "-m", "replug_jax.launch", "--processes", "2", "--devices", "2", "--",
-            sys.executable, child, lsr_models, str(tmp_path / "two"), "7", "0", "5"]
+            sys.executable, child, lsr_models, str(tmp_path / "two"), "7", "0", "both", "5"]
     killed = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert killed.returncode != 0 and "failed with exit code" in killed.stdout, killed.stdout[-3000:]
     assert not os.path.exists(tmp_path / "two" / "final_params.npz")
-    assert sorted(int(s) for s in os.listdir(tmp_path / "two" / "checkpoints") if s.isdigit())[-1] == 4
-    launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", "0")
+    assert sorted(int(s) for s in os.listdir(tmp_path / "two" / "checkpoints") if s.isdigit())[-1] in (2, 4, 6)
+    launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", "0", "both")
     got = losses(tmp_path / "two")
     for step, loss in want_losses.items():
         assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step

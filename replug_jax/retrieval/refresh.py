@@ -89,7 +89,7 @@ class IndexRefresher:
         self._version: int | None = None
         self._pending: dict | None = None  # version, request_step, swap_step, thread, result
         self._stop = threading.Event()
-        self._writer = distributed.is_lead()  # several processes (query-side LSR): process 0 alone writes workdir
+        self._writer = distributed.is_lead()  # several processes: process 0 alone writes (builds are split)
         if workdir and self._writer:
             os.makedirs(workdir, exist_ok=True)
             for name in os.listdir(workdir):  # leftovers of a save killed between its renames
@@ -268,7 +268,7 @@ class IndexRefresher:
             embedding_dtype=self.embedding_dtype, extra_meta=extra, note=note, delete_embeddings=True,
             block_size=self.block_size,
             embeddings_path=os.path.join(self.workdir, f"embeddings_v{version}.npy"), progress=False)
-        if not reused:
+        if not reused and self._writer:
             self._prune(version)
         return index, reused
 

@@ -22,8 +22,8 @@ Several processes: each retrieves for, LM-scores and encodes only its own contig
 global batch (`distributed.share`); the step joins the shares into global arrays and XLA reduces the
 gradient over every device of every process; process 0 logs. All processes share the LM-score cache
 (one SQLite file: safe on a local disk, not on a network file system) and write the orbax checkpoints
-together; "next_rows" holds the whole global batch's rows. Query-side-only for now: the refresher does
-not yet re-embed the datastore split over processes.
+together; "next_rows" holds the whole global batch's rows. A refresh re-embeds the datastore split over
+the processes on each one's background thread (`build_dense_index`), and process 0 builds the index.
 """
 from __future__ import annotations
 
@@ -136,10 +136,6 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
         raise ValueError("LSR needs training examples")
     mesh = mesh or sharding.global_mesh()
     lead = distributed.is_lead()
-    if distributed.process_count() > 1 and s.train_documents:
-        raise NotImplementedError(
-            f"LSR over {distributed.process_count()} processes trains the query side only for now "
-            "(train_documents=False): the refresher does not re-embed the datastore split over processes yet")
     if s.batch_size % mesh.devices.size:
         raise ValueError(f"batch_size {s.batch_size} is not a multiple of the {mesh.devices.size} devices")
     mine = distributed.share(s.batch_size)  # this process's rows of every global batch
