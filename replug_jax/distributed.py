@@ -90,6 +90,8 @@ _counters: dict[str, itertools.count] = {}
 def _next_call() -> str:
     name = threading.current_thread().name
     return f"{name}/{next(_counters.setdefault(name, itertools.count()))}"
+
+
 TIMEOUT_MS = int(float(os.environ.get("REPLUG_JAX_BARRIER_TIMEOUT_S", 24 * 3600)) * 1000)  # a slow share is fine
 
 
