@@ -45,18 +45,6 @@ def documents(prefix, n, length=60, seed=0):
     return [Document(f"{prefix}{i}", f"T{i}", " ".join(rng.choice(WORDS, size=length)) + ".") for i in range(n)]
 
 
-class SlowLM:
-    def __init__(self, lm, delay):
-        self.lm, self.delay, self.name = lm, delay, lm.name
-
-    def fingerprint(self):
-        return self.lm.fingerprint()
-
-    def score(self, contexts, continuations, progress=False):
-        time.sleep(self.delay)
-        return self.lm.score(contexts, continuations)
-
-
 def save_models(root) -> str:
     """The tiny random BERT and GPT-2 of these runs, saved to root/{enc,lm}; returns root as a string."""
     from tests import hf_tiny
@@ -67,15 +55,17 @@ def save_models(root) -> str:
 
 
 class CountingLM:
-    """Counts the (context, continuation) pairs it is asked for; SIGKILLs its process at LM call `kill_at` (0: never)."""
+    """The LM, counting the (context, continuation) pairs it is asked for; each call slowed by `delay` seconds
+    (so that a parent can kill the run midway), and SIGKILLing its process at LM call `kill_at` (0: never)."""
 
-    def __init__(self, lm, kill_at=0):
-        self.lm, self.name, self.kill_at, self.calls, self.pairs = lm, lm.name, kill_at, 0, 0
+    def __init__(self, lm, kill_at=0, delay=0.0):
+        self.lm, self.name, self.kill_at, self.delay, self.calls, self.pairs = lm, lm.name, kill_at, delay, 0, 0
 
     def fingerprint(self):
         return self.lm.fingerprint()
 
     def score(self, contexts, continuations, progress=False):
+        time.sleep(self.delay)
         self.calls += 1
         if self.calls == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -98,7 +88,7 @@ def load(models, workdir):
 def main(models, workdir, steps, delay=0.0):
     encoder, lm, store, index, examples = load(models, workdir)
     settings = LSRSettings(steps=steps, **SETTINGS)
-    out = train_lsr(encoder, SlowLM(lm, delay), store, examples, workdir, settings, initial_index=index, progress=False)
+    out = train_lsr(encoder, CountingLM(lm, delay=delay), store, examples, workdir, settings, initial_index=index, progress=False)
     leaves = jax.tree_util.tree_leaves(out["params"])
     np.savez(os.path.join(workdir, "final_params.npz"), *[np.asarray(x) for x in leaves])
 

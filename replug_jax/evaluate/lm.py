@@ -107,7 +107,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
                                                                       rows[:, :k], doc_template, progress))
     for w, lps in zip(windows, base):
         totals["none"].add(lps, w.num_bytes)
-    totals, sweep, tau_sweep = _sum_over_processes((totals, sweep, tau_sweep))
+    _sum_over_processes(totals, sweep, tau_sweep)
 
     results = {
         "perplexity": {m: t.metrics()["perplexity"] for m, t in totals.items()},
@@ -127,22 +127,23 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     return results
 
 
-def _sum_over_processes(tree):
-    """The same nested dicts of Totals with every process's sums added (one process: unchanged)."""
+def _sum_over_processes(*trees) -> None:
+    """Add every process's sums into the Totals of `trees` (dicts, possibly nested), in place."""
     if distributed.process_count() == 1:
-        return tree
-    flat = lambda t: t.as_list() if isinstance(t, Totals) else (  # noqa: E731
-        [flat(x) for x in t] if isinstance(t, tuple) else {str(key): flat(x) for key, x in t.items()})
-    parts = distributed.allgather_json(flat(tree))
+        return
+    leaves = list({id(t): t for t in _totals_in(trees)}.values())  # one object may sit in two dicts
+    parts = distributed.allgather_json([t.as_list() for t in leaves])  # [process][leaf] = [logprob, tokens, bytes]
+    for i, t in enumerate(leaves):
+        t.logprob, t.tokens, t.num_bytes = (sum(part[i][j] for part in parts) for j in range(3))
 
-    def add(template, *values):
-        if isinstance(template, Totals):
-            return Totals(sum(v[0] for v in values), sum(v[1] for v in values), sum(v[2] for v in values))
-        if isinstance(template, tuple):
-            return tuple(add(t, *(v[i] for v in values)) for i, t in enumerate(template))
-        return {key: add(t, *(v[str(key)] for v in values)) for key, t in template.items()}
 
-    return add(tree, *parts)
+def _totals_in(tree):
+    """The Totals in a tree of tuples and dicts, in key order (the same order in every process)."""
+    if isinstance(tree, Totals):
+        yield tree
+    else:
+        for value in (tree if isinstance(tree, tuple) else (tree[key] for key in sorted(tree, key=str))):
+            yield from _totals_in(value)
 
 
 def _score_with_docs(lm, windows, datastore, rows, template, progress) -> list[list[np.ndarray]]:

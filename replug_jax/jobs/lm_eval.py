@@ -15,7 +15,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import logging
 
 import replug_jax as rj
@@ -29,8 +28,9 @@ from replug_jax.retrieval import datastore as ds
 from replug_jax.retrieval.bm25 import BM25Index
 from replug_jax.retrieval import build
 from replug_jax.retrieval.device_index import DeviceIndex
+from replug_jax.retrieval.embeddings import embed_corpus_split
 from replug_jax.retrieval.index import DenseIndex
-from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever
+from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever, index_meta
 
 GENSIM_WIKI = "gensim_wiki"
 
@@ -122,22 +122,22 @@ def build_dense_index(encoder, store: ds.Datastore, workdir: str, *, metric: str
                       device_dtype: str = "float32") -> DenseIndex | DeviceIndex:
     """WORKDIR/index_{name}: reused while its fingerprints match, else embedded (resumable) and built.
 
-    backend "device": searched on the devices instead (`DeviceIndex` over WORKDIR/embeddings_{name}.npy,
-    `device_dtype`), checked against the same metadata."""
+    backend "device": no FAISS index; the embeddings (WORKDIR/embeddings_{name}.npy, reused while they
+    match encoder and datastore) are searched on the devices (`DeviceIndex`, matrix in `device_dtype`)."""
     if backend not in INDEX_BACKENDS:
         raise ValueError(f"index_backend must be one of {INDEX_BACKENDS}, got {backend!r}")
     embeddings_path = os.path.join(workdir, f"embeddings_{name}.npy")
+    if backend == "device":
+        embeddings = embed_corpus_split(encoder, store.texts, embeddings_path, dtype=embedding_dtype)
+        index = DeviceIndex.from_embeddings(embeddings, metric=metric, dtype=device_dtype,
+                                            meta=index_meta(encoder, store))
+        console.phase(f"index {name}: {index.count:,} vectors on {index.mesh.devices.size} devices "
+                      f"({device_dtype}), {metric}, exact search")
+        return index
     index, reused = build.build_dense_index(encoder, store, os.path.join(workdir, f"index_{name}"), metric=metric,
                                             factory=factory, embedding_dtype=embedding_dtype,
                                             embeddings_path=embeddings_path)
     console.phase(f"index {name}: {index.count:,} vectors, {metric}, {factory} ({'reused' if reused else 'embedded and built'})")
-    if backend == "device":
-        if not os.path.isfile(embeddings_path):
-            raise FileNotFoundError(f"{embeddings_path}: the embeddings the device index needs are gone (delete "
-                                    f"{os.path.join(workdir, f'index_{name}')} to re-embed)")
-        index = DeviceIndex.from_embeddings(np.load(embeddings_path, mmap_mode="r"), metric=metric,
-                                            dtype=device_dtype, meta=index.meta)
-        console.phase(f"index {name} on {index.mesh.devices.size} devices ({device_dtype}), exact search")
     return index
 
 

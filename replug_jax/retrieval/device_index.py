@@ -23,18 +23,13 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from replug_jax import distributed, sharding
-from replug_jax.retrieval.index import METRICS, Exclude, exclusion_rule, search_excluding
+from replug_jax.retrieval.index import METRICS, Exclude, exclusion_rule, prepare_rows, search_excluding
 
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _next_power_of_two(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _normalise(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, 1e-12)
 
 
 def _top_depth(queries, matrix, *, depth: int, count: int, per_device: int, mesh):
@@ -92,8 +87,8 @@ class DeviceIndex:
         def block(index):  # this device's rows [stop - start, D], zeros past N
             start, stop = index[0].start or 0, index[0].stop or padded
             out = np.zeros((stop - start, d), np.float32)
-            real = np.asarray(embeddings[start:min(stop, n)], np.float32)
-            out[: len(real)] = _normalise(real) if metric == "cosine" else real
+            real = prepare_rows(embeddings[start:min(stop, n)], metric)  # [<= stop - start, D]
+            out[: len(real)] = real
             return out.astype(jnp.dtype(dtype))
 
         matrix = jax.make_array_from_callback((padded, d), NamedSharding(mesh, P(sharding.DATA_AXIS, None)), block)
@@ -116,9 +111,7 @@ class DeviceIndex:
         if max(sizes) == 0:
             return np.zeros((0, depth), np.float32), np.zeros((0, depth), np.int64)
         padded = np.zeros((bucket, self.dim), np.float32)
-        padded[: len(queries)] = queries
-        if self.meta["metric"] == "cosine":
-            padded = _normalise(padded)
+        padded[: len(queries)] = prepare_rows(queries, self.meta["metric"])
         global_queries = jax.make_array_from_process_local_data(sharding.batch_sharding(self.mesh), padded)
         scores, rows = self._fn(depth)(global_queries, self.matrix)  # [processes * bucket, depth], replicated
         first = distributed.process_index() * bucket

@@ -42,10 +42,8 @@ def embed_corpus(encoder, texts: Sequence[str], path: str, dtype: str = "float32
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    n, d = len(texts), int(encoder.dim)
-    if n == 0:
-        raise ValueError("empty corpus: no texts to embed")
-    want = {"encoder": encoder.fingerprint(), "texts": hash_strings(texts), "dtype": dtype, "count": n, "dim": d}
+    want = _wanted(encoder, texts, dtype)
+    n, d = want["count"], want["dim"]
     done = _rows_done(path, want)
     if done == n:
         return np.load(path, mmap_mode="r")
@@ -79,10 +77,8 @@ def embed_corpus_split(encoder, texts: Sequence[str], path: str, dtype: str = "f
     count = distributed.process_count()
     if count == 1:
         return embed_corpus(encoder, texts, path, dtype=dtype, block_size=block_size, progress=progress)
-    n, d = len(texts), int(encoder.dim)
-    if n == 0:
-        raise ValueError("empty corpus: no texts to embed")
-    want = {"encoder": encoder.fingerprint(), "texts": hash_strings(texts), "dtype": dtype, "count": n, "dim": d}
+    want = _wanted(encoder, texts, dtype)
+    n = want["count"]
     if distributed.lead_value(_rows_done(path, want)) != n:
         index = distributed.process_index()
         rows = distributed.share(n, index, count)
@@ -112,6 +108,14 @@ def _merge_shards(path: str, want: dict, count: int, block_size: int) -> None:
     for index in range(count):
         for f in (shard_path(path, index, count), sidecar_path(shard_path(path, index, count))):
             os.remove(f)
+
+
+def _wanted(encoder, texts: Sequence[str], dtype: str) -> dict:
+    """What a finished embeddings file of `texts` records: encoder, texts hash, dtype, count, dim."""
+    if len(texts) == 0:
+        raise ValueError("empty corpus: no texts to embed")
+    return {"encoder": encoder.fingerprint(), "texts": hash_strings(texts), "dtype": dtype, "count": len(texts),
+            "dim": int(encoder.dim)}
 
 
 def _rows_done(path: str, want: dict) -> int:

@@ -123,6 +123,14 @@ def read_meta(folder: str, expected: dict | None = None) -> dict:
     return meta
 
 
+def prepare_rows(x: np.ndarray, metric: str) -> np.ndarray:
+    """float32 C-contiguous copy [n, D] of rows, unit-normalised for the cosine metric (zero rows stay zero)."""
+    x = np.array(x, dtype=np.float32, order="C", copy=True)
+    if metric == "cosine":
+        faiss.normalize_L2(x)
+    return x
+
+
 class DenseIndex:
     """A FAISS index over embedding rows; `meta` holds dimension, metric, count, factory and caller fields."""
 
@@ -156,19 +164,24 @@ class DenseIndex:
         n, d = embeddings.shape
         index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
         self = cls(index, {**(meta or {}), "dimension": d, "metric": metric, "count": n, "factory": factory})
-        if not index.is_trained:
-            sample = np.sort(np.random.default_rng(seed).choice(n, min(n, train_size), replace=False))
-            index.train(self._prepare(embeddings[sample]))
-        for start in range(0, n, block_size):
-            index.add(self._prepare(embeddings[start : start + block_size]))
+        self.train(embeddings, train_size, seed)
+        self.add(embeddings, block_size)
         return self
 
+    def train(self, embeddings: np.ndarray, train_size: int = 100_000, seed: int = 0) -> None:
+        """Train an index that needs it (IVF, PQ, ...) on up to `train_size` random rows (a no-op otherwise)."""
+        if not self.index.is_trained:
+            n = embeddings.shape[0]
+            sample = np.sort(np.random.default_rng(seed).choice(n, min(n, train_size), replace=False))
+            self.index.train(self._prepare(embeddings[sample]))
+
+    def add(self, embeddings: np.ndarray, block_size: int = 65_536) -> None:
+        """Add rows [N, D], `block_size` at a time (a memmap is never read whole)."""
+        for start in range(0, embeddings.shape[0], block_size):
+            self.index.add(self._prepare(embeddings[start : start + block_size]))
+
     def _prepare(self, x: np.ndarray) -> np.ndarray:
-        """float32 C-contiguous copy [n, D], rows unit-normalised for the cosine metric."""
-        x = np.array(x, dtype=np.float32, order="C", copy=True)
-        if self.meta["metric"] == "cosine":
-            faiss.normalize_L2(x)
-        return x
+        return prepare_rows(x, self.meta["metric"])
 
     def set_search_params(self, **params) -> None:
         """FAISS search parameters, e.g. nprobe=32 (IVF) or efSearch=128 (HNSW); kept in `meta` and saved."""
