@@ -1,5 +1,4 @@
 """Bad input gets a clear error that names the problem."""
-import shutil
 
 import pytest
 

@@ -222,7 +222,7 @@ def test_step_scores_are_the_retrieval_scores_full_and_query_side(tiny):
     lm_scores = np.zeros(rows.shape, np.float32)
     full = make_batch(encoder, store, examples, rows, lm_scores, query_max_tokens=0, doc_max_tokens=0)
     query_side = make_batch(encoder, store, examples, rows, lm_scores, query_max_tokens=0, doc_max_tokens=0,
-                            doc_vectors=FrozenDocumentVectors(encoder, store))
+                            doc_vectors=FrozenDocumentVectors(index))
     assert "doc_ids" not in query_side and query_side["doc_embeddings"].shape == (4, 3, encoder.dim)
     for batch in (full, query_side):
         scores, valid = train_step_lib.retrieval_scores(encoder.params, encoder.config, batch)

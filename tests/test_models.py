@@ -90,6 +90,29 @@ def test_local_lm_end_to_end_matches_torch_and_compiles_once(tmp_path):
     assert lm._batch_fn.compiled_shapes() == 1
 
 
+def test_one_token_continuations_of_one_context_share_a_forward_row(tmp_path):
+    """MMLU's option letters: several one-token continuations of one context are scored from one row (context +
+    [a, b, ...], all predicted from the context's last position) and equal the torch reference of each pair alone;
+    multi-token continuations keep their own rows; near the window's end a shared row is split, never truncated."""
+    ref = hf_tiny.tiny_llama(str(tmp_path))
+    lm = rj.load_lm(str(tmp_path), batch_size=8, max_length=64)
+    context, other = random_ids(20), random_ids(33)
+    letters = [[t] for t in random_ids(4)]
+    pairs = [(context, y) for y in letters] + [(other, letters[0]), (context, random_ids(3)), (other, letters[2])]
+    rows = lm._rows(pairs)
+    assert len(rows) == 3  # context + 4 letters, other + 2 letters, the 3-token continuation
+    assert sorted(len(r.ids) for r in rows) == [23, 24, 35]
+    got = lm.score_token_pairs(pairs)
+    for (ctx, cont), lps in zip(pairs, got):
+        assert len(lps) == len(cont)
+        np.testing.assert_allclose(lps, hf_tiny.torch_logprobs(ref, ctx + cont)[len(ctx) - 1:], atol=1e-5)
+    full = random_ids(62)  # 62 + 4 letters exceed the 64-token window: rows of 2, 2 (never a truncated context)
+    near_end = [(full, y) for y in letters]
+    assert [len(r.ids) for r in lm._rows(near_end)] == [64, 64]
+    for (ctx, cont), lps in zip(near_end, lm.score_token_pairs(near_end)):
+        np.testing.assert_allclose(lps, hf_tiny.torch_logprobs(ref, ctx + cont)[len(ctx) - 1:], atol=1e-5)
+
+
 def test_encoder_batches_compile_once_per_bucket(tmp_path):
     hf_tiny.tiny_bert(str(tmp_path))
     enc = rj.load_encoder(str(tmp_path), batch_size=8)

@@ -189,16 +189,20 @@ def test_lsr_over_two_processes_equals_one(lsr_models, tmp_path, pipeline, sides
         assert not [f for f in os.listdir(tmp_path / "two" / "indexes") if ".part-" in f]  # shards merged
 
 
-def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path):
-    """Both processes SIGKILL themselves at their 5th LM call (both encoders trained, a refresh after step 3);
-    the relaunch resumes from the last checkpoint, written by both, to the uninterrupted one-process run."""
-    want_losses, want_params, _ = lsr_one_process(lsr_models, str(tmp_path / "one"), 7, False, "both")
+@pytest.mark.parametrize("pipeline,sides", [(False, "both"), (True, "query")],
+                         ids=["both-sides-refreshing", "query-side-pipelined"])
+def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path, pipeline, sides):
+    """Both processes SIGKILL themselves at their 5th LM call (both encoders trained with a refresh after step 3,
+    or the pipelined loop, killed inside its prefetch thread); the relaunch resumes from the last checkpoint,
+    written by both, to the uninterrupted one-process run."""
+    want_losses, want_params, _ = lsr_one_process(lsr_models, str(tmp_path / "one"), 7, pipeline, sides)
     child = os.path.join(ROOT, "tests", "lsr_multiprocess_run.py")
-    killed = launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", "0", "both", "5", check=False)
+    flag = "1" if pipeline else "0"
+    killed = launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", flag, sides, "5", check=False)
     assert killed.returncode != 0 and "failed with exit code" in killed.stdout, killed.stdout[-3000:]
     assert not os.path.exists(tmp_path / "two" / "final_params.npz")
     assert sorted(int(s) for s in os.listdir(tmp_path / "two" / "checkpoints") if s.isdigit())[-1] in (2, 4, 6)
-    launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", "0", "both")
+    launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", flag, sides)
     got = losses(tmp_path / "two")
     for step, loss in want_losses.items():
         assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step

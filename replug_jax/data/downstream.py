@@ -183,13 +183,56 @@ def read_mc_jsonl(path: str) -> list[MCExample]:
     return _read_jsonl(path, _mc_example)
 
 
+def _tfds_answers(value) -> list[str]:
+    """Gold answers from a TFDS answer feature: a string, a sequence of strings (natural_questions_open), or a
+    dict with "value" and "aliases" (trivia_qa): the value first, then the aliases, deduplicated."""
+    if isinstance(value, dict):
+        parts = [value[k] for k in ("value", "aliases") if k in value]
+        if not parts:
+            raise ValueError(f"a dict answer needs \"value\" or \"aliases\", got keys {sorted(value)}")
+        return list(dict.fromkeys(a for part in parts for a in _tfds_answers(part)))
+    if isinstance(value, (bytes, str)):
+        text = value.decode("utf-8") if isinstance(value, bytes) else value
+        return [text] if text.strip() else []
+    return [a for item in value for a in _tfds_answers(item)]
+
+
+def read_tfds_qa(name: str, split: str, question_key: str = "question", answer_key: str = "answer",
+                 data_dir: str | None = None, download: bool = True) -> list[QAExample]:
+    """QA examples from a TensorFlow Datasets array_record build (e.g. natural_questions_open, trivia_qa/rc.nocontext),
+    read by random access with `tfds.data_source` (no TensorFlow); ids f"{name}/{split}/{record index}"."""
+    import tensorflow_datasets as tfds
+
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
+    examples = []
+    for i in range(len(source)):
+        record = source[i]
+        missing = [k for k in (question_key, answer_key) if k not in record]
+        if missing:
+            raise ValueError(f"tfds:{name}:{split} record {i} has no {missing} (it has {sorted(record)}): "
+                             "name the keys as tfds:NAME:SPLIT:QUESTION_KEY:ANSWER_KEY")
+        answers = _tfds_answers(record[answer_key])
+        if not answers:
+            raise ValueError(f"tfds:{name}:{split} record {i} has no non-empty gold answer")
+        question = record[question_key]
+        examples.append(QAExample(f"{name}/{split}/{i}", question.decode("utf-8") if isinstance(question, bytes)
+                                  else str(question), tuple(answers)))
+    return examples
+
+
 def load_qa(source: str, split: str = "validation") -> list[QAExample]:
-    """QA examples from "nq_open", "trivia_qa" or a .jsonl file (`split` ignored for files)."""
+    """QA examples from "nq_open", "trivia_qa", a .jsonl file (`split` ignored for files), or
+    "tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]" (a TFDS build under $TFDS_DATA_DIR; its own split wins)."""
     if source in ("nq_open", "trivia_qa"):
         return (load_nq_open if source == "nq_open" else load_trivia_qa)(split)
+    if source.startswith("tfds:"):
+        name, tfds_split, *keys = source[len("tfds:"):].split(":")
+        if len(keys) not in (0, 2) or not name or not tfds_split:
+            raise ValueError(f"bad TFDS QA source {source!r}: use tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]")
+        return read_tfds_qa(name, tfds_split, *keys)
     if source.endswith(".jsonl") or os.path.isfile(source):
         return read_qa_jsonl(source)
-    raise ValueError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\" or a .jsonl file")
+    raise ValueError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\", \"tfds:NAME:SPLIT\" or a .jsonl file")
 
 
 def load_mc(source: str, split: str = "test", subjects: str | Iterable[str] | None = None) -> list[MCExample]:

@@ -23,7 +23,7 @@ import replug_jax as rj
 from replug_jax import console
 from replug_jax.data import downstream as data
 from replug_jax.data import wiki
-from replug_jax.evaluate import downstream_report, mmlu, qa
+from replug_jax.evaluate import downstream_report, mmlu, qa, qa_metrics
 from replug_jax.jobs import lm_eval
 from replug_jax.jobs.lsr import load_trained_encoder, trained_retriever
 from replug_jax.retrieval.retriever import DenseRetriever
@@ -56,7 +56,8 @@ def load_sets(config, kind: str):
     demo_source = config.get("demos") or config.questions
     demos = load(demo_source, demo_split)
     # demos come from the evaluated set itself (a file is the same set whatever the split): never score them
-    same_set = demo_source == config.questions and (demo_split == split or demo_source.endswith(".jsonl"))
+    same_set = demo_source == config.questions and (demo_split == split or demo_source.endswith(".jsonl")
+                                                    or demo_source.startswith("tfds:"))
     if kind == "mmlu":  # shots: the first `shots` of each subject, chosen per question in _run_mmlu
         per_subject: dict[str, list] = {}
         for d in demos:
@@ -126,12 +127,25 @@ def run_downstream(config, workdir: str) -> dict:
     return results
 
 
-def _demo_prefix(retriever, store, demos, with_knowledge: bool, block) -> str:
-    """The shared few-shot block: each demo with its own top-1 passage (none for closed book)."""
+DEMO_PASSAGES = ("top1", "answer")
+
+
+def _demo_prefix(retriever, store, demos, with_knowledge: bool, block, choose: str = "top1", depth: int = 20) -> str:
+    """The shared few-shot block: each demo with one retrieved passage (none for closed book).
+
+    choose "top1": the demo's own top-1 passage. "answer" (QA): the best-ranked of its top-`depth` passages that
+    contains one of the demo's gold answers (the top-1 when none does), so that the demos show the LM a passage
+    worth reading; it uses the demos' labels only, never the evaluated questions'."""
     if not with_knowledge:
         return block(demos, [None] * len(demos))
-    _, rows = retriever.retrieve([d.question for d in demos], 1)
-    return block(demos, [p[0] if p else None for p in passages_of(store, rows)])
+    if choose not in DEMO_PASSAGES:
+        raise ValueError(f"demo_passages must be one of {DEMO_PASSAGES}, got {choose!r}")
+    _, rows = retriever.retrieve([d.question for d in demos], 1 if choose == "top1" else min(depth, len(store)))
+    chosen = []
+    for demo, passages in zip(demos, passages_of(store, rows)):
+        bearing = [p for p in passages if choose == "answer" and qa_metrics.answer_recall(demo.answers, p)]
+        chosen.append((bearing or passages or [None])[0])
+    return block(demos, chosen)
 
 
 def _run_qa(config, lm, store, retrievers, questions, demos):
@@ -142,7 +156,8 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
         retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
         scores, rows = retriever.retrieve([q.question for q in questions], config.k)
         passages = passages_of(store, rows)
-        prefix = _demo_prefix(retriever, store, demos, method != "none", qa.demo_block)
+        prefix = _demo_prefix(retriever, store, demos, method != "none", qa.demo_block,
+                              choose=config.get("demo_passages", "top1"))
         preds = qa.answer_questions(lm, questions, passages, scores, method=method, ensemble=config.ensemble,
                                     demo_prefix=prefix, temperature=config.temperature,
                                     max_new_tokens=config.max_new_tokens, progress=True)

@@ -2,10 +2,12 @@
 
 All (context, continuation) pairs of a call are tokenised, sorted by length, padded to
 fixed length buckets and a fixed batch size, and scored by one jitted function per
-bucket with the batch split over every device.
+bucket with the batch split over every device. One-token continuations of one context (MMLU's
+option letters) are scored from one forward pass of that context.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Sequence
 
@@ -33,12 +35,12 @@ class LocalLM:
         mesh = mesh or sharding.data_mesh()
         batch_size = sharding.round_up(batch_size, mesh.devices.size)
         fn = functools.partial(self._logprob_fn, config=config, dtype=dtype)
-        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh, num_inputs=3)
+        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh, num_inputs=4)
         self._generator = None
 
     @staticmethod
-    def _logprob_fn(params, ids, mask, target_positions, *, config, dtype):
-        return causal_lm.logprobs_at(params, config, ids, mask, target_positions, dtype=dtype)
+    def _logprob_fn(params, ids, mask, target_positions, predict_from, *, config, dtype):
+        return causal_lm.logprobs_at(params, config, ids, mask, target_positions, predict_from, dtype=dtype)
 
     @property
     def params(self):
@@ -78,21 +80,55 @@ class LocalLM:
         return self.score_token_pairs(pairs, progress=progress)
 
     def score_token_pairs(self, pairs: list[tuple[list[int], list[int]]], progress: bool = False) -> list[np.ndarray]:
-        """Like `score`, for pre-tokenised (context ids, continuation ids) pairs; contexts must not be empty."""
+        """Like `score`, for pre-tokenised (context ids, continuation ids) pairs; contexts must not be empty.
+
+        One-token continuations of one context (MMLU's " A" .. " D") share one forward pass (`_rows`)."""
         if any(not ctx for ctx, _ in pairs):
             raise ValueError("every context needs at least one token (use pair_tokens, which adds the document-start token)")
-        rows = [ctx + cont for ctx, cont in pairs]
-        out: list[np.ndarray | None] = [None] * len(rows)
-        batches = sharding.bucketed_batches(rows, self._batch_fn.batch_size, self.length_multiple, self.max_length,
-                                            self.pad_id, progress, desc="score")
+        rows = self._rows(pairs)
+        out: list[np.ndarray | None] = [None] * len(pairs)
+        batches = sharding.bucketed_batches([r.ids for r in rows], self._batch_fn.batch_size, self.length_multiple,
+                                            self.max_length, self.pad_id, progress, desc="score")
         for idx, ids, mask in batches:
-            starts = [len(pairs[i][0]) for i in idx]
-            lengths = [len(pairs[i][1]) for i in idx]
-            width = sharding.length_bucket(max(lengths), CONTINUATION_MULTIPLE, ids.shape[1])
-            positions = np.zeros((len(idx), width), np.int32)  # [b, T]: where each continuation token sits
-            for row, (start, n) in enumerate(zip(starts, lengths)):
-                positions[row, :n] = np.arange(start, start + n)
-            lps = self._batch_fn(ids, mask, positions)  # [b, T]
-            for row, i in enumerate(idx):
-                out[i] = lps[row, : lengths[row]].astype(np.float32)
+            width = sharding.length_bucket(max(len(rows[i].targets) for i in idx), CONTINUATION_MULTIPLE, ids.shape[1])
+            targets = np.zeros((len(idx), width), np.int32)  # [b, T]: where each scored token sits
+            predict = np.zeros((len(idx), width), np.int32)  # [b, T]: the position that predicts it
+            for j, i in enumerate(idx):
+                n = len(rows[i].targets)
+                targets[j, :n], predict[j, :n] = rows[i].targets, rows[i].predict_from
+            lps = self._batch_fn(ids, mask, targets, predict)  # [b, T]
+            for j, i in enumerate(idx):
+                for pair, where in rows[i].pieces:
+                    out[pair] = lps[j, where].astype(np.float32)
         return out  # type: ignore[return-value]
+
+    def _rows(self, pairs) -> list["_ScoredRow"]:
+        """The forward rows for `pairs`: context + continuation each, except that the one-token continuations of
+        one context go into one row, context + [a, b, ...], all predicted from the context's last position."""
+        rows, shared = [], {}
+        for p, (ctx, cont) in enumerate(pairs):
+            if len(cont) == 1:
+                shared.setdefault(tuple(ctx), []).append(p)
+            else:
+                start = len(ctx)
+                rows.append(_ScoredRow(ctx + cont, list(range(start, start + len(cont))),
+                                       list(range(start - 1, start + len(cont) - 1)), [(p, slice(0, len(cont)))]))
+        for ctx, members in shared.items():
+            room = self.max_length - len(ctx)  # >= 1: pair_tokens leaves a one-token continuation its place
+            for at in range(0, len(members), room):  # a row never outgrows the window
+                group, start = members[at : at + room], len(ctx)
+                rows.append(_ScoredRow(list(ctx) + [pairs[p][1][0] for p in group],
+                                       list(range(start, start + len(group))), [start - 1] * len(group),
+                                       [(p, slice(j, j + 1)) for j, p in enumerate(group)]))
+        return rows
+
+
+@dataclasses.dataclass
+class _ScoredRow:
+    """One forward row: ids, the positions scored and the positions predicting them, and (pair, slice of the
+    row's scores) for each pair it answers."""
+
+    ids: list[int]
+    targets: list[int]
+    predict_from: list[int]
+    pieces: list[tuple[int, slice]]

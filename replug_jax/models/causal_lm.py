@@ -206,15 +206,22 @@ def token_logprobs(params, config: CausalLMConfig, input_ids, attention_mask, dt
     return layers.token_logprobs_from_logits(logits(params, config, input_ids, attention_mask, dtype), input_ids, attention_mask)
 
 
-def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, target_positions, dtype=jnp.float32):
+def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, target_positions, predict_from=None,
+                dtype=jnp.float32):
     """log p(token at position p | tokens before p) for chosen positions p.
 
     input_ids, attention_mask: [B, L]; target_positions: [B, T] int, where 0 marks an empty
     slot (nothing precedes position 0). Returns [B, T] float32, 0 at empty slots. The LM
     head runs only at the T positions, not over the whole context.
+    predict_from [B, T] (default target_positions - 1): the position whose next-token distribution
+    scores each target. Several one-token continuations of one context are scored in one row this
+    way: ids = context + [a, b, ...], targets at L, L+1, ..., all predicted from L - 1 (causal
+    attention keeps the later tokens out of position L - 1).
     """
     scored = target_positions > 0  # [B, T]
-    predict_from = jnp.maximum(target_positions - 1, 0)
+    if predict_from is None:
+        predict_from = target_positions - 1
+    predict_from = jnp.maximum(predict_from, 0)
     logits_ = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, predict_from)  # [B, T, V]
     targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
     return jnp.where(scored, layers.gather_logprobs(logits_, targets), 0.0)

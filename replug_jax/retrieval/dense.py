@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import warnings
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

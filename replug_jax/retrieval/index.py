@@ -202,6 +202,17 @@ class DenseIndex:
 
         return search_excluding(search_fn, self.count, len(prepared), k, exclude)
 
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors of `rows` [N] -> [N, D] float32: what searches score against (normalised for
+        cosine; for a compressed index, its decoded approximation). IVF indexes get a direct map first."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.count):
+            raise IndexError(f"rows must lie in [0, {self.count}), got {rows.min()}..{rows.max()}")
+        ivf = faiss.try_extract_index_ivf(self.index)
+        if ivf is not None and ivf.direct_map.type == faiss.DirectMap.NoMap:
+            ivf.make_direct_map()
+        return self.index.reconstruct_batch(rows) if rows.size else np.zeros((0, self.dim), np.float32)
+
     def save(self, path: str) -> None:
         """index.faiss + meta.json in the folder `path`, replaced atomically."""
         with atomic_directory(path) as tmp:

@@ -11,18 +11,17 @@ LM_SCORES = ("sum", "mean")
 
 
 class FrozenDocumentVectors:
-    """Query-side-only training: document vectors under the encoder's own (initial, frozen) parameters, as the
-    index holds them, embedded once per datastore row. `self(rows [B, K]) -> [B, K, D]` float32 (0 for -1)."""
+    """Query-side-only training: the documents' vectors as the frozen index stores them (the very vectors that
+    retrieval scored, so nothing is re-embedded). `self(rows [B, K]) -> [B, K, D]` float32 (0 for -1)."""
 
-    def __init__(self, encoder, datastore):
-        self.encoder, self.datastore, self.vectors = encoder, datastore, {}
+    def __init__(self, index):
+        self.index = index
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
-        new = sorted({int(r) for r in rows.reshape(-1) if r >= 0} - self.vectors.keys())
-        if new:
-            self.vectors.update(zip(new, self.encoder.embed([self.datastore.texts[r] for r in new])))
-        zero = np.zeros(self.encoder.dim, np.float32)
-        return np.stack([self.vectors.get(int(r), zero) for r in rows.reshape(-1)]).reshape(*rows.shape, -1)
+        flat = np.asarray(rows).reshape(-1)
+        out = np.zeros((flat.size, self.index.dim), np.float32)
+        out[flat >= 0] = self.index.vectors(flat[flat >= 0])
+        return out.reshape(*np.shape(rows), -1)
 
 
 def make_batch(encoder, datastore, examples, rows: np.ndarray, lm_scores: np.ndarray, *, query_max_tokens: int,
