@@ -24,7 +24,7 @@ from typing import Iterable, Iterator, Sequence
 import pyarrow.ipc
 
 from replug_jax.evaluate.qa_metrics import normalize_answer
-from replug_jax.retrieval.datastore import Datastore, Document
+from replug_jax.retrieval.datastore import Datastore, Document, as_text, tfds_records
 
 _ARROW = "data-00000-of-00001.arrow"
 MMLU_SPLITS = ("dev", "validation", "test")
@@ -192,7 +192,7 @@ def _tfds_answers(value) -> list[str]:
             raise ValueError(f"a dict answer needs \"value\" or \"aliases\", got keys {sorted(value)}")
         return list(dict.fromkeys(a for part in parts for a in _tfds_answers(part)))
     if isinstance(value, (bytes, str)):
-        text = value.decode("utf-8") if isinstance(value, bytes) else value
+        text = as_text(value)
         return [text] if text.strip() else []
     return [a for item in value for a in _tfds_answers(item)]
 
@@ -201,12 +201,8 @@ def read_tfds_qa(name: str, split: str, question_key: str = "question", answer_k
                  data_dir: str | None = None, download: bool = True) -> list[QAExample]:
     """QA examples from a TensorFlow Datasets array_record build (e.g. natural_questions_open, trivia_qa/rc.nocontext),
     read by random access with `tfds.data_source` (no TensorFlow); ids f"{name}/{split}/{record index}"."""
-    import tensorflow_datasets as tfds
-
-    source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
     examples = []
-    for i in range(len(source)):
-        record = source[i]
+    for i, record in tfds_records(name, split, data_dir, download):
         missing = [k for k in (question_key, answer_key) if k not in record]
         if missing:
             raise ValueError(f"tfds:{name}:{split} record {i} has no {missing} (it has {sorted(record)}): "
@@ -214,9 +210,7 @@ def read_tfds_qa(name: str, split: str, question_key: str = "question", answer_k
         answers = _tfds_answers(record[answer_key])
         if not answers:
             raise ValueError(f"tfds:{name}:{split} record {i} has no non-empty gold answer")
-        question = record[question_key]
-        examples.append(QAExample(f"{name}/{split}/{i}", question.decode("utf-8") if isinstance(question, bytes)
-                                  else str(question), tuple(answers)))
+        examples.append(QAExample(f"{name}/{split}/{i}", as_text(record[question_key]), tuple(answers)))
     return examples
 
 

@@ -143,8 +143,9 @@ def _demo_prefix(retriever, store, demos, with_knowledge: bool, block, choose: s
     _, rows = retriever.retrieve([d.question for d in demos], 1 if choose == "top1" else min(depth, len(store)))
     chosen = []
     for demo, passages in zip(demos, passages_of(store, rows)):
-        bearing = [p for p in passages if choose == "answer" and qa_metrics.answer_recall(demo.answers, p)]
-        chosen.append((bearing or passages or [None])[0])
+        if choose == "answer":
+            passages = [p for p in passages if qa_metrics.answer_recall(demo.answers, p)] or passages
+        chosen.append(passages[0] if passages else None)
     return block(demos, chosen)
 
 

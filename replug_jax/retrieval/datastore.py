@@ -62,16 +62,21 @@ def read_tfds(name: str, split: str, text_key: str = "text", title_key: str | No
     f"{split}/{record index}"; bytes features are decoded as UTF-8. Tested on a dataset that a
     builder in tests/tfds_tiny.py prepares without TensorFlow.
     """
+    for i, record in tfds_records(name, split, data_dir, download):
+        title = as_text(record[title_key]) if title_key else ""
+        yield Document(f"{split}/{i}", title, as_text(record[text_key]))
+
+
+def tfds_records(name: str, split: str, data_dir: str | None = None, download: bool = True):
+    """(index, record) of a TFDS array_record build, by random access with `tfds.data_source` (no TensorFlow)."""
     import tensorflow_datasets as tfds
 
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
     for i in range(len(source)):
-        record = source[i]
-        title = _as_text(record[title_key]) if title_key else ""
-        yield Document(f"{split}/{i}", title, _as_text(record[text_key]))
+        yield i, source[i]
 
 
-def _as_text(value) -> str:
+def as_text(value) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
