@@ -573,3 +573,20 @@ def test_mmlu_with_two_choices_predicts_one_of_them(files, smollm2, tmp_path):
         return
     rows = [json.loads(line) for line in open(tmp_path / "run" / "predictions.jsonl")]
     assert rows[0]["none"] in (0, 1)
+
+
+def test_answer_bearing_demo_passages(files, smollm2, tmp_path):
+    """demo_passages "answer": each demo gets its best-ranked passage that holds its gold answer (here not its
+    top-1), falling back to the top-1 when none does; "top1" keeps the top-1."""
+    config = qa_config(files)
+    store = lm_eval_job.build_datastore(files["corpus"], smollm2.tokenizer, config.doc_tokens, str(tmp_path))
+    retriever = job.retrievers_for(config, rj.load_encoder("minilm"), store, str(tmp_path))["replug"]
+    demos = [QAExample("d0", "Who is the mayor of Velmora?", ("Lisbon",)),  # only Fenn's passage says Lisbon
+             QAExample("d1", "Who is the mayor of Velmora?", ("nobody at all",))]
+    passages = lambda choose: [p for p in job._demo_prefix(retriever, store, demos, True, qa.demo_block, choose)
+                               .split("\n\n") if p]
+    top1, answer = passages("top1"), passages("answer")
+    assert "Tobias Grint" in top1[0] and "Tobias Grint" in top1[1]
+    assert "Lisbon" in answer[0] and "Tobias Grint" in answer[1]
+    with pytest.raises(ValueError, match="demo_passages must be one of"):
+        job._demo_prefix(retriever, store, demos, True, qa.demo_block, "best")
