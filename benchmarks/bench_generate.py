@@ -40,14 +40,14 @@ def workload(tokenizer, questions, passes, prefix_tokens, doc_tokens, seed=0):
     return prefix, contexts, log_w.astype(np.float32)
 
 
-def torch_decoder(threads: int):
+def torch_decoder(threads: int, lm_name: str = "smollm2"):
     import torch
     from transformers import AutoModelForCausalLM
 
     from replug_jax.models import registry
 
     torch.set_num_threads(threads)
-    folder, name = os.path.split(registry.packaged_path("smollm2"))
+    folder, name = os.path.split(registry.resolve(lm_name).path)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
     def decode(rows: list[list[int]], log_w: np.ndarray, new_tokens: int, eos_id: int | None) -> list[int]:
@@ -86,6 +86,7 @@ def main():
     parser.add_argument("--prefix-tokens", type=int, default=256)
     parser.add_argument("--doc-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--lm", default="smollm2", help="the LM (and its GGUF as the torch reference), e.g. qwen2.5-coder-0.5b")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.jsonl"))
@@ -95,10 +96,10 @@ def main():
 
     import replug_jax as rj
 
-    lm = rj.load_lm("smollm2", batch_size=8)
+    lm = rj.load_lm(args.lm, batch_size=8)
     prefix, contexts, log_w = workload(lm.tokenizer, args.questions, args.passes, args.prefix_tokens, args.doc_tokens)
     full_contexts = [[prefix + c for c in q] for q in contexts]
-    torch_decode = torch_decoder(args.threads)
+    torch_decode = torch_decoder(args.threads, args.lm)
     tok = lm.tokenizer
     rows = [[tok.encode(prefix) + tok.encode(c) for c in q] for q in contexts]  # the contract's tokenisation
 
@@ -128,7 +129,7 @@ def main():
                          "gflop_per_question": (flops_full if name != "jax_shared" else flops_shared) / 1e9,
                          "questions": args.questions, "passes": k, "prefix_tokens": n_prefix,
                          "context_tokens": n_ctx, "new_tokens": new, "tokens_agree_with_torch": float(agree),
-                         "jax_devices": len(jax.devices()), "command": "python " + " ".join(sys.argv)})
+                         "jax_devices": len(jax.devices()), "command": "python " + " ".join(sys.argv), "lm": args.lm})
     common.print_table(rows_out, ["impl", "tokens_per_s", "vs_torch", "seconds", "gflop_per_question"])
     print(f"greedy tokens equal to torch's for {agree:.0%} of questions; prefix {n_prefix} tokens, "
           f"passage+question {n_ctx:.0f}, k={k}")

@@ -35,14 +35,14 @@ def workload(tokenizer, passes, doc_tokens, context_tokens, cont_tokens, seed=0)
     return pairs
 
 
-def torch_scorers(threads: int):
+def torch_scorers(threads: int, lm_name: str = "smollm2"):
     import torch
     from transformers import AutoModelForCausalLM
 
     from replug_jax.models import registry
 
     torch.set_num_threads(threads)
-    folder, name = os.path.split(registry.packaged_path("smollm2"))
+    folder, name = os.path.split(registry.resolve(lm_name).path)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
     def per_pass(pairs):
@@ -75,6 +75,7 @@ def main():
     p.add_argument("--batch-sizes", default="1,2,4")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--length-multiple", type=int, default=64, help="LocalLM length bucket (default 64)")
+    p.add_argument("--lm", default="smollm2", help="the LM (and its GGUF as the torch reference), e.g. qwen2.5-coder-0.5b")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--skip-torch", action="store_true")
     p.add_argument("--out", default="benchmarks/results.jsonl")
@@ -83,7 +84,7 @@ def main():
     import jax
     import replug_jax as rj
 
-    lm = rj.load_lm("smollm2", batch_size=1)
+    lm = rj.load_lm(args.lm, batch_size=1)
     pairs = workload(lm.tokenizer, args.passes, args.doc_tokens, args.context_tokens, args.cont_tokens)
     tokens = sum(len(c) + len(y) for c, y in pairs)
     c = lm.config
@@ -98,16 +99,16 @@ def main():
     def record(name, seconds):
         rows.append({"benchmark": "ensemble_scoring", "impl": name, "tokens_per_s": tokens / seconds,
                      "gflops": flops / seconds / 1e9, "peak_gflops": peak, "passes": len(pairs),
-                     "tokens": tokens, "device": str(jax.devices()[0].platform), "command": command})
+                     "tokens": tokens, "device": str(jax.devices()[0].platform), "command": command, "lm": args.lm})
 
     fns = {}
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
-        model = lm if bs == 1 else rj.load_lm("smollm2", batch_size=bs)
+        model = lm if bs == 1 else rj.load_lm(args.lm, batch_size=bs)
         model.length_multiple = args.length_multiple
         model.score_token_pairs(pairs)  # compile every bucket
         fns[f"jax_local_bs{bs}"] = lambda model=model: model.score_token_pairs(pairs)
     if not args.skip_torch:
-        per_pass, batched = torch_scorers(args.threads)
+        per_pass, batched = torch_scorers(args.threads, args.lm)
         per_pass(pairs[:2])
         fns.update(torch_per_pass=lambda: per_pass(pairs), torch_batched8=lambda: batched(pairs))
     for name, seconds in common.interleaved_best(fns, args.rounds).items():

@@ -71,3 +71,60 @@ def torch_logprobs(model, ids):
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].float()
     return torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()
+
+
+def tiny_qwen2(path: str, tie: bool = False, shard: bool = False):
+    """A tiny random Qwen2 (q/k/v biases, RoPE θ from the config); norms and biases random, not 1 and 0."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                      rope_theta=250.0, rms_norm_eps=1e-6, tie_word_embeddings=tie, use_sliding_window=False)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.uniform_(-0.5, 0.5)
+    save(model, path, shard)
+    return model
+
+
+# Hugging Face Qwen2 tensor names -> llama.cpp's (its qwen2 converter writes them in HF row order).
+_QWEN2_GGUF_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+
+
+def save_qwen2_gguf(model, path: str) -> None:
+    """Write a torch Qwen2 model as an f32 GGUF file the way llama.cpp's converter lays out its qwen2
+    architecture, with a one-token-per-byte tokenizer in the metadata."""
+    import gguf
+
+    cfg = model.config
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_block_count(cfg.num_hidden_layers), w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size), w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads), w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"]), w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tokens = ["<|endoftext|>"] + alphabet[: VOCAB - 1]
+    w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("qwen2"), w.add_token_list(tokens)
+    w.add_token_merges([]), w.add_token_types([3] + [1] * (len(tokens) - 1)), w.add_eos_token_id(0)
+    for name, tensor in model.state_dict().items():
+        name = name.removeprefix("model.")
+        if name.startswith("layers."):
+            _, layer, rest = name.split(".", 2)
+            module, kind = rest.rsplit(".", 1)
+            name = f"blk.{layer}.{_QWEN2_GGUF_NAMES[module]}.{kind}"
+        else:
+            name = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
+                    "lm_head.weight": "output.weight"}[name]
+        if name == "output.weight" and cfg.tie_word_embeddings:
+            continue
+        w.add_tensor(name, tensor.float().numpy())
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()

@@ -590,3 +590,50 @@ def test_answer_bearing_demo_passages(files, smollm2, tmp_path):
     assert "Lisbon" in answer[0] and "Tobias Grint" in answer[1]
     with pytest.raises(ValueError, match="demo_passages must be one of"):
         job._demo_prefix(retriever, store, demos, True, qa.demo_block, "best")
+
+
+def test_vote_method_decodes_replugs_passes_and_votes(files, smollm2, tmp_path):
+    """Method "vote" (beside "replug" in one job): the same retrieved passes, each decoded alone, and the
+    prediction is the pass answer with the largest λ_i · exp(mean log-prob) summed per normalised string."""
+    lm = RecordingLM(smollm2)
+    results = run_job(qa_config(files, methods=("replug", "vote")), tmp_path, lm)
+    replug_call, vote_call = lm.generate_calls
+    assert vote_call["contexts"] == [[c] for ctx in replug_call["contexts"] for c in ctx]
+    assert vote_call["shared_prefix"] == replug_call["shared_prefix"]
+    rows = [json.loads(line) for line in open(tmp_path / "predictions.jsonl")]
+    at = 0
+    for row, log_w in zip(rows, replug_call["log_weights"]):
+        gens = vote_call["gens"][at: at + len(log_w)]
+        at += len(log_w)
+        assert row["vote"]["passes"] == [g.text.strip() for g in gens]
+        votes = {}
+        for lw, g in zip(log_w, gens):
+            key = normalize_answer(g.text.strip())
+            votes[key] = votes.get(key, 0.0) + np.exp(lw + np.mean(g.logprobs))
+        assert normalize_answer(row["vote"]["prediction"]) == max(votes, key=votes.get)
+    assert set(results["exact_match"]) == {"replug", "vote"}
+
+
+def test_sciq_corpus_is_support_paragraphs_plus_wikipedia(smollm2, tmp_path):
+    from replug_jax.data import downstream as data
+    from replug_jax.data import wiki
+
+    config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")
+    assert (config.questions, config.corpus, config.job) == ("sciq", "sciq", "qa")
+    store = job.build_corpus(config, smollm2.tokenizer, str(tmp_path))
+    sources = set(store.sources)
+    support = data.sciq_support_documents()
+    assert {d.id for d in support} <= sources and {d.id for d in wiki.load_wiki_articles()} <= sources
+    first = [t for t, src in zip(store.texts, store.sources) if src == support[0].id]
+    assert "".join(first) == support[0].text  # chunks of a paragraph concatenate back to it
+
+
+def test_subjects_without_shots_are_warned_and_recorded(files, smollm2, tmp_path, capsys):
+    """A subject with no demo shots is asked zero-shot: said on the console and listed in results.json."""
+    dev = _jsonl(tmp_path / "dev_astronomy.jsonl", [MC_DEV[0]])
+    results = run_job(mmlu_config(files, demos=dev, methods=("none",)), tmp_path / "run", RecordingLM(smollm2))
+    assert results["zero_shot_subjects"] == ["philosophy"]
+    assert json.load(open(tmp_path / "run" / "results.json"))["zero_shot_subjects"] == ["philosophy"]
+    assert "no shots for subjects philosophy" in capsys.readouterr().out
+    full = run_job(mmlu_config(files, methods=("none",)), tmp_path / "full", RecordingLM(smollm2))
+    assert full["zero_shot_subjects"] == []

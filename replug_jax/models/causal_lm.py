@@ -1,4 +1,4 @@
-"""Decoder-only LMs: the GPT-2 family and the Llama family (RoPE, RMSNorm, SwiGLU, GQA).
+"""Decoder-only LMs: the GPT-2 family and the Llama family (RoPE, RMSNorm, SwiGLU, GQA; Qwen2 adds q/k/v biases).
 
 Public boundary: `logits(params, config, input_ids, attention_mask)` and
 `token_logprobs(params, config, input_ids, attention_mask)`, pure functions of a parameter
@@ -19,7 +19,7 @@ from replug_jax.models import layers
 
 @dataclasses.dataclass(frozen=True)
 class CausalLMConfig:
-    arch: str  # "gpt2" or "llama"
+    arch: str  # "gpt2", "llama" or "qwen2" (Llama blocks with q/k/v biases)
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -32,6 +32,7 @@ class CausalLMConfig:
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     head_dim: int | None = None
+    qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections (not on o)
 
     @property
     def dims_per_head(self) -> int:
@@ -39,7 +40,7 @@ class CausalLMConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "CausalLMConfig":
-        """From a Hugging Face `config.json` dict (model_type gpt2, llama, mistral, qwen-free llama kin)."""
+        """From a Hugging Face `config.json` dict (model_type gpt2, llama, mistral or qwen2)."""
         model_type = cfg.get("model_type")
         if model_type == "gpt2":
             hidden = cfg["n_embd"]
@@ -49,24 +50,26 @@ class CausalLMConfig:
                 max_position=cfg["n_positions"], norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
                 hidden_act=cfg.get("activation_function", "gelu_new"), tie_embeddings=True,
             )
-        if model_type in ("llama", "mistral"):
-            scaling = cfg.get("rope_scaling") or {}
+        if model_type in ("llama", "mistral", "qwen2"):
+            params = cfg.get("rope_parameters") or {}
+            scaling = cfg.get("rope_scaling") or params
             if scaling.get("rope_type", scaling.get("type", "default")) != "default":
                 raise ValueError(f"unsupported rope_scaling {scaling!r}: only plain RoPE is implemented")
             if cfg.get("attention_bias") or cfg.get("mlp_bias"):
                 raise ValueError("Llama variants with attention or MLP biases are not supported")
-            params = cfg.get("rope_parameters") or {}
+            if model_type == "qwen2" and cfg.get("use_sliding_window"):
+                raise ValueError("Qwen2 with use_sliding_window=true is not supported (only full attention)")
             return cls(
-                arch="llama", vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+                arch="qwen2" if model_type == "qwen2" else "llama", vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
                 num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
                 num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
                 intermediate_size=cfg["intermediate_size"], max_position=cfg.get("max_position_embeddings", 2048),
                 norm_eps=cfg.get("rms_norm_eps", 1e-6), hidden_act=cfg.get("hidden_act", "silu"),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 rope_theta=float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-                head_dim=cfg.get("head_dim"),
+                head_dim=cfg.get("head_dim"), qkv_bias=model_type == "qwen2",
             )
-        raise ValueError(f"unsupported causal LM model_type {model_type!r}; supported: gpt2, llama, mistral")
+        raise ValueError(f"unsupported causal LM model_type {model_type!r}; supported: gpt2, llama, mistral, qwen2")
 
 
 def rotary(x, positions, theta: float):
@@ -125,9 +128,9 @@ class LlamaBlock(nn.Module):
         c = self.config
         dh = c.dims_per_head
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="input_norm")(x)
-        q = _dense(c.num_heads * dh, self.dtype, "q_proj", False)(h).reshape(x.shape[:2] + (c.num_heads, dh))
-        k = _dense(c.num_kv_heads * dh, self.dtype, "k_proj", False)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
-        v = _dense(c.num_kv_heads * dh, self.dtype, "v_proj", False)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
+        q = _dense(c.num_heads * dh, self.dtype, "q_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_heads, dh))
+        k = _dense(c.num_kv_heads * dh, self.dtype, "k_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
+        v = _dense(c.num_kv_heads * dh, self.dtype, "v_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         q, k = rotary(q, positions, c.rope_theta), rotary(k, positions, c.rope_theta)
         k, v, kv = _through_cache(k, v, kv)
         attn = layers.dot_product_attention(q, k, v, bias).reshape(x.shape[:2] + (c.num_heads * dh,))
@@ -238,8 +241,10 @@ def init_cache(config: CausalLMConfig, batch: int, slots: int, dtype=jnp.float32
 
 def extend(params, config: CausalLMConfig, cache: dict, input_ids, attention_mask, dtype=jnp.float32):
     """Append L tokens per row to the cache: -> (next-token logits after each row's last real token among
-    them [B, V] float32, the new cache). Pads (mask 0) may sit anywhere; they are never attended to."""
-    last = jnp.maximum(attention_mask.sum(-1) - 1, 0).astype(jnp.int32)[:, None]  # [B, 1]
+    them [B, V] float32, the new cache). Pads (mask 0) may sit anywhere (left, right, between tokens); they are
+    never attended to."""
+    width = attention_mask.shape[1]
+    last = (width - 1 - jnp.argmax(attention_mask[:, ::-1] > 0, axis=-1)).astype(jnp.int32)[:, None]  # [B, 1]
     out, cache = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, last, cache)
     return out[:, 0], cache
 

@@ -1,8 +1,10 @@
-"""Llama-family GGUF files (llama.cpp's format) into a CausalLMConfig, params and tokenizer.
+"""Llama-family and Qwen2 GGUF files (llama.cpp's format) into a CausalLMConfig, params and tokenizer.
 
-Quantised tensors are dequantised to float32 with the `gguf` package. llama.cpp stores
-Q and K projections with rows permuted for its interleaved RoPE; we un-permute them to
-the Hugging Face rotate-half layout that `causal_lm.rotary` uses.
+Quantised tensors are dequantised to float32 with the `gguf` package. llama.cpp's converter permutes
+the Q and K rows of its `llama` architecture for interleaved RoPE; we un-permute them to the Hugging
+Face rotate-half layout that `causal_lm.rotary` uses. Its `qwen2` architecture runs NeoX-style
+(rotate-half) RoPE and is stored unpermuted: checked against transformers' GGUF loading and llama.cpp
+on the real Qwen2.5 files (tests/test_readers.py).
 """
 from __future__ import annotations
 
@@ -42,16 +44,21 @@ def metadata(reader) -> dict:
     return out
 
 
-def config_from_metadata(meta: dict, has_output_weight: bool) -> CausalLMConfig:
+GGUF_ARCHITECTURES = ("llama", "qwen2")
+PERMUTED_ROPE_ARCHITECTURES = ("llama",)  # llama.cpp's converter permutes Q/K rows for these only
+
+
+def config_from_metadata(meta: dict, tensor_shapes: dict[str, tuple[int, ...]]) -> CausalLMConfig:
+    """The model config from GGUF metadata; `tensor_shapes` {name: HF-order shape} for what metadata may omit."""
     arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise WeightsError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
-    g = lambda k, default=None: meta.get(f"llama.{k}", default)
+    if arch not in GGUF_ARCHITECTURES:
+        raise WeightsError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})")
+    g = lambda k, default=None: meta.get(f"{arch}.{k}", default)
     hidden = int(g("embedding_length"))
     heads = int(g("attention.head_count"))
     return CausalLMConfig(
-        arch="llama",
-        vocab_size=int(g("vocab_size") or len(meta["tokenizer.ggml.tokens"])),
+        arch=arch,
+        vocab_size=int(tensor_shapes["token_embd.weight"][0]),  # rows of the embedding (may exceed the tokens)
         hidden_size=hidden,
         num_layers=int(g("block_count")),
         num_heads=heads,
@@ -60,9 +67,10 @@ def config_from_metadata(meta: dict, has_output_weight: bool) -> CausalLMConfig:
         max_position=int(g("context_length", 2048)),
         norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
         hidden_act="silu",
-        tie_embeddings=not has_output_weight,
+        tie_embeddings="output.weight" not in tensor_shapes,
         rope_theta=float(g("rope.freq_base", 10000.0)),
         head_dim=int(g("attention.key_length", hidden // heads)),
+        qkv_bias="blk.0.attn_q.bias" in tensor_shapes,
     )
 
 
@@ -78,24 +86,26 @@ _GGUF_TO_HF = {
 }
 
 
+def _hf_shape(t) -> tuple[int, ...]:
+    return tuple(reversed([int(d) for d in t.shape]))  # GGUF lists dimensions innermost first
+
+
 def hf_state_dict(reader, config: CausalLMConfig) -> dict[str, np.ndarray]:
-    """Dequantised tensors under Hugging Face Llama names (torch layout: Linear weight [out, in])."""
+    """Dequantised tensors under Hugging Face Llama / Qwen2 names (torch layout: Linear weight [out, in])."""
     import gguf
 
+    permuted = config.arch in PERMUTED_ROPE_ARCHITECTURES
     state = {}
     for t in reader.tensors:
-        w = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed([int(d) for d in t.shape])))
-        w = np.ascontiguousarray(w, dtype=np.float32)
+        w = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type).reshape(_hf_shape(t)), dtype=np.float32)
         name = t.name
         if name.startswith("blk."):
-            _, layer, kind, _ = name.split(".", 3)
-            if kind == "attn_q":
-                w = unpermute_rope_rows(w, config.num_heads)
-            elif kind == "attn_k":
-                w = unpermute_rope_rows(w, config.num_kv_heads)
+            _, layer, kind, suffix = name.split(".", 3)  # blk.3.attn_q.weight
             if kind not in _GGUF_TO_HF:
                 continue  # e.g. rope_freqs: not used by plain RoPE
-            name = f"model.layers.{layer}.{_GGUF_TO_HF[kind]}.weight"
+            if permuted and kind in ("attn_q", "attn_k"):
+                w = unpermute_rope_rows(w, config.num_heads if kind == "attn_q" else config.num_kv_heads)
+            name = f"model.layers.{layer}.{_GGUF_TO_HF[kind]}.{suffix}"
         else:
             name = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                     "output.weight": "lm_head.weight"}.get(name, name)
@@ -104,11 +114,10 @@ def hf_state_dict(reader, config: CausalLMConfig) -> dict[str, np.ndarray]:
 
 
 def load_gguf(path: str) -> tuple[CausalLMConfig, dict, TextTokenizer]:
-    """(config, params, tokenizer) of a Llama-family GGUF file."""
+    """(config, params, tokenizer) of a Llama-family or Qwen2 GGUF file."""
     reader = read_gguf(path)
     meta = metadata(reader)
-    names = {t.name for t in reader.tensors}
-    config = config_from_metadata(meta, has_output_weight="output.weight" in names)
+    config = config_from_metadata(meta, {t.name: _hf_shape(t) for t in reader.tensors})
     try:
         state = hf_state_dict(reader, config)
     except (ValueError, IndexError) as e:

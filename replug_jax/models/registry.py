@@ -1,7 +1,8 @@
 """Where model weights come from: packaged offline defaults, local paths, or hub ids.
 
 `resolve(name)` turns what a user typed into a local `ModelSource`: a Hugging Face
-directory or a GGUF file. Hub ids are downloaded (safetensors and tokenizer files only)
+directory or a GGUF file. The Qwen2 readers ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b") are GGUF files
+in part packages, assembled and checksummed on first use (`split_gguf`). Hub ids are downloaded (safetensors and tokenizer files only)
 when a network exists; nothing here ever unpickles.
 """
 from __future__ import annotations
@@ -10,6 +11,8 @@ import dataclasses
 import importlib.util
 import os
 import re
+
+from replug_jax.models import split_gguf
 
 # Offline defaults carried by registry packages (installed with pip --no-deps).
 PACKAGED = {
@@ -67,6 +70,11 @@ def resolve(name: str, revision: str | None = None) -> ModelSource:
     if name in PACKAGED:
         path = packaged_path(name)
         return ModelSource("gguf" if path.endswith(".gguf") else "hf_dir", path, name)
+    if name in split_gguf.READERS:
+        try:
+            return ModelSource("gguf", split_gguf.assemble(split_gguf.READERS[name]), name)
+        except split_gguf.SplitModelError as e:
+            raise ModelNotFound(str(e)) from e
     expanded = os.path.expanduser(name)
     if os.path.isfile(expanded):
         if not expanded.endswith(".gguf"):
@@ -80,7 +88,7 @@ def resolve(name: str, revision: str | None = None) -> ModelSource:
     repo_id = HUB_ALIASES.get(name, name)
     if _HUB_ID.match(repo_id):
         return ModelSource("hf_dir", download_from_hub(repo_id, revision), name)
-    known = sorted(PACKAGED) + sorted(HUB_ALIASES)
+    known = sorted(PACKAGED) + sorted(split_gguf.READERS) + sorted(HUB_ALIASES)
     raise ModelNotFound(
         f"unknown model {name!r}: not a packaged default or alias ({', '.join(known)}), "
         "not an existing local path, and not a hub id of the form 'org/name'"

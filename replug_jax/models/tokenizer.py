@@ -7,7 +7,7 @@ import dataclasses
 import os
 
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 
 @dataclasses.dataclass
@@ -36,6 +36,16 @@ class TextTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+
+def tokenizer_fingerprint(tokenizer: TextTokenizer | None) -> str:
+    """A short hash of everything that maps text to ids (vocabulary, merges, pre-tokenizer, special ids)."""
+    import hashlib
+
+    if tokenizer is None:
+        return "none"
+    text = tokenizer.backend.to_str() + repr((tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def token_starts(tokenizer: TextTokenizer, text: str) -> list[int]:
@@ -103,6 +113,8 @@ def _special_ids(model_dir: str, backend: tokenizers.Tokenizer) -> dict:
     return found
 
 
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # llama.cpp pre-tokenizer names -> Hugging Face pre-tokenizers doing the same splitting.
 _GPT2_STYLE = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 GGUF_PRE_TOKENIZERS = {
@@ -110,7 +122,12 @@ GGUF_PRE_TOKENIZERS = {
     "default": lambda: _GPT2_STYLE,
     # SmolLM: digits split one by one, then the GPT-2 regex (llama.cpp LLAMA_VOCAB_PRE_TYPE_SMOLLM).
     "smollm": lambda: pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _GPT2_STYLE]),
+    # Qwen2: its own split regex (digits one by one, case-insensitive contractions), then byte-level without regex.
+    "qwen2": lambda: pre_tokenizers.Sequence([
+        pre_tokenizers.Split(tokenizers.Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
 }
+GGUF_NORMALIZERS = {"qwen2": normalizers.NFC}  # as the Hugging Face Qwen2 tokenizer
 GGUF_CONTROL_TOKEN_TYPES = (3, 4)  # CONTROL, USER_DEFINED: matched whole, never split
 
 
@@ -123,9 +140,11 @@ def from_gguf_metadata(fields: dict) -> TextTokenizer:
     if pre not in GGUF_PRE_TOKENIZERS:
         raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(GGUF_PRE_TOKENIZERS)}")
     tokens = fields["tokenizer.ggml.tokens"]
-    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+    merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges") or []]
     backend = tokenizers.Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
     backend.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
+    if pre in GGUF_NORMALIZERS:
+        backend.normalizer = GGUF_NORMALIZERS[pre]()
     backend.decoder = decoders.ByteLevel()
     types = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     specials = [tokenizers.AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k in GGUF_CONTROL_TOKEN_TYPES]

