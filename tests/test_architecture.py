@@ -71,3 +71,32 @@ def test_http_client_does_not_import_jax():
 def test_modules_stay_small():
     long = {m: n for m, p in modules().items() if (n := sum(1 for _ in open(p, encoding="utf-8"))) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def private_uses(path: str, known: set[str]) -> list[str]:
+    """`from replug_jax.x import _name` and `x._name` where x is a replug_jax module bound by an import."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    aliases, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname or a.name: a.name for a in node.names if a.name in known})
+        elif isinstance(node, ast.ImportFrom) and node.module in known:
+            for a in node.names:
+                if a.name.startswith("_"):
+                    found.append(f"from {node.module} import {a.name}")
+                elif f"{node.module}.{a.name}" in known:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names(tmp_path):
+    known = set(modules())
+    used = {m: found for m, p in modules().items() if (found := private_uses(p, known))}
+    assert not used, f"private names used across modules: {used}"
+    probe = tmp_path / "probe.py"  # the check itself catches both forms
+    probe.write_text("from replug_jax.models import weights as w\nfrom replug_jax.lm.local import _x\nw._take(1)\n")
+    assert private_uses(str(probe), known) == ["from replug_jax.lm.local import _x", "replug_jax.models.weights._take"]
