@@ -23,9 +23,10 @@ TASKS = {"qa_demo": "demo_qa.py", "sciq": "sciq.py", "sciq_mc": "sciq_mc.py"}
 METHODS = ("none", "replug", "concat", "vote")
 
 
-def task_config(task: str, lm: str, questions: int):
+def task_config(task: str, lm: str, questions: int, root: str):
     config = sibling_config(os.path.join(CONFIGS, TASKS[task]), TASKS[task])
     config.lm, config.max_questions = lm, questions
+    config.cache_dir = os.path.join(root, lm, f"corpus_{config.corpus}")  # sciq and sciq_mc share one index
     if config.job == "qa":
         config.methods = METHODS
         config.k, config.shots, config.max_new_tokens = 4, 4, 10
@@ -45,7 +46,7 @@ def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, load
 
     console.setup(workdir, -1)
     console.phase(f"{lm} on {task}: up to {questions} questions in {workdir}")
-    config = task_config(task, lm, questions)
+    config = task_config(task, lm, questions, os.path.dirname(os.path.dirname(workdir)))
     if lm not in loaded:
         import jax.numpy as jnp
         from replug_jax.jobs.lm_eval import load_job_lm

@@ -637,3 +637,14 @@ def test_subjects_without_shots_are_warned_and_recorded(files, smollm2, tmp_path
     assert "no shots for subjects philosophy" in capsys.readouterr().out
     full = run_job(mmlu_config(files, methods=("none",)), tmp_path / "full", RecordingLM(smollm2))
     assert full["zero_shot_subjects"] == []
+
+
+def test_runs_over_one_corpus_share_the_cache_dir(files, smollm2, tmp_path, capsys):
+    """cache_dir holds datastore, embeddings and index: a second run (another task, another workdir) reuses them."""
+    shared = tmp_path / "shared"
+    for name in ("a", "b"):
+        run_job(qa_config(files, methods=("none",), cache_dir=str(shared)), tmp_path / name, RecordingLM(smollm2))
+    out = capsys.readouterr().out
+    assert out.count("(embedded and built)") == 1 and out.count("(reused)") == 1
+    assert (shared / "index_dense").is_dir() and (shared / "datastore.jsonl").is_file()
+    assert not (tmp_path / "a" / "index_dense").exists() and (tmp_path / "b" / "results.json").is_file()

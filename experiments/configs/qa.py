@@ -35,6 +35,7 @@ def get_config():
     c.doc_tokens = 128  # chunk length of a JSONL corpus in LM tokens
     c.metric = "cosine"  # or "ip" (the official code: unnormalised inner product)
     c.index_factory = "Flat"
+    c.cache_dir = ""  # where the datastore, embeddings and index live ("": the workdir); runs over one corpus share it
     c.embedding_dtype = "float32"
     c.lm_batch_size = 4
     c.lm_max_length = 0

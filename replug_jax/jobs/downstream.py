@@ -115,11 +115,13 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     if not questions:
         raise ValueError(f"no questions to evaluate from {config.questions!r}")
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), {len(demos)} demo candidates")
-    store = build_corpus(config, tokenizer, workdir)
+    shared = config.get("cache_dir") or workdir  # datastore, embeddings and index: shareable by runs
+    os.makedirs(shared, exist_ok=True)
+    store = build_corpus(config, tokenizer, shared)
     if config.k > len(store):
         raise ValueError(f"k={config.k} is larger than the datastore ({len(store)} passages)")
     console.phase(f"datastore: {len(store):,} passages")
-    retrievers = retrievers_for(config, encoder, store, workdir)
+    retrievers = retrievers_for(config, encoder, store, shared)
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
         raise ValueError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
     run = _run_qa if kind == "qa" else _run_mmlu
