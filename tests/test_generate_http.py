@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from replug_jax.lm.http import HTTPLM
+from replug_jax.lm.http_transport import BlackBoxServerError
 from replug_jax.serve import BackgroundServer
 
 DOCS = ["Paris is the capital and largest city of France.", "The Eiffel Tower stands in Paris.",
@@ -38,3 +39,18 @@ def test_per_token_mixture_matches_local_with_lower_bound_logprobs(smollm2, remo
         gap = np.asarray(b.logprobs) - np.asarray(a.logprobs)  # missing mass: HTTP <= local
         assert (gap >= -1e-4).all() and gap.max() < 0.05, gap
     assert remote.stats()["requests"] - before >= sum(len(g.token_ids) for g in got)  # one request per pass per step
+
+
+def test_mixture_against_a_server_capping_top_logprobs_at_five(smollm2, remote):
+    """OpenAI's API refuses logprobs > 5: the probe finds the cap and generation asks for no more."""
+    assert remote.top_logprobs == 20
+    contexts = [["Knowledge: " + d + QUESTION for d in DOCS]]
+    weights = [np.log([0.5, 0.3, 0.2])]
+    local = smollm2.generate(contexts, weights, max_new_tokens=6, stop=("\n",))
+    with BackgroundServer(smollm2, max_top_logprobs=5) as server:
+        capped = HTTPLM(server.url, tokenizer=smollm2.tokenizer)
+        assert capped.top_logprobs == 5 and capped.stats()["top_logprobs"] == 5
+        with pytest.raises(BlackBoxServerError, match="between 0 and 5"):
+            capped.transport.post(capped.base_url + "/completions", {"prompt": "Hi", "max_tokens": 1, "logprobs": 20})
+        got = capped.generate(contexts, weights, max_new_tokens=6, stop=("\n",), top_n=20)
+    assert got[0].text == local[0].text and got[0].token_ids == local[0].token_ids

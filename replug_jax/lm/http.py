@@ -62,7 +62,7 @@ class HTTPLM:
         self.prompt_logprobs, self.token_prompts, self.max_length = prompt_logprobs, token_prompts, max_length
         self.start_id = document_start_id(tokenizer) if tokenizer is not None else None
         self.start_text = start_text if start_text is not None else _document_start_text(tokenizer)
-        self._max_tokens, self._start, self._leading = 1, None, 0
+        self._max_tokens, self._start, self._leading, self.top_logprobs = 1, None, 0, 5  # 5: OpenAI's cap
         self._findings: dict = {"alignment": "not probed", "prompt_format": "text (not probed)"}
         self._lock = threading.Lock()
         if probe:
@@ -102,13 +102,15 @@ class HTTPLM:
         return out  # type: ignore[return-value]
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
-                 top_n: int = 20, progress: bool = False):
+                 top_n: int | None = None, progress: bool = False):
         """REPLUG's ensembled greedy decoding through the server: a per-token mixture over each pass's top-n
-        next tokens, or (one pass) the server's own decoding in one request; see lm/http_generate.py."""
+        next tokens, or (one pass) the server's own decoding in one request; see lm/http_generate.py.
+        top_n: at most what the probe found the server gives (`top_logprobs`, 20 or OpenAI's 5), the default."""
         from replug_jax.lm.http_generate import http_generate
 
+        top = self.top_logprobs if top_n is None else min(top_n, self.top_logprobs)
         return http_generate(self, contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
-                             shared_prefix=shared_prefix, top_n=top_n)
+                             shared_prefix=shared_prefix, top_n=top)
 
     @property
     def leading(self) -> int:
@@ -142,7 +144,7 @@ class HTTPLM:
         self.model = result.model
         self.max_length = self.max_length or result.max_length
         self._max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
-        self.token_prompts, self._leading = result.token_prompts, result.leading
+        self.token_prompts, self._leading, self.top_logprobs = result.token_prompts, result.leading, result.top_logprobs
         with self._lock:
             self._findings = result.findings
         return result.findings

@@ -1,7 +1,8 @@
 """Ensembled generation through an OpenAI-compatible server (the contract's `generate`, lm/blackbox.py).
 
 Per-token mixture (a question with K > 1 passes): at every step each pass is asked for ONE next token
-with its top-n log-probs (`logprobs=top_n`, no echo), and the K answers are mixed over the union of
+with its top-n log-probs (`logprobs=top_n`, no echo; n is what the probe found the server gives: 20,
+or 5 from a server capped as OpenAI's API is), and the K answers are mixed over the union of
 the returned tokens:  log p(t) = logsumexp_i(log λ_i + log p_i(t)), the chosen (argmax) token appended
 to every pass. **Missing mass:** a token outside pass i's top-n counts p_i(t) = 0 there, so each mixed
 value is a lower bound on the true mixture, exact for a token in every pass's top-n; the greedy choice
@@ -26,7 +27,7 @@ from replug_jax.lm.http_transport import BlackBoxServerError
 
 
 def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
-                  top_n: int = 20) -> list[Generation]:
+                  top_n: int = 5) -> list[Generation]:
     """One Generation per question (module docstring); `client` is an HTTPLM."""
     weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]
     prompts = [[_prompt(client, shared_prefix, c, max_new_tokens) for c in ctx] for ctx in contexts]

@@ -37,6 +37,7 @@ from replug_jax.models.tokenizer import DOCUMENT_START_TOKENS
 PROBE_ITEMS = " apple river tiger violet cloud lemon"
 PROBE_TEXT = "Words:" + PROBE_ITEMS * 3  # the last repetition is predictable by induction
 PROBE_TOP = 5  # top log-probs asked for in the probe (OpenAI's legacy maximum)
+GENERATION_TOP = 20  # top log-probs the per-token mixture asks for where the server allows them
 
 
 @dataclasses.dataclass
@@ -50,6 +51,7 @@ class ProbeResult:
     start_text: str | None
     token_prompts: bool  # send context ids + continuation ids
     leading: int  # entries the server echoes before a token-id prompt's own (its start token)
+    top_logprobs: int  # the most next-token log-probs one request gets (ensembled generation's top-n)
     findings: dict
 
 
@@ -59,7 +61,8 @@ def probe(client) -> ProbeResult:
     model, max_length = _model_and_window(client)
     client.model = model  # requests from here on name it
     text = probe_text(max_length or client.max_length)
-    targets = _clean_candidates(_next_token_candidates(client, text))
+    candidates = _next_token_candidates(client, text)
+    targets = _clean_candidates(candidates)
     echo = client.text_echoes([text + (targets[0][0] if targets else "")], 1, PROBE_TOP)[0]
     first = [i for i, e in enumerate(echo.ends) if e > 0][0]
     nulls = [i for i in range(first + 1, len(echo.logprobs)) if echo.logprobs[i] is None]
@@ -79,7 +82,8 @@ def probe(client) -> ProbeResult:
         start_text, findings["start"] = _check_start_text(client, max_tokens)
         start = "text" if start_text else None
     token_prompts, leading, findings["prompt_format"] = _check_token_prompts(client, max_tokens, text)
-    return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, findings)
+    top = findings["top_logprobs"] = _top_logprobs_allowed(client, text, len(candidates))
+    return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, top, findings)
 
 
 def probe_text(max_length: int | None) -> str:
@@ -103,9 +107,10 @@ def _model_and_window(client) -> tuple[str | None, int | None]:
     return model, (window[0] if window else None)
 
 
-def _next_token_candidates(client, text: str) -> dict[str, float]:
-    """{token text: log p} for the next token after `text`, from the server's own generation log-probs."""
-    body = {"prompt": text, "max_tokens": 1, "temperature": 0, "logprobs": PROBE_TOP, "echo": False,
+def _next_token_candidates(client, text: str, top: int = PROBE_TOP) -> dict[str, float]:
+    """{token text: log p} for the next token after `text`, from the server's own generation log-probs
+    ({} where the server refuses the request)."""
+    body = {"prompt": text, "max_tokens": 1, "temperature": 0, "logprobs": top, "echo": False,
             **({"model": client.model} if client.model else {})}
     try:
         lp = client.transport.post(client.transport.base_url + "/completions", body, optional=True)["choices"][0]
@@ -121,6 +126,13 @@ def _next_token_candidates(client, text: str) -> dict[str, float]:
     if isinstance(top, dict):
         out.update({k: float(v) for k, v in top.items() if isinstance(v, (int, float))})
     return out
+
+
+def _top_logprobs_allowed(client, text: str, at_probe_top: int) -> int:
+    """How many next-token log-probs a request gets: GENERATION_TOP where the server takes and fills it,
+    else what it returned for PROBE_TOP (OpenAI's API refuses `logprobs` above 5 with a 400)."""
+    got = len(_next_token_candidates(client, text, GENERATION_TOP))
+    return min(got, GENERATION_TOP) if got > PROBE_TOP else max(1, min(at_probe_top, PROBE_TOP))
 
 
 def _check_max_tokens_zero(client) -> tuple[int, str]:

@@ -39,16 +39,16 @@ def _prompts(prompt, vocab_size: int) -> list:
     return prompt
 
 
-async def _complete(engine: ScoringEngine, model_name: str, body: dict) -> dict:
-    """The completions response for one request body."""
+async def _complete(engine: ScoringEngine, model_name: str, body: dict, max_top: int = MAX_TOP_LOGPROBS) -> dict:
+    """The completions response for one request body; `max_top` caps `logprobs` (OpenAI's API allows 5)."""
     prompts = _prompts(body.get("prompt"), engine.lm.tokenizer.vocab_size)
     if body.get("stream"):
         raise RequestError("streaming is not supported")
     if _field(body, "n", int, 1, 1, 1) != 1 or _field(body, "best_of", int, 1, 1, 1) != 1:
         raise RequestError("only n=1 is supported")
     max_tokens = _field(body, "max_tokens", int, 16, 0, MAX_NEW_TOKENS)
-    logprobs = _field(body, "logprobs", int, None, 0, MAX_TOP_LOGPROBS)
-    prompt_logprobs = _field(body, "prompt_logprobs", int, None, 0, MAX_TOP_LOGPROBS)
+    logprobs = _field(body, "logprobs", int, None, 0, max_top)
+    prompt_logprobs = _field(body, "prompt_logprobs", int, None, 0, max_top)
     echo = _field(body, "echo", bool, False)
     _field(body, "temperature", float, 1.0)
     tokenised = [engine.tokens(p) if isinstance(p, str) else engine.pieces(p) for p in prompts]
@@ -90,8 +90,11 @@ async def _complete(engine: ScoringEngine, model_name: str, body: dict) -> dict:
 
 
 def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, batch_wait: float = 0.01,
-             add_start_token: bool = False, api_key: str | None = None):
-    """The Starlette application serving `lm` (a LocalLM); `app.state.engine` owns the model thread."""
+             add_start_token: bool = False, api_key: str | None = None, max_top_logprobs: int = MAX_TOP_LOGPROBS):
+    """The Starlette application serving `lm` (a LocalLM); `app.state.engine` owns the model thread.
+    max_top_logprobs: the largest `logprobs` accepted (a 400 above it, as OpenAI's API does above 5)."""
+    if not 1 <= max_top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"max_top_logprobs must be in [1, {MAX_TOP_LOGPROBS}], got {max_top_logprobs}")
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -119,7 +122,7 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         if not authorised(request):
             return error(401, "missing or wrong API key", "authentication_error")
         try:
-            return JSONResponse(await _complete(engine, model_name, await json_body(request)))
+            return JSONResponse(await _complete(engine, model_name, await json_body(request), max_top_logprobs))
         except RequestError as e:
             return error(400, str(e))
 
