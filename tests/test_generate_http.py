@@ -54,3 +54,17 @@ def test_mixture_against_a_server_capping_top_logprobs_at_five(smollm2, remote):
             capped.transport.post(capped.base_url + "/completions", {"prompt": "Hi", "max_tokens": 1, "logprobs": 20})
         got = capped.generate(contexts, weights, max_new_tokens=6, stop=("\n",), top_n=20)
     assert got[0].text == local[0].text and got[0].token_ids == local[0].token_ids
+
+
+def test_a_stop_string_spanning_tokens_ends_generation_on_both_backends(smollm2, remote):
+    """' 8,' is two tokens (' 8', ','): the kept tokens end with the one completing it, locally and over HTTP."""
+    decode = smollm2.tokenizer.decode
+    stop = " 8,"
+    assert not any(stop in decode([t]) for t in smollm2.tokenizer.encode(" 7, 8, 9,"))  # no single token holds it
+    contexts, weights = [["Count: 1, 2, 3, 4, 5, 6,", "Numbers: 1, 2, 3, 4, 5, 6,"]], [np.log([0.6, 0.4])]
+    for contexts, weights in ((contexts, weights), ([contexts[0][:1]], [[0.0]])):  # mixture, then one pass
+        local = smollm2.generate(contexts, weights, max_new_tokens=12, stop=(stop,))[0]
+        http = remote.generate(contexts, weights, max_new_tokens=12, stop=(stop,))[0]
+        assert decode(local.token_ids) == local.text + stop and stop not in decode(local.token_ids[:-1])
+        assert len(local.logprobs) == len(local.token_ids) and local.finish_reason == "stop"
+        assert http.token_ids == local.token_ids and http.text == local.text == " 7,"

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from replug_jax.lm.blackbox import Generation, check_generation_inputs, cut_at_stop
+from replug_jax.lm.blackbox import Generation, check_generation_inputs, cut_at_stop, tokens_through_stop
 from replug_jax.lm.http_transport import BlackBoxServerError
 
 
@@ -126,10 +126,8 @@ def _sequence(client, prompt, max_new: int, stop) -> Generation:
     choice, lp = _choice_logprobs(client, prompt, max_new, 1)
     tokens = lp.get("tokens") or []
     values = [float(v) for v in lp.get("token_logprobs") or []]
-    for n in range(1, len(tokens) + 1):  # keep the tokens up to the one that completes a stop string
-        if cut_at_stop("".join(tokens[:n]), stop)[1]:
-            tokens, values = tokens[:n], values[:n]
-            break
+    keep = tokens_through_stop(len(tokens), lambda n: "".join(tokens[:n]), stop)
+    tokens, values = tokens[:keep], values[:keep]
     text, stopped = cut_at_stop(choice.get("text") or "".join(tokens), stop)
     ids = [i for t in tokens for i in _token_ids(client, t)]
     finished = stopped or choice.get("finish_reason") == "stop"

@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from replug_jax import replug, sharding
-from replug_jax.lm.blackbox import Generation, check_generation_inputs, cut_at_stop
+from replug_jax.lm.blackbox import Generation, check_generation_inputs, cut_at_stop, tokens_through_stop
 from replug_jax.models import causal_lm
 
 NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
@@ -172,10 +172,14 @@ class LocalGenerator:
         return self._stop_masks[stop]
 
     def _to_generation(self, tokens, lps, stop, max_new_tokens) -> Generation:
+        """Tokens cut through the one completing a stop string on the decoded text (the device loop stops only
+        on tokens holding a whole stop string; a stop spanning tokens is found here, as HTTP does)."""
         ids = [int(t) for t in tokens]
+        keep = tokens_through_stop(len(ids), lambda n: self.lm.tokenizer.decode(ids[:n]), stop)
+        ids, lps = ids[:keep], lps[:keep]
         text, stopped = cut_at_stop(self.lm.tokenizer.decode(ids), stop)
         eos = bool(ids) and ids[-1] == self.lm.tokenizer.eos_id
         if eos:
             text = cut_at_stop(self.lm.tokenizer.decode(ids[:-1]), stop)[0]
-        finished = stopped or eos or len(ids) < max_new_tokens
+        finished = stopped or eos or len(tokens) < max_new_tokens
         return Generation(text, ids, [float(x) for x in lps], "stop" if finished else "length")
