@@ -68,3 +68,25 @@ def test_a_stop_string_spanning_tokens_ends_generation_on_both_backends(smollm2,
         assert decode(local.token_ids) == local.text + stop and stop not in decode(local.token_ids[:-1])
         assert len(local.logprobs) == len(local.token_ids) and local.finish_reason == "stop"
         assert http.token_ids == local.token_ids and http.text == local.text == " 7,"
+
+
+def test_an_over_long_prompt_is_cut_the_same_way_on_both_backends(smollm2):
+    """A 96-token window: the few-shot prefix is kept whole and the context cut from the left, by both."""
+    from replug_jax.lm.local import LocalLM
+
+    small = LocalLM(smollm2.config, smollm2.params, smollm2.tokenizer, name="smollm2-96", max_length=96)
+    prefix = "Answer with the name of a city.\nQuestion: Where is the Louvre?\nAnswer: Paris\n"
+    context = " ".join(DOCS * 8) + QUESTION  # ~150 tokens: the prompt does not fit
+    assert len(small.tokenizer.encode(prefix + context)) > 96
+    local = small.generate([[context]], [[0.0]], max_new_tokens=6, stop=("\n",), shared_prefix=prefix)[0]
+    with BackgroundServer(small) as server:
+        http = HTTPLM(server.url, tokenizer=small.tokenizer).generate(
+            [[context]], [[0.0]], max_new_tokens=6, stop=("\n",), shared_prefix=prefix)[0]
+    assert http.token_ids == local.token_ids
+    np.testing.assert_allclose(http.logprobs, local.logprobs, atol=1e-4)
+    # the prompt both sent: the prefix whole, then the context's last tokens (checked against the full model)
+    room = 96 - len(small.tokenizer.encode(prefix)) - 6
+    kept = small.tokenizer.encode(context)[-room:]
+    full = smollm2.generate([[small.tokenizer.decode(kept)]], [[0.0]], max_new_tokens=6, stop=("\n",),
+                            shared_prefix=prefix)[0]
+    np.testing.assert_allclose(full.logprobs[:1], local.logprobs[:1], atol=1e-3)

@@ -138,6 +138,28 @@ def pair_token_ids(tokenizer: TextTokenizer, context: str, continuation: str, ma
     return ctx, cont
 
 
+def generation_prompt_ids(tokenizer: TextTokenizer, prefix: str, context: str, max_length: int | None,
+                          max_new_tokens: int, start_id: int | None) -> tuple[list[int], list[int]]:
+    """(prefix ids, context ids) of one generation pass, as every backend sends them: the shared prefix kept
+    whole, the context cut from the LEFT so that prefix + context + max_new_tokens fit `max_length`
+    (None: unbounded); an empty prompt is the document-start token. Errors name the problem."""
+    prefix_ids = tokenizer.encode(prefix) if prefix else []
+    ctx = tokenizer.encode(context) if context else []
+    if not ctx and prefix_ids:
+        raise ValueError("a pass context is empty after the shared prefix: end the prompt in the context")
+    if not ctx:
+        if start_id is None:
+            raise ValueError("an empty prompt and the tokenizer has no document-start token to condition on")
+        ctx = [start_id]
+    if max_length is not None:
+        room = max_length - len(prefix_ids) - max_new_tokens
+        if room < 1:
+            raise ValueError(f"a shared prefix of {len(prefix_ids)} tokens and max_new_tokens={max_new_tokens} "
+                             f"leave no room in the LM's {max_length}-token window")
+        ctx = ctx[-room:]
+    return prefix_ids, ctx
+
+
 def continuation_ids(tokenizer: TextTokenizer, continuation: str, max_length: int | None) -> list[int]:
     """The continuation's ids, refused when empty or when they leave no room for a context token."""
     cont = tokenizer.encode(continuation)

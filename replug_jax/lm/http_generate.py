@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from replug_jax.lm.blackbox import Generation, check_generation_inputs, cut_at_stop, tokens_through_stop
+from replug_jax.lm.blackbox import (Generation, check_generation_inputs, cut_at_stop, generation_prompt_ids,
+                                   tokens_through_stop)
 from replug_jax.lm.http_transport import BlackBoxServerError
 
 
@@ -60,21 +61,13 @@ def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("
 
 
 def _prompt(client, prefix: str, context: str, max_new: int):
-    """The pass prompt: token ids by the contract's rule (cut from the left to leave room), or text."""
+    """The pass prompt: token ids by the contract's rule (`generation_prompt_ids`, the prefix kept whole and the
+    context cut from the left, as the local backend does), or text."""
     if not client.token_prompts:
         return prefix + context
-    tok = client.tokenizer
-    ids = (tok.encode(prefix) if prefix else []) + (tok.encode(context) if context else [])
-    if not ids:
-        if client.start_id is None:
-            raise ValueError("an empty prompt and the tokenizer has no document-start token to condition on")
-        ids = [client.start_id]
-    if client.max_length:
-        room = client.max_length - max_new - client.leading
-        if room < 1:
-            raise ValueError(f"max_new_tokens={max_new} leaves no room in the server's {client.max_length}-token window")
-        ids = ids[-room:]
-    return ids
+    window = client.max_length - client.leading if client.max_length else None
+    prefix_ids, context_ids = generation_prompt_ids(client.tokenizer, prefix, context, window, max_new, client.start_id)
+    return prefix_ids + context_ids
 
 
 def _body(client, prompt, max_tokens: int, top: int) -> dict:

@@ -21,7 +21,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from replug_jax import replug, sharding
-from replug_jax.lm.blackbox import Generation, check_generation_inputs, cut_at_stop, tokens_through_stop
+from replug_jax.lm.blackbox import (Generation, check_generation_inputs, cut_at_stop, generation_prompt_ids,
+                                   tokens_through_stop)
 from replug_jax.models import causal_lm
 
 NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
@@ -95,13 +96,12 @@ class LocalGenerator:
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
                  progress: bool = False) -> list[Generation]:
         weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]
-        lm, tok = self.lm, self.lm.tokenizer
-        prefix = tok.encode(shared_prefix) if shared_prefix else []
-        room = lm.max_length - len(prefix) - max_new_tokens
-        if room < 1:
-            raise ValueError(f"a shared prefix of {len(prefix)} tokens and max_new_tokens={max_new_tokens} leave no "
-                             f"room in the LM's {lm.max_length}-token window")
-        rows = [[self._context_ids(c, bool(prefix))[-room:] for c in ctx] for ctx in contexts]
+        lm = self.lm
+        prompt = functools.partial(generation_prompt_ids, lm.tokenizer, shared_prefix, max_length=lm.max_length,
+                                   max_new_tokens=max_new_tokens, start_id=lm.start_id)
+        passes = [[prompt(c) for c in ctx] for ctx in contexts]  # (prefix ids, context ids) per pass
+        prefix = passes[0][0][0]
+        rows = [[ids for _, ids in q] for q in passes]
         stop_mask = self._stop_mask(tuple(stop))
         steps = sharding.round_up(max_new_tokens, NEW_TOKEN_MULTIPLE)
         p_len = sharding.round_up(max(len(prefix), 1), lm.length_multiple)
@@ -121,16 +121,6 @@ class LocalGenerator:
             for j, i in enumerate(idx):
                 out[i] = self._to_generation(tokens[j, : counts[j]], lps[j, : counts[j]], stop, max_new_tokens)
         return out  # type: ignore[return-value]
-
-    def _context_ids(self, context: str, has_prefix: bool) -> list[int]:
-        ids = self.lm.tokenizer.encode(context) if context else []
-        if not ids and has_prefix:
-            raise ValueError("a pass context is empty after the shared prefix: end the prompt in the context")
-        if not ids:
-            if self.lm.start_id is None:
-                raise ValueError("an empty prompt and the tokenizer has no document-start token to condition on")
-            ids = [self.lm.start_id]
-        return ids
 
     def _batch(self, rows, weights, prefix_ids, prefix_mask, stop_mask, limit, steps, n):
         lm = self.lm
