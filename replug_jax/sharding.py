@@ -35,6 +35,15 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(DATA_AXIS))
 
 
+def process_rows(batch: NamedSharding, shape: tuple[int, ...]) -> np.ndarray:
+    """Global indices of the rows this process holds under `batch` (rows split on axis 0), in the order of its
+    local data: its devices' row slices, ascending, replicas once (`jax.make_array_from_process_local_data`'s
+    layout). Taken from each device's own index, so a mesh whose devices are not grouped by process works."""
+    spans = sorted({(i[0].start or 0, shape[0] if i[0].stop is None else i[0].stop)
+                    for i in batch.addressable_devices_indices_map(shape).values()})
+    return np.concatenate([np.arange(a, b) for a, b in spans])
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 

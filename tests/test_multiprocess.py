@@ -208,3 +208,9 @@ def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path, pipe
         assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
     for a, b in zip(two_process_params(tmp_path / "two"), want_params):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_device_search_on_a_mesh_not_grouped_by_process():
+    """Devices ordered p0, p1, p0, p1: each process still gets the answers to its own queries."""
+    out = launch(2, 2, "tests/device_search_child.py")
+    assert "process 0: 3 queries" in out and "process 1: 5 queries" in out

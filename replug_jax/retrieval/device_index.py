@@ -112,12 +112,11 @@ class DeviceIndex:
             return np.zeros((0, depth), np.float32), np.zeros((0, depth), np.int64)
         padded = np.zeros((bucket, self.dim), np.float32)
         padded[: len(queries)] = prepare_rows(queries, self.meta["metric"])
-        global_queries = jax.make_array_from_process_local_data(sharding.batch_sharding(self.mesh), padded)
+        split = sharding.batch_sharding(self.mesh)
+        global_queries = jax.make_array_from_process_local_data(split, padded)
         scores, rows = self._fn(depth)(global_queries, self.matrix)  # [processes * bucket, depth], replicated
-        first = distributed.process_index() * bucket
-        scores = np.asarray(scores.addressable_data(0))[first : first + len(queries)]
-        rows = np.asarray(rows.addressable_data(0))[first : first + len(queries)].astype(np.int64)
-        return scores, rows
+        mine = sharding.process_rows(split, global_queries.shape)[: len(queries)]  # where this process's queries sit
+        return np.asarray(scores.addressable_data(0))[mine], np.asarray(rows.addressable_data(0))[mine].astype(np.int64)
 
     def search(self, queries: np.ndarray, k: int, exclude: Exclude = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (scores [Q, k] float32, rows [Q, k] int64), as `DenseIndex.search`; collective."""
