@@ -69,6 +69,15 @@ def is_lead() -> bool:
     return process_index() == 0
 
 
+def per_process_path(path: str) -> str:
+    """`path` itself with one process; with several, `stem.p{index}.ext`: a file only this process opens (an
+    SQLite cache on a TPU VM's shared file system is unsafe when several hosts write one file)."""
+    if process_count() == 1:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.p{process_index()}{ext}"
+
+
 def share(total: int, index: int | None = None, count: int | None = None) -> range:
     """The contiguous rows [start, stop) of `total` that process `index` of `count` owns (sizes differ by <= 1)."""
     index = process_index() if index is None else index

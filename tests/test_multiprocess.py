@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -92,6 +93,8 @@ def test_lm_eval_over_two_processes_equals_one(tiny_job):
     per_process = two["lm_requests"]
     assert len(per_process) == 2 and all(p["cache_misses"] > 0 for p in per_process)
     assert sum(p["cache_misses"] for p in per_process) == one["lm_requests"]["cache_misses"]
+    # each process its own SQLite file (several hosts writing one file on a shared file system is unsafe)
+    assert sorted(f for f in os.listdir(base / "two") if ".sqlite" in f and "-" not in f) == ["lm.p0.sqlite", "lm.p1.sqlite"]
     # the corpus was embedded half by each process, into one file equal to the one-process embedding
     e1, e2 = np.load(base / "one" / "embeddings_dense.npy"), np.load(base / "two" / "embeddings_dense.npy")
     assert e1.shape == e2.shape and np.abs(e1 - e2).max() <= 1e-5
@@ -208,6 +211,21 @@ def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path, pipe
         assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
     for a, b in zip(two_process_params(tmp_path / "two"), want_params):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_lsr_whose_last_refresh_would_swap_after_the_end(lsr_models, tmp_path):
+    """Refreshes every 3 steps swapped 2 steps later, 7 steps: the refresh at step 6 would swap at step 8, after
+    the end, so it is not requested; both processes finish, write the final checkpoint and exit in bounded time."""
+    child = os.path.join(ROOT, "tests", "lsr_multiprocess_run.py")
+    started = time.time()
+    launch(2, 2, child, lsr_models, str(tmp_path), "7", "0", "both", "0", "2", timeout=300)
+    assert time.time() - started < 300
+    assert "7" in os.listdir(tmp_path / "checkpoints")  # the final checkpoint
+    versions = [r["index_version"] for r in map(json.loads, open(tmp_path / "metrics.jsonl"))]
+    assert versions == [0, 0, 0, 0, 1, 1, 1]  # the step-3 refresh swapped at step 5; none after
+    assert not os.path.exists(tmp_path / "indexes" / "index_v2")  # no wasted rebuild
+    assert {"lm_cache.p0.sqlite", "lm_cache.p1.sqlite"} <= set(os.listdir(tmp_path))  # a cache file per process
+    assert not os.path.exists(tmp_path / "lm_cache.sqlite")
 
 
 def test_device_search_on_a_mesh_not_grouped_by_process():

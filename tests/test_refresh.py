@@ -210,3 +210,26 @@ def test_adopt_an_index_and_a_failing_first_build(setup, monkeypatch, tmp_path):
     monkeypatch.setattr(enc, "embed", broken)
     with pytest.raises(RuntimeError, match="no encoder today"):  # nothing to fall back on
         IndexRefresher(enc, store).request(params["p0"], step=0, version=0, wait=True)
+
+
+def test_close_does_not_hang_on_a_build_blocked_outside_the_embedding(setup, monkeypatch, caplog):
+    """A build stuck where cancellation cannot reach it (several processes: a barrier whose peer left) is left to
+    the process, with a warning: close() returns within its timeout."""
+    enc, store, params, _, _ = setup
+    release, embed = threading.Event(), enc.embed
+
+    def stuck(*args, **kwargs):  # past the cancellation check, blocked as at a barrier
+        release.wait(120)
+        return embed(*args, **kwargs)
+
+    r = IndexRefresher(enc, store, swap_after=2)
+    r.request(params["p0"], step=0, version=0, wait=True)
+    monkeypatch.setattr(enc, "embed", stuck)
+    r.request(params["p1"], step=1, version=1)
+    closer = threading.Thread(target=r.close, kwargs={"timeout": 1})
+    with caplog.at_level(logging.WARNING):
+        closer.start()
+        closer.join(30)
+    release.set()
+    assert not closer.is_alive(), "close() hung on the blocked build"
+    assert "did not stop within 1s" in caplog.text and r.pending is None

@@ -207,8 +207,9 @@ def prepare(config, workdir: str) -> Setup:
     tokenizer = lm_tokenizer(lm, config)
     kind = type(lm).__name__
     if config.get("lm_cache"):
-        lm = CachedLM(lm, config.lm_cache)
-        kind += f", scores cached in {config.lm_cache}"
+        path = distributed.per_process_path(config.lm_cache)  # one file per process (shared file systems)
+        lm = CachedLM(lm, path)
+        kind += f", scores cached in {path}"
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({kind})")
     store = distributed.lead_first(lambda: build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared))
     console.phase(f"datastore: {len(store):,} passages of up to {config.doc_tokens} LM tokens")

@@ -226,12 +226,17 @@ class IndexRefresher:
     def path(self, version: int) -> str:
         return os.path.join(self.workdir, f"index_v{version}")
 
-    def close(self) -> None:
-        """Cancel a running build (between embedding blocks) and join its thread."""
+    def close(self, timeout: float = 60) -> None:
+        """Cancel a running build (between embedding blocks) and join its thread for at most `timeout` seconds: a
+        build blocked elsewhere (several processes: at a barrier its cancelled peer never reaches) is left to die
+        with the process (a daemon thread), with a warning, rather than hang the end of training."""
         self._stop.set()
         p = self._pending
         if p is not None and p["thread"] is not None:
-            p["thread"].join()
+            p["thread"].join(timeout)
+            if p["thread"].is_alive():
+                log.warning("index refresh v%d did not stop within %.0fs of close(); left to end with the process",
+                            p["version"], timeout)
         self._pending = None
 
     def __enter__(self) -> "IndexRefresher":

@@ -5,8 +5,9 @@ Each step: embed the batch's queries with the current retriever, search the curr
 from the LM through the persistent cache, and run the jitted train step, which re-encodes
 queries and documents with the current parameters and minimises KL(P_R ‖ Q). Every
 `refresh_every` steps the refresher re-embeds the datastore on a background thread and
-swaps the new index in `swap_after` steps later. Checkpoints are taken only when no
-refresh is pending, so a killed run resumes exactly: same index version, same data
+swaps the new index in `swap_after` steps later (a refresh is requested only when that swap falls
+within the run). Checkpoints are taken only when no refresh is pending (the final step's always),
+so a killed run resumes exactly: same index version, same data
 position, same parameters and losses as an uninterrupted run.
 
 Pipelined (`pipeline=True`): LM scoring dominates a step (and with an API LM it is network
@@ -20,9 +21,9 @@ preparation when serial, what the overlap did not hide when pipelined).
 
 Several processes: each retrieves for, LM-scores and encodes only its own contiguous share of the
 global batch (`distributed.share`); the step joins the shares into global arrays and XLA reduces the
-gradient over every device of every process; process 0 logs. All processes share the LM-score cache
-(one SQLite file: safe on a local disk, not on a network file system) and write the orbax checkpoints
-together; "next_rows" holds the whole global batch's rows. A refresh re-embeds the datastore split over
+gradient over every device of every process; process 0 logs. Each process keeps its own LM-score
+cache (`lm_cache.p{i}.sqlite`: SQLite is unsafe when several hosts write one file on a shared file
+system); all write the orbax checkpoints together; "next_rows" holds the whole global batch's rows. A refresh re-embeds the datastore split over
 the processes on each one's background thread (`build_dense_index`), and process 0 builds the index.
 """
 from __future__ import annotations
@@ -164,7 +165,8 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
             refresher.request(state["params"], step=0, version=0, wait=True)
     step_fn = train_step_lib.make_train_step(encoder.config, optimizer, mesh, gamma=s.gamma, beta=s.beta,
                                              direction=s.direction, normalize=s.metric == "cosine", dtype=encoder.dtype)
-    cache = LMScoreCache(os.path.join(workdir, "lm_cache.sqlite"), lm, key_fields={"doc_template": s.doc_template})
+    cache = LMScoreCache(distributed.per_process_path(os.path.join(workdir, "lm_cache.sqlite")), lm,
+                         key_fields={"doc_template": s.doc_template})
     doc_vectors = None if s.train_documents else FrozenDocumentVectors(refresher.current)  # no refresh: the index stays version 0
     logger = MetricsLogger(workdir, resume_step=start, enabled=lead)
     pending_checkpoint = False
@@ -210,7 +212,8 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
             data_position += s.batch_size
             previous_params = jax.tree.map(jnp.copy, state["params"]) if s.pipeline else None  # before the donation
             state, metrics = step_fn(state, prepared.batch)  # dispatched: runs on the devices while we go on
-            if s.train_documents and step % s.refresh_every == 0 and step < s.steps:
+            if s.train_documents and step % s.refresh_every == 0 and step + max(s.swap_after, 1) <= s.steps:
+                # only a refresh that swaps in before the end: a later one would be wasted and block the last checkpoint
                 refresher.request(state["params"], step=step, version=refresher.version + 1)
                 if s.swap_after == 0:  # synchronous: serve it now, so no refresh is pending at the checkpoint
                     swap = refresher.maybe_swap(step) or swap
@@ -232,7 +235,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
             if step % s.log_every == 0 or swap:
                 logger.log(step, metrics)
             pending_checkpoint |= step % s.checkpoint_every == 0 or step == s.steps
-            if pending_checkpoint and not refresher.pending:
+            if pending_checkpoint and (not refresher.pending or step == s.steps):  # the final one always
                 meta = {"step": step, "index_version": refresher.version, "data_position": data_position}
                 if upcoming is not None:  # the next step's rows came from this step's input parameters: keep them
                     meta["next_rows"] = sum(distributed.allgather_json(upcoming.result().rows.tolist()), [])
