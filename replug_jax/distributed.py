@@ -17,6 +17,9 @@ import threading
 ENV_COORDINATOR = "REPLUG_JAX_COORDINATOR"  # host:port of process 0's coordinator service
 ENV_NUM_PROCESSES = "REPLUG_JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "REPLUG_JAX_PROCESS_ID"
+# A process that stops heart-beating (killed, its host lost) fails the coordination service within this many
+# seconds, and the service's error aborts every other process (a barrier would otherwise wait TIMEOUT_MS).
+HEARTBEAT_S = int(os.environ.get("REPLUG_JAX_HEARTBEAT_S", 60))
 
 
 def launched() -> bool:
@@ -29,7 +32,9 @@ def initialize(multihost: bool = False) -> bool:
 
     Started by the launcher: the coordinator, count and id come from the environment. `multihost`
     (TPU VMs, SLURM, ...): `jax.distributed.initialize()` detects them. Otherwise nothing happens.
-    Call it before any other JAX work (it must precede the first use of a backend).
+    Call it before any other JAX work (it must precede the first use of a backend). A process that dies
+    stops the others within `HEARTBEAT_S` seconds ($REPLUG_JAX_HEARTBEAT_S, default 60): the coordination
+    service misses its heartbeat and aborts every peer, with or without a common launcher.
     """
     import jax
 
@@ -41,10 +46,11 @@ def initialize(multihost: bool = False) -> bool:
             raise RuntimeError(f"replug_jax.launch environment is incomplete or malformed: {e!r} (set "
                                f"{ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID})") from None
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of different processes
-        jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index)
+        jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index,
+                                   heartbeat_timeout_seconds=HEARTBEAT_S)
         return True
     if multihost:
-        jax.distributed.initialize()
+        jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_S)
         return True
     return False
 

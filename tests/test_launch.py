@@ -61,3 +61,24 @@ def test_jobs_under_several_processes_refuse_clearly(tmp_path):
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode != 0
     assert "the qa job does not split its work over processes yet" in done.stdout
+
+
+@pytest.mark.parametrize("victim", [0, 1], ids=["coordinator-killed", "worker-killed"])
+def test_a_killed_process_stops_its_peer_without_a_common_launcher(victim):
+    """Two processes started apart (two hosts: no launcher to stop the survivor); one is SIGKILLed while the other
+    waits at a barrier. The coordination service's heartbeat (REPLUG_JAX_HEARTBEAT_S=5) aborts the survivor
+    within seconds instead of the barrier's 24 h."""
+    import time
+
+    port = launch.free_port()
+    child = os.path.join(ROOT, "tests", "heartbeat_child.py")
+    started = time.time()
+    procs = [subprocess.Popen([sys.executable, child, str(victim)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**launch.child_env(i, 2, port, 1), "REPLUG_JAX_HEARTBEAT_S": "5"})
+             for i in range(2)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    survivor = procs[1 - victim]
+    assert time.time() - started < 90
+    assert "joined" in outputs[1 - victim] and "passed a barrier" not in outputs[1 - victim]
+    assert survivor.returncode != 0 and procs[victim].returncode == -9
