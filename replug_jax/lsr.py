@@ -45,28 +45,12 @@ __all__ = ["DIRECTIONS", "retrieval_log_likelihood", "lm_log_likelihood", "kl_lo
 DIRECTIONS = ("pr_q", "q_pr")
 
 
-def _centered(x, doc_mask) -> jax.Array:
-    """x minus its row maximum over the valid finite entries (a constant): [B, K] -> [B, K].
-
-    Softmax is shift-invariant, but float32 is not: ℓ/β for a 128-token continuation is
-    ~ -4000, where one ulp is 2.4e-4, so dividing first would put errors of that size into
-    log Q. Subtracting the row maximum first keeps the numbers near 0. Masked entries are
-    left as they are (never read).
-    """
-    x = jnp.asarray(x)
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    valid = jnp.asarray(doc_mask, bool) & jnp.isfinite(x)  # [B, K]
-    m = jnp.max(jnp.where(valid, x, -jnp.inf), axis=-1, keepdims=True)  # [B, 1]
-    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-    return jnp.where(valid, x - m, x)
-
-
 def retrieval_log_likelihood(scores, doc_mask, gamma) -> jax.Array:
     """log P_R = log softmax(s / γ) over the valid documents: scores, doc_mask [B, K] -> [B, K].
 
     -inf for masked or -inf-scored documents; a row with no valid document is all -inf.
     """
-    return ensemble_log_weights(_centered(scores, doc_mask), doc_mask, gamma)
+    return ensemble_log_weights(scores, doc_mask, gamma)  # centred on the row maximum before dividing by γ
 
 
 def lm_log_likelihood(lm_scores, doc_mask, beta) -> jax.Array:
@@ -75,8 +59,9 @@ def lm_log_likelihood(lm_scores, doc_mask, beta) -> jax.Array:
     lm_scores ℓ [B, K] = log P_LM(y | d_k ∘ x) (summed over y's tokens, or its mean: the
     caller decides). Q is a constant of the objective: the gradient wrt ℓ is exactly 0.
     """
-    lm_scores = _centered(jax.lax.stop_gradient(lm_scores), doc_mask)  # [B, K]
-    return jax.lax.stop_gradient(ensemble_log_weights(lm_scores, doc_mask, beta))
+    # ensemble_log_weights subtracts the row maximum before dividing: ℓ/β of a 128-token continuation is ~ -4000,
+    # where a float32 ulp is 2.4e-4, so dividing first would put errors of that size into log Q
+    return jax.lax.stop_gradient(ensemble_log_weights(jax.lax.stop_gradient(lm_scores), doc_mask, beta))
 
 
 def _support(log_p, doc_mask) -> jax.Array:

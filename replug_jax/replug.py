@@ -1,4 +1,4 @@
-"""The REPLUG ensemble (Shi et al., 2023, §3.2) as pure JAX functions, plus a sharded variant.
+"""The REPLUG ensemble (Shi et al., 2023, §3.2) as pure JAX functions.
 
 Each of the K retrieved documents d_k is prepended to the input x and scored by the
 black-box LM separately; the K predictions are mixed in probability space with weights
@@ -29,16 +29,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
-
-from replug_jax.sharding import DATA_AXIS
 
 __all__ = [
     "ensemble_log_weights",
     "ensemble_logprobs",
-    "ensemble_token_logprobs",
-    "ensemble_next_token_logprobs",
-    "sharded_ensemble_token_logprobs",
 ]
 
 
@@ -88,7 +82,9 @@ def ensemble_log_weights(scores, doc_mask, temperature=1.0) -> jax.Array:
 
 
 def ensemble_logprobs(doc_logprobs, scores, doc_mask, temperature=1.0) -> jax.Array:
-    """The REPLUG mixture for any trailing shape: [B, K, *S] -> [B, *S].
+    """The REPLUG mixture for any trailing shape: [B, K, *S] -> [B, *S]: per continuation token ([B, K, T]: the
+    scored log p(y_t | d_k ∘ x, y_<t), pads masked by the caller afterwards) or over the vocabulary ([B, K, V]:
+    normalised next-token log-probs, for generation; the result is normalised for rows with a valid document).
 
     out[b, ...] = logsumexp_k(log λ[b, k] + doc_logprobs[b, k, ...]); documents with
     zero weight are skipped entirely (their log-probabilities may be NaN).
@@ -101,57 +97,3 @@ def ensemble_logprobs(doc_logprobs, scores, doc_mask, temperature=1.0) -> jax.Ar
     terms = jnp.where(valid, jnp.where(valid, log_w, 0.0) + lp, -jnp.inf)  # [B, K, *S]
     valid = jnp.broadcast_to(valid, terms.shape)
     return _masked_logsumexp(terms, valid, axis=1)  # [B, *S]
-
-
-def ensemble_token_logprobs(doc_token_logprobs, scores, doc_mask, temperature=1.0) -> jax.Array:
-    """log p(y_t | x) for a scored continuation.
-
-    doc_token_logprobs: [B, K, T] = log p(y_t | d_k ∘ x, y_<t) from the black-box LM
-    (pad tokens may hold anything; the caller masks them in T afterwards).
-    scores: [B, K]; doc_mask: [B, K] bool. Returns [B, T].
-    """
-    return ensemble_logprobs(doc_token_logprobs, scores, doc_mask, temperature)
-
-
-def ensemble_next_token_logprobs(doc_next_logprobs, scores, doc_mask, temperature=1.0) -> jax.Array:
-    """The mixture over the whole vocabulary, for generation.
-
-    doc_next_logprobs: [B, K, V] = log p(· | d_k ∘ x) (normalised per document).
-    Returns [B, V], normalised (exp sums to 1) for every row with a valid document.
-    """
-    return ensemble_logprobs(doc_next_logprobs, scores, doc_mask, temperature)
-
-
-def sharded_ensemble_token_logprobs(mesh: Mesh):
-    """`ensemble_token_logprobs` with the batch axis split over `mesh` (axis "data").
-
-    Returns fn(doc_token_logprobs [B, K, T], scores [B, K], doc_mask [B, K], temperature)
-    -> [B, T], jitted (once per input shape; temperature is a traced scalar, so changing
-    it does not recompile). Any B works: inside the jitted function the batch is padded
-    up to a multiple of the device count with rows whose documents are all masked (so
-    they compute -inf without NaN), each device runs the ensemble on its B / n rows via
-    `jax.shard_map`, and the padding rows are sliced off before returning.
-    """
-    n = mesh.devices.size
-    per_device = jax.shard_map(
-        ensemble_token_logprobs,
-        mesh=mesh,
-        in_specs=(P(DATA_AXIS), P(DATA_AXIS), P(DATA_AXIS), P()),
-        out_specs=P(DATA_AXIS),
-    )
-
-    @jax.jit
-    def fn(doc_token_logprobs, scores, doc_mask, temperature=1.0):
-        lp = _as_float(doc_token_logprobs)  # [B, K, T]
-        s = _as_float(scores)  # [B, K]
-        mask = jnp.asarray(doc_mask, bool)  # [B, K]
-        b = lp.shape[0]
-        pad = -(-b // n) * n - b
-        if pad:
-            lp = jnp.pad(lp, ((0, pad), (0, 0), (0, 0)))
-            s = jnp.pad(s, ((0, pad), (0, 0)))
-            mask = jnp.pad(mask, ((0, pad), (0, 0)), constant_values=False)
-        out = per_device(lp, s, mask, jnp.asarray(temperature, s.dtype))  # [B + pad, T]
-        return out[:b]
-
-    return fn

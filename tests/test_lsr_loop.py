@@ -20,7 +20,8 @@ from replug_jax.jobs.lsr import load_trained_encoder, lsr_settings, run_lsr
 from replug_jax.lm.local import LocalLM
 from replug_jax.passages import DOC_TEMPLATE, format_docs
 from replug_jax.retrieval.index import read_meta
-from replug_jax.retrieval.refresh import IndexRefresher, saved_versions
+from replug_jax.retrieval.refresh import IndexRefresher
+from tests.index_files import saved_versions
 from replug_jax.train import loop
 from replug_jax.train import step as train_step_lib
 from replug_jax.train.checkpoint import CORRUPT_DIR, Checkpointer

@@ -12,7 +12,8 @@ import pytest
 import replug_jax as rj
 from replug_jax.retrieval.datastore import Datastore
 from replug_jax.retrieval.index import DenseIndex, IndexRefused
-from replug_jax.retrieval.refresh import IndexRefresher, saved_versions
+from replug_jax.retrieval.refresh import IndexRefresher
+from tests.index_files import saved_versions
 
 from tests import hf_tiny
 

@@ -140,7 +140,7 @@ def test_embed_corpus_resumes_and_reuses(tmp_path, monkeypatch):
     monkeypatch.setattr(enc, "embed", failing)
     with pytest.raises(KeyboardInterrupt):
         embeddings.embed_corpus(enc, texts, path, block_size=5, progress=False)
-    assert embeddings.embedding_info(path)["rows_done"] == 10
+    assert json.load(open(embeddings.sidecar_path(path)))["rows_done"] == 10  # the resume point on disk
     monkeypatch.setattr(enc, "embed", real_embed)
     enc.rows = 0
     out = embeddings.embed_corpus(enc, texts, path, block_size=5, progress=False)

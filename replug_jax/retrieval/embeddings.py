@@ -137,11 +137,3 @@ def _rows_done(path: str, want: dict) -> int:
 def _write_sidecar(path: str, want: dict, rows_done: int) -> None:
     with atomic_open(sidecar_path(path)) as f:
         json.dump({**want, "rows_done": rows_done}, f, indent=1)
-
-
-def embedding_info(path: str) -> dict | None:
-    """The sidecar of an embeddings file (rows_done, encoder, texts, dtype, count, dim), or None."""
-    if not os.path.isfile(sidecar_path(path)):
-        return None
-    with open(sidecar_path(path), encoding="utf-8") as f:
-        return json.load(f)

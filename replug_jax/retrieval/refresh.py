@@ -45,7 +45,7 @@ import numpy as np
 from replug_jax import distributed
 from replug_jax.retrieval.build import build_dense_index
 from replug_jax.retrieval.datastore import Datastore
-from replug_jax.retrieval.index import DenseIndex, IndexRefused, read_meta
+from replug_jax.retrieval.index import DenseIndex, IndexRefused
 from replug_jax.retrieval.retriever import index_meta
 
 log = logging.getLogger(__name__)
@@ -287,19 +287,3 @@ class IndexRefresher:
             m = re.fullmatch(r"embeddings_v(\d+)\.npy(\.json)?", name)
             if m and int(m.group(1)) < newest:
                 os.remove(os.path.join(self.workdir, name))
-
-
-def saved_versions(workdir: str) -> list[int]:
-    """Versions of the complete indexes saved in `workdir` (those with metadata), oldest first."""
-    if not os.path.isdir(workdir):
-        return []
-    out = []
-    for name in os.listdir(workdir):
-        m = _INDEX_DIR.fullmatch(name)
-        if m:
-            try:
-                read_meta(os.path.join(workdir, name))
-                out.append(int(m.group(1)))
-            except (OSError, ValueError):
-                pass
-    return sorted(out)

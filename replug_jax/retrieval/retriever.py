@@ -13,7 +13,7 @@ approximate index finds too few) are score -inf and row -1.
 from __future__ import annotations
 
 import zlib
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -22,15 +22,6 @@ from replug_jax.retrieval.datastore import Datastore
 from replug_jax.retrieval.index import DenseIndex, IndexRefused, search_excluding
 
 ExcludeSources = Sequence[Iterable[str] | None] | None
-
-
-class Retriever(Protocol):
-    datastore: Datastore
-
-    def retrieve(self, query_texts: Sequence[str], k: int,
-                 exclude_sources: ExcludeSources = None) -> tuple[np.ndarray, np.ndarray]:
-        """(scores [Q, k] float32, rows [Q, k] int64), best first."""
-        ...
 
 
 def index_meta(encoder, datastore: Datastore) -> dict:
