@@ -45,6 +45,14 @@ def test_train_does_not_import_evaluate():
             assert not {d for d in deps if d.startswith("replug_jax.evaluate")}, f"{module} imports {deps}"
 
 
+def test_data_does_not_reach_up_into_evaluation_training_or_jobs():
+    """Data readers sit below what consumes them (answer normalisation lives in replug_jax/answers.py for both)."""
+    upper = ("replug_jax.evaluate", "replug_jax.train", "replug_jax.jobs")
+    for module, deps in graph().items():
+        if module.startswith("replug_jax.data"):
+            assert not {d for d in deps if d.startswith(upper)}, f"{module} imports {sorted(deps)}"
+
+
 def test_no_import_circle():
     g = graph()
     state: dict[str, int] = {}

@@ -4,41 +4,16 @@
     exact_match("beatles", ["The Beatles"])   # True: max over the gold answers
     answer_recall(["art"], ["a party"])       # False: gold answers match at word boundaries only
 
-The normalisation is SQuAD's (lowercase, drop punctuation, drop the articles a/an/the, collapse
-whitespace), preceded by Unicode NFKC so that full-width forms and composed/decomposed accents
-compare equal, and with punctuation taken as `string.punctuation` plus every Unicode P* character.
-A gold answer that normalises to "" (e.g. "A" or "The") never matches anything: DPR's and the
+The normalisation is SQuAD's (`replug_jax/answers.py`, shared with the data readers). A gold answer that normalises to "" (e.g. "A" or "The") never matches anything: DPR's and the
 official REPLUG code's EM would score an empty prediction as correct against it.
 """
 from __future__ import annotations
 
-import functools
-import re
-import string
-import sys
-import unicodedata
 from typing import Iterable
 
-_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+from replug_jax.answers import normalize_answer  # re-exported: the metrics' normalisation
 
-
-@functools.lru_cache(maxsize=1)
-def _punctuation_table() -> dict[int, None]:
-    """str.translate table deleting string.punctuation and all Unicode punctuation (categories P*)."""
-    table = {ord(c): None for c in string.punctuation}
-    for cp in range(sys.maxunicode + 1):
-        if unicodedata.category(chr(cp)).startswith("P"):
-            table[cp] = None
-    return table
-
-
-def normalize_answer(text: str) -> str:
-    """NFKC, lowercase, punctuation removed, articles a/an/the removed, whitespace collapsed."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    text = text.translate(_punctuation_table())
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
-
+__all__ = ["normalize_answer", "exact_match", "answer_recall"]
 
 def _golds(answers: str | Iterable[str]) -> list[str]:
     """The non-empty normalised gold answers (a single string counts as one answer)."""
