@@ -15,6 +15,7 @@ import time
 import ipykernel.kernelspec
 import nbclient
 import nbformat
+import numpy as np
 
 NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "quickstart.ipynb")
 KERNEL = "python3"
@@ -70,6 +71,14 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     assert sorted(by_k) == [1, 2, 4, 8]
     for ppl in (ppl_none, ppl_replug, *by_k.values()):
         assert math.isfinite(ppl) and ppl > 1.0
+    # an independent reference: REPLUG's mixture in float64 numpy from the notebook's own passes and scores
+    doc_lps, scores = np.asarray(summary["doc_lps"], np.float64), np.asarray(summary["scores"], np.float64)  # [8, T], [8]
+    assert doc_lps.shape[0] == 8 and np.all(np.diff(scores) <= 0)  # best first
+    for k, ppl in by_k.items():
+        log_w = scores[:k] - np.log(np.exp(scores[:k]).sum())  # softmax(s), τ = 1
+        mixed = np.log(np.exp(log_w[:, None] + doc_lps[:k]).sum(axis=0))  # [T]
+        assert math.isclose(ppl, math.exp(-mixed.mean()), rel_tol=1e-5), k
+    assert math.isclose(by_k[1], math.exp(-doc_lps[0].mean()), rel_tol=1e-5)  # one document: its own perplexity
     assert math.isclose(by_k[8], ppl_replug, rel_tol=1e-6)  # the k sweep re-mixes the same top-8 passes
     # SmolLM2-135M on Wikipedia prose: a perplexity in the tens, not a broken model or tokenizer (~vocab size)
     assert ppl_none < 200 and ppl_replug < 200
