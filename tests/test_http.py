@@ -350,3 +350,19 @@ def test_server_api_key(tiny, monkeypatch):
         with pytest.raises(BlackBoxServerError, match="HTTP 401 \\(not retried\\)") as info:
             HTTPLM(server.url, api_key_env="REPLUG_NO_SUCH_VARIABLE")
         assert KEY not in str(info.value)
+
+
+def test_no_local_tokenizer_scores_exactly_through_the_servers_tokenize(smollm2):
+    """Without tokenizer= the server's /tokenize builds token-id prompts: a split inside a word scores as LocalLM
+    does (text prompts would re-tokenise the joined word, off by nats)."""
+    pairs = [("The capital of Fra", "nce is Paris."), ("Photosynth", "esis makes sugar."), ("Hello", " world")]
+    want = local_scores(smollm2, pairs)
+    with BackgroundServer(smollm2) as server:
+        remote = HTTPLM(server.url)
+        assert remote.stats()["tokenizer"] == "the server's /tokenize"
+        assert remote.stats()["prompt_format"].startswith("token ids")
+        got = remote.score([c for c, _ in pairs], [y for _, y in pairs])
+        text = HTTPLM(server.url, token_prompts=False).score([c for c, _ in pairs], [y for _, y in pairs])
+    assert_close(got, want)
+    assert [len(g) for g in got] == [len(smollm2.tokenizer.encode(y)) for _, y in pairs]
+    assert max(abs(float(np.sum(t)) - float(np.sum(w))) for t, w in zip(text, want)) > 0.5  # what text prompts cost

@@ -11,9 +11,10 @@ len(continuation ids) echoed log-probs are the answer, equal to LocalLM's for an
 request asks `echo=True, logprobs=1` (vLLM's `prompt_logprobs` form with `prompt_logprobs=True`)
 and `max_tokens=0`, or 1 where the probe saw the server refuse 0 (the generated token is dropped).
 
-Fallback, stated in `stats()["prompt_format"]`: without a tokenizer, or for a server that refuses
-token prompts, the text `context + continuation` is sent, and the continuation's tokens are the
-server's tokens that end after the boundary (a token straddling it counts as a continuation
+Without a local tokenizer the server's own `/tokenize` builds the token-id prompts
+(`lm/http_tokenize.py`; `stats()["tokenizer"]` says which), so exact scores are the default. Fallback,
+stated in `stats()["prompt_format"]`: for a server with neither `/tokenize` nor token prompts, the
+text `context + continuation` is sent, and the continuation's tokens are the server's tokens that end after the boundary (a token straddling it counts as a continuation
 token); the context is then cut by the local tokenizer when there is one, else not at all (an
 over-long prompt is the server's 4xx, raised as `BlackBoxServerError`).
 
@@ -34,7 +35,7 @@ import numpy as np
 from replug_jax.lm.blackbox import check_pairs, continuation_ids, pair_token_ids
 from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
                                      parse_text_echo, select_continuation)
-from replug_jax.lm.http_transport import BlackBoxServerError, Refused, Transport
+from replug_jax.lm.http_transport import BlackBoxServerError, Transport
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, token_starts, tokenizer_fingerprint
 
 __all__ = ["HTTPLM", "BlackBoxServerError"]
@@ -118,36 +119,44 @@ class HTTPLM:
         return self._leading
 
     def count_tokens(self, text: str) -> int:
-        """Tokens of `text`: the local tokenizer when given, else the server's vLLM-style /tokenize."""
-        if self.tokenizer is not None:
-            return len(self.tokenizer.encode(text))
-        body = {"prompt": text, "add_special_tokens": False, **({"model": self.model} if self.model else {})}
-        try:
-            reply = self.transport.post(self.transport.root_url + "/tokenize", body, optional=True)
-        except Refused as e:
-            raise NotImplementedError(f"{self.base_url}: no local tokenizer and the server has no /tokenize "
-                                      f"({e}); pass tokenizer=") from None
-        return int(reply["count"]) if "count" in reply else len(reply["tokens"])
+        """Tokens of `text`: the local tokenizer when given, else the server's /tokenize."""
+        if self.tokenizer is None:
+            raise NotImplementedError(f"{self.base_url}: no local tokenizer and the server has no /tokenize; "
+                                      "pass tokenizer=")
+        return len(self.tokenizer.encode(text))
 
     def fingerprint(self) -> str:
         """What changes a score here: server, model, window, how prompts are sent and the tokenizer that builds
         token-id prompts (not the remote weights)."""
         key = [self.base_url, self.model, self.max_length, self._findings.get("prompt_format"), self._start,
-               self.start_text, self._leading, tokenizer_fingerprint(self.tokenizer)]
+               self.start_text, self._leading, self._tokenizer_fingerprint()]
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
+
+    def _tokenizer_fingerprint(self) -> str:
+        tok = self.tokenizer
+        return tokenizer_fingerprint(tok) if tok is None or isinstance(tok, TextTokenizer) else tok.fingerprint()
 
     def probe(self) -> dict:
         """Probe the server (`replug_jax.lm.http_probe`) and apply what it found; returns the findings."""
         from replug_jax.lm.http_probe import probe
 
+        if self.tokenizer is None and self.token_prompts is not False:  # exact scores need no local tokenizer
+            from replug_jax.lm.http_tokenize import ServerTokenizer
+
+            self.tokenizer = ServerTokenizer.connect(self)
         result = probe(self)
         self.model = result.model
         self.max_length = self.max_length or result.max_length
         self._max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
         self.token_prompts, self._leading, self.top_logprobs = result.token_prompts, result.leading, result.top_logprobs
         with self._lock:
-            self._findings = result.findings
-        return result.findings
+            self._findings = {**result.findings, "tokenizer": self._tokenizer_kind()}
+        return self._findings
+
+    def _tokenizer_kind(self) -> str:
+        if self.tokenizer is None:
+            return "none: text prompts (no tokenizer given and the server has no /tokenize)"
+        return "local" if isinstance(self.tokenizer, TextTokenizer) else "the server's /tokenize"
 
     def stats(self) -> dict:
         """Counters (requests, retries, failures, prompts) and the probe's findings, prompt_format included."""
@@ -203,7 +212,7 @@ class HTTPLM:
                 return cont, len(cont)
             ctx, cont = pair_token_ids(self.tokenizer, context, continuation, window, self.start_id)
             return ctx + cont, len(cont)
-        if self.tokenizer is not None and window:  # cut by the local tokens, one spare for the joined split
+        if isinstance(self.tokenizer, TextTokenizer) and window:  # cut by the local tokens, one spare for the split
             cont_tokens = len(self.tokenizer.encode(continuation))
             if cont_tokens + 1 >= window:
                 raise ValueError(f"continuation of {cont_tokens} tokens does not fit the server's {window}-token window")
