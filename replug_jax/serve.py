@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-name", default=None, help="the id in /v1/models and responses (default: --lm)")
     parser.add_argument("--add-start-token", action="store_true",
                         help="condition every prompt on the LM's document-start token (as llama.cpp's BOS)")
+    parser.add_argument("--start-token-on-text", action="store_true",
+                        help="begin text prompts (not token-id prompts) with the start token, as vLLM does")
     parser.add_argument("--max-top-logprobs", type=int, default=20,
                         help="the largest 'logprobs' accepted (OpenAI's API: 5)")
     parser.add_argument("--api-key-env", default=None, help="require 'Bearer $VAR' (the key is read from VAR)")
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     lm = rj.load_lm(args.lm, batch_size=args.batch_size, max_length=args.max_length or None, dtype=jnp.dtype(args.dtype))
     app = make_app(lm, model_name=args.model_name or args.lm, max_batch_rows=args.max_batch_rows,
                    batch_wait=args.batch_wait_ms / 1000, add_start_token=args.add_start_token, api_key=api_key,
-                   max_top_logprobs=args.max_top_logprobs)
+                   max_top_logprobs=args.max_top_logprobs, start_token_on_text=args.start_token_on_text)
     print(f"serving {args.lm} at http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 

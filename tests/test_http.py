@@ -366,3 +366,22 @@ def test_no_local_tokenizer_scores_exactly_through_the_servers_tokenize(smollm2)
     assert_close(got, want)
     assert [len(g) for g in got] == [len(smollm2.tokenizer.encode(y)) for _, y in pairs]
     assert max(abs(float(np.sum(t)) - float(np.sum(w))) for t, w in zip(text, want)) > 0.5  # what text prompts cost
+
+
+@pytest.mark.parametrize("server_start", ["every prompt", "text prompts only"])
+def test_servers_adding_a_start_token_either_way_score_by_the_contract(tiny, server_start):
+    """llama.cpp conditions every prompt on its start token; vLLM (we believe) adds it to text prompts only and takes
+    token-id prompts as they are. With the model's tokenizer both are accepted; with token ids taken as they are,
+    every pair (an empty context included: the document-start token, as the contract says) equals LocalLM."""
+    lm = tiny[1]
+    options = {"add_start_token": True} if server_start == "every prompt" else {"start_token_on_text": True}
+    with BackgroundServer(lm, **options) as server:
+        remote = HTTPLM(server.url, tokenizer=lm.tokenizer)
+        assert remote.stats()["prompt_format"].startswith("token ids")
+        got = remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS])
+    if server_start == "every prompt":  # the server's own start token precedes every context
+        want = lm.score_token_pairs([([lm.start_id] + lm.tokenizer.encode(c), lm.tokenizer.encode(y)) for c, y in PAIRS])
+    else:
+        want = local_scores(lm, PAIRS)
+    assert_close(got, want)
+    assert_close(got[1:2], local_scores(lm, PAIRS[1:2]))  # empty context: LocalLM's own convention either way

@@ -144,6 +144,8 @@ class HTTPLM:
             from replug_jax.lm.http_tokenize import ServerTokenizer
 
             self.tokenizer = ServerTokenizer.connect(self)
+            if self.tokenizer is not None and self.start_id is None:
+                self.start_id = self.tokenizer.bos_id  # empty contexts: the server tokenizer's start token
         result = probe(self)
         self.model = result.model
         self.max_length = self.max_length or result.max_length
@@ -207,7 +209,7 @@ class HTTPLM:
         reserve = self._leading + self._max_tokens  # window entries that are not the prompt's own tokens
         window = self.max_length - reserve if self.max_length else None
         if self.token_prompts:
-            if not context and self._start == "server":  # the server's own start token conditions it
+            if not context and self._start == "server" and self._leading:  # its own start token conditions it
                 cont = continuation_ids(self.tokenizer, continuation, window)
                 return cont, len(cont)
             ctx, cont = pair_token_ids(self.tokenizer, context, continuation, window, self.start_id)

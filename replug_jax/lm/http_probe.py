@@ -216,12 +216,19 @@ def _check_token_prompts(client, max_tokens: int, text: str) -> tuple[bool, int,
         return False, 0, f"text (the server refused token-id prompts: {e}): the server's tokens are scored"
     text_echo = client.text_echoes([text], max_tokens, client.logprobs)[0]
     text_values = [v for v, s, e in zip(text_echo.logprobs, text_echo.starts, text_echo.ends) if e > s]
+    same = lambda mine, first: len(text_values) == len(ids) and all(
+        a is not None and b is not None and math.isclose(a, b, abs_tol=2e-3)
+        for a, b in zip(mine[first:], text_values[first:]))
     for leading in range(0, min(2, len(values) - len(ids)) + 1):
-        mine = values[leading : leading + len(ids)]
-        if len(text_values) == len(ids) and all(
-                a is not None and b is not None and math.isclose(a, b, abs_tol=2e-3)
-                for a, b in zip(mine[1:], text_values[1:])):
+        if same(values[leading : leading + len(ids)], 1):
             return True, leading, "token ids: context ids + continuation ids (the contract's rule)"
+    if client.start_id is not None and text_echo.logprobs[0] is None and text_values[0] is not None:
+        # the text's first token was conditioned on something: a start token the server adds to text prompts only
+        # (vLLM); with that token sent first, ids must give the text's values, and they are then sent as built
+        choice = client.completions([[client.start_id] + ids], max_tokens, client.logprobs)[0]
+        if same(echo_values(choice, client.prompt_logprobs)[1 : 1 + len(ids)], 0):
+            return True, 0, ("token ids: context ids + continuation ids (the contract's rule; the server adds its "
+                             "start token to text prompts only)")
     raise BlackBoxServerError(
         f"{client.transport.base_url}: the tokenizer given is not the server's: the probe text is {len(ids)} tokens "
         f"for it and {len(text_values)} for the server, or their log-probs differ; pass the model's tokenizer "

@@ -14,7 +14,7 @@ from replug_jax.lm.http_transport import BlackBoxServerError, Refused
 
 class ServerTokenizer:
     """`encode(text) -> ids` by the server (no start token added), cached per text. Only what token-id prompts
-    need: no decode, no special ids (an empty context is then conditioned as the probe found the server does)."""
+    need: no decode; `bos_id` is the start token the server's tokenizer adds when asked to (else None)."""
 
     bos_id = eos_id = pad_id = None
 
@@ -28,15 +28,18 @@ class ServerTokenizer:
         tok = cls(client)
         try:
             ids = tok.encode("Hello world")
+            special = tok._encode("Hello world", special=True)
         except (Refused, BlackBoxServerError):
             return None
+        if len(special) == len(ids) + 1 and special[1:] == ids:  # the start token the server's tokenizer adds
+            tok.bos_id = special[0]
         return tok if ids else None
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, text: str, special: bool = False) -> list[int]:
         if not text:
             return []
         c = self.client
-        body = {"prompt": text, "content": text, "add_special_tokens": False, "add_special": False,  # vLLM, llama.cpp
+        body = {"prompt": text, "content": text, "add_special_tokens": special, "add_special": special,  # vLLM, llama.cpp
                 **({"model": c.model} if c.model else {})}
         reply = c.transport.post(c.transport.root_url + "/tokenize", body, optional=True)
         ids = reply.get("tokens") if isinstance(reply, dict) else None

@@ -39,7 +39,17 @@ def _prompts(prompt, vocab_size: int) -> list:
     return prompt
 
 
-async def _complete(engine: ScoringEngine, model_name: str, body: dict, max_top: int = MAX_TOP_LOGPROBS) -> dict:
+def _tokenise(engine: ScoringEngine, prompt, text_start: bool):
+    """(ids, starts, ends, text) of a prompt; `text_start`: a text prompt begins with the start token (zero-width),
+    as vLLM's tokenizer adds it to text prompts while token-id prompts are taken as they are."""
+    if not isinstance(prompt, str):
+        return engine.pieces(prompt)
+    ids, starts, ends, text = engine.tokens(prompt)
+    return ([engine.lm.start_id] + ids, [0] + starts, [0] + ends, text) if text_start else (ids, starts, ends, text)
+
+
+async def _complete(engine: ScoringEngine, model_name: str, body: dict, max_top: int = MAX_TOP_LOGPROBS,
+                    text_start: bool = False) -> dict:
     """The completions response for one request body; `max_top` caps `logprobs` (OpenAI's API allows 5)."""
     prompts = _prompts(body.get("prompt"), engine.lm.tokenizer.vocab_size)
     if body.get("stream"):
@@ -51,7 +61,7 @@ async def _complete(engine: ScoringEngine, model_name: str, body: dict, max_top:
     prompt_logprobs = _field(body, "prompt_logprobs", int, None, 0, max_top)
     echo = _field(body, "echo", bool, False)
     _field(body, "temperature", float, 1.0)
-    tokenised = [engine.tokens(p) if isinstance(p, str) else engine.pieces(p) for p in prompts]
+    tokenised = [_tokenise(engine, p, text_start) for p in prompts]
     for ids, *_ in tokenised:
         engine.check_length(len(ids), max_tokens)
     wants_prompt_values = (echo and logprobs is not None) or prompt_logprobs is not None
@@ -90,8 +100,11 @@ async def _complete(engine: ScoringEngine, model_name: str, body: dict, max_top:
 
 
 def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, batch_wait: float = 0.01,
-             add_start_token: bool = False, api_key: str | None = None, max_top_logprobs: int = MAX_TOP_LOGPROBS):
+             add_start_token: bool = False, api_key: str | None = None, max_top_logprobs: int = MAX_TOP_LOGPROBS,
+             start_token_on_text: bool = False):
     """The Starlette application serving `lm` (a LocalLM); `app.state.engine` owns the model thread.
+    add_start_token: every prompt is conditioned on the start token (llama.cpp); start_token_on_text: text prompts
+    only begin with it, token-id prompts are taken as they are (vLLM).
     max_top_logprobs: the largest `logprobs` accepted (a 400 above it, as OpenAI's API does above 5)."""
     if not 1 <= max_top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"max_top_logprobs must be in [1, {MAX_TOP_LOGPROBS}], got {max_top_logprobs}")
@@ -100,6 +113,10 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
+    if add_start_token and start_token_on_text:
+        raise ValueError("add_start_token (every prompt) and start_token_on_text (text prompts only) exclude each other")
+    if start_token_on_text and lm.start_id is None:
+        raise ValueError("start_token_on_text: the tokenizer has no document-start token")
     engine = ScoringEngine(lm, max_batch_rows=max_batch_rows, batch_wait=batch_wait, add_start_token=add_start_token)
     model_name = model_name or lm.name
 
@@ -122,7 +139,8 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         if not authorised(request):
             return error(401, "missing or wrong API key", "authentication_error")
         try:
-            return JSONResponse(await _complete(engine, model_name, await json_body(request), max_top_logprobs))
+            return JSONResponse(await _complete(engine, model_name, await json_body(request), max_top_logprobs,
+                                                  start_token_on_text))
         except RequestError as e:
             return error(400, str(e))
 
