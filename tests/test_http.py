@@ -385,3 +385,33 @@ def test_servers_adding_a_start_token_either_way_score_by_the_contract(tiny, ser
         want = local_scores(lm, PAIRS)
     assert_close(got, want)
     assert_close(got[1:2], local_scores(lm, PAIRS[1:2]))  # empty context: LocalLM's own convention either way
+
+
+def test_llama_cpp_python_server_decodes_a_mid_word_split_as_local(tmp_path, smollm2):
+    """The third-party server (its echo is refused above, so no probe; it takes text prompts only): contexts ending
+    inside a word, decoded by llama.cpp through the client's generation path, give LocalLM's greedy tokens and
+    log-probs (its own quantised kernels: within 0.3 nats), and the per-token mixture over two passes the local mixture's tokens.
+    A generation prompt is one text tokenised alone, so text and token ids agree here (unlike a scored split)."""
+    pytest.importorskip("llama_cpp.server.app", reason="pip install 'llama-cpp-python[server]==0.3.36'")
+    from replug_jax.models.registry import packaged_path
+
+    port, log = free_port(), tmp_path / "llama.log"
+    proc = start(["-m", "llama_cpp.server", "--model", packaged_path("smollm2"), "--host", "127.0.0.1",
+                  "--port", str(port), "--n_ctx", "512", "--n_threads", "2"], log)
+    contexts = [["The capital of Fra"], ["Photosynth"]]  # mid-word: text prompts would re-tokenise the word
+    mixed = [["Paris is the capital of Fra", "The Eiffel Tower is in the capital of Fra"]]
+    try:
+        wait_for(f"http://127.0.0.1:{port}/v1/models", proc, 60, log)
+        remote = HTTPLM(f"http://127.0.0.1:{port}/v1", tokenizer=smollm2.tokenizer, probe=False, token_prompts=False)
+        got = remote.generate(contexts, [[0.0], [0.0]], max_new_tokens=6, stop=("\n",))
+        got_mixed = remote.generate(mixed, [np.log([0.7, 0.3])], max_new_tokens=6, stop=("\n",), top_n=5)
+    finally:
+        stop(proc)
+    local = smollm2.generate(contexts, [[0.0], [0.0]], max_new_tokens=6, stop=("\n",))
+    # llama.cpp's kernels are not ours: greedy paths may part at a near-tie after a few tokens, so the first three
+    for g, w in zip(got, local):
+        assert g.token_ids[:3] == w.token_ids[:3], (g.text, w.text)
+        np.testing.assert_allclose(g.logprobs[:3], w.logprobs[:3], atol=0.3)  # measured up to 0.23
+    assert not got[0].text.startswith(" ") and not got[1].text.startswith(" ")  # the split words are completed
+    local_mixed = smollm2.generate(mixed, [np.log([0.7, 0.3])], max_new_tokens=6, stop=("\n",))[0]
+    assert got_mixed[0].token_ids[:3] == local_mixed.token_ids[:3], (got_mixed[0].text, local_mixed.text)
