@@ -111,6 +111,11 @@ TIMEOUT_MS = int(float(os.environ.get("REPLUG_JAX_BARRIER_TIMEOUT_S", 24 * 3600)
 
 
 def _client():
+    """jax.distributed's coordination-service client: the one private JAX name in the package, kept on purpose.
+    jax 0.10's public jax.distributed has only initialize / is_initialized / shutdown; the public alternatives
+    (`multihost_utils.sync_global_devices`, `process_allgather`) are device collectives, which a background
+    refresh thread cannot run without racing the training loop's jitted collectives (and, on CPU, gloo's 30 s
+    context deadline). Swap this for a public key-value API once JAX has one."""
     from jax._src import distributed as jax_distributed
 
     if jax_distributed.global_state.client is None:
