@@ -40,6 +40,25 @@ def shots_block(shots, shot_passages: Sequence[str | None]) -> str:
     return "".join(question_block(s, p, with_answer=True) for s, p in zip(shots, shot_passages))
 
 
+def shots_by_subject(dev) -> dict[str, list]:
+    """The dev examples grouped by subject, in their order (each subject's few-shot candidates)."""
+    out: dict[str, list] = {}
+    for ex in dev:
+        out.setdefault(ex.subject, []).append(ex)
+    return out
+
+
+def method_prompts(method: str, questions, passages: list[list[str]], prefixes: dict[str, str]) -> list[list[str]]:
+    """Per question its prompts, after its subject's few-shot prefix: one without a passage ("none"), one with the
+    passages joined best last ("concat"), else one per retrieved passage (REPLUG's passes)."""
+    head = lambda q: prefixes.get(q.subject, "")
+    if method == "none":
+        return [[head(q) + question_block(q, None)] for q in questions]
+    if method == "concat":
+        return [[head(q) + question_block(q, " ".join(reversed(p)))] for q, p in zip(questions, passages)]
+    return [[head(q) + question_block(q, p) for p in ps] for q, ps in zip(questions, passages)]
+
+
 def retrieval_query(example, with_options: bool) -> str:
     """The test question as the query; with its options (as the official code) when asked."""
     if not with_options:

@@ -188,9 +188,7 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
 def _run_mmlu(config, lm, store, retrievers, questions, dev):
     n_options = max(len(q.choices) for q in questions)
     mmlu.check_option_tokens(lm, n_options)
-    shots_by_subject: dict[str, list] = {}
-    for ex in dev:
-        shots_by_subject.setdefault(ex.subject, []).append(ex)
+    shots_by_subject = mmlu.shots_by_subject(dev)
     zero_shot = sorted({q.subject for q in questions} - set(shots_by_subject)) if config.shots else []
     if zero_shot:
         console.phase(f"warning: no shots for subjects {', '.join(zero_shot)}: their questions are asked zero-shot")
@@ -205,14 +203,7 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
         passages = passages_of(store, rows)
         prefixes = {s: _demo_prefix(retriever, store, shots[: config.shots], method != "none", mmlu.shots_block)
                     for s, shots in shots_by_subject.items()}
-        if method == "none":
-            prompts = [[prefixes.get(q.subject, "") + mmlu.question_block(q, None)] for q in questions]
-        elif method == "concat":
-            prompts = [[prefixes.get(q.subject, "") + mmlu.question_block(q, " ".join(reversed(p)))]
-                       for q, p in zip(questions, passages)]
-        else:
-            prompts = [[prefixes.get(q.subject, "") + mmlu.question_block(q, p) for p in ps]
-                       for q, ps in zip(questions, passages)]
+        prompts = mmlu.method_prompts(method, questions, passages, prefixes)
         option_lps = mmlu.option_logprobs(lm, prompts, n_options=n_options, progress=True)
         weights = scores[:, : option_lps.shape[1]] if method not in ("none", "concat") else np.zeros(option_lps.shape[:2])
         predicted, _ = mmlu.mixture_predictions(option_lps, weights.astype(np.float32), config.temperature,
