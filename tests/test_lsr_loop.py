@@ -84,7 +84,7 @@ def test_supervision_and_batch_slots_belong_to_their_pair(tiny, tmp_path, lm_sco
     rows[3, 2] = rows[1, 0]  # the same document retrieved for two queries
     template = "<{title}> {text} |"
     lm = PairLM()
-    cache = LMScoreCache(str(tmp_path / "cache.sqlite"), lm, key_fields={"doc_template": template})
+    cache = LMScoreCache(str(tmp_path / "cache.sqlite"), lm)
     scores = supervise(cache, store, batch_examples, rows, lm_score=lm_score, doc_template=template)
 
     expected = np.zeros(rows.shape)
@@ -129,7 +129,7 @@ def test_supervision_matches_direct_scores_of_the_real_lm(tiny, tmp_path):
     store, lm = tiny["store"], tiny["lm"]
     batch_examples = [tiny["examples"][i] for i in (5, 0, 3)]
     rows = np.array([[4, -1, 9], [17, 2, -1], [-1, 11, 4]])
-    cache = LMScoreCache(str(tmp_path / "cache.sqlite"), lm, key_fields={"doc_template": DOC_TEMPLATE})
+    cache = LMScoreCache(str(tmp_path / "cache.sqlite"), lm)
     direct = {}
     for i, example in enumerate(batch_examples):
         for j, r in enumerate(rows[i]):
@@ -462,7 +462,8 @@ class CountingLM(PairLM):
 
 def test_cache_entries_are_keyed_by_lm_weights_dtype_window_and_template(tiny, tmp_path):
     lm, store, examples = tiny["lm"], tiny["store"], tiny["examples"]
-    contexts = [t + e.query for t, e in zip(format_docs(store, [1, 2, 3, 4]), examples)]
+    contexts_for = lambda template: [t + e.query for t, e in zip(format_docs(store, [1, 2, 3, 4], template), examples)]
+    contexts = contexts_for(DOC_TEMPLATE)
     continuations = [e.continuation for e in examples[:4]]
     path = str(tmp_path / "cache.sqlite")
     params = jax.device_get(lm.params)
@@ -472,12 +473,13 @@ def test_cache_entries_are_keyed_by_lm_weights_dtype_window_and_template(tiny, t
 
     def score(model, tag, template=DOC_TEMPLATE):
         counting = CountingLM(model, tag)
-        cache = LMScoreCache(path, counting, key_fields={"doc_template": template})
-        sums, counts = cache.score(contexts, continuations)
+        cache = LMScoreCache(path, counting)  # the template reaches the key through the contexts it formats
+        sums, counts = cache.score(contexts_for(template), continuations)
         cache.close()
         return (cache.hits, cache.misses), sums
 
-    expected = lambda tag: np.array([pair_logprobs(tag + c, y).sum() for c, y in zip(contexts, continuations)])
+    expected = lambda tag, template=DOC_TEMPLATE: np.array([pair_logprobs(tag + c, y).sum()
+                                                             for c, y in zip(contexts_for(template), continuations)])
     assert score(lm, "a")[0] == (0, 4)
     for name, model, template in [("same LM", lm, DOC_TEMPLATE),
                                   ("same weights, reloaded", rj.load_lm(os.path.join(tiny["models"], "lm")), DOC_TEMPLATE),
@@ -494,7 +496,7 @@ def test_cache_entries_are_keyed_by_lm_weights_dtype_window_and_template(tiny, t
         assert model.name == lm.name or name == "other name"
         counts, sums = score(model, f"v{tag}", template)
         assert counts == (0, 4), f"{name} hit the cache of another LM"
-        np.testing.assert_allclose(sums, expected(f"v{tag}"), rtol=1e-6)
+        np.testing.assert_allclose(sums, expected(f"v{tag}", template), rtol=1e-6)
     counts, sums = score(lm, "c")  # nothing overwrote the first LM's entries
     assert counts == (4, 0)
     np.testing.assert_allclose(sums, expected("a"), rtol=1e-6)

@@ -6,8 +6,8 @@
 With an API LM every call costs money, and an LSR grid or a re-run evaluation asks for the
 same passes again and again. SQLite (stdlib) keeps the per-token log-probabilities on disk,
 safe against a crash mid-write and shareable by runs that follow each other. Keys hash the
-LM's name and fingerprint (weights, dtype and window; or server, model and prompt format),
-the caller's `key_fields`, the context and the continuation. Everything else (name,
+LM's name and fingerprint (weights, dtype, window, tokenizer; or server, model and prompt format),
+the context and the continuation. Everything else (name,
 tokenizer, count_tokens, generate, ...) is the wrapped LM's.
 """
 from __future__ import annotations
@@ -25,12 +25,11 @@ import numpy as np
 class CachedLM:
     """`score` through an on-disk cache; every other attribute is the wrapped LM's."""
 
-    def __init__(self, lm, path: str, key_fields: dict | None = None):
+    def __init__(self, lm, path: str):
         self.path = os.path.abspath(path)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self.lm = lm
-        self.namespace = json.dumps({"lm": lm.name, "lm_fingerprint": lm.fingerprint(), **(key_fields or {})},
-                                    sort_keys=True, default=str)
+        self.namespace = json.dumps({"lm": lm.name, "lm_fingerprint": lm.fingerprint()}, sort_keys=True, default=str)
         self._lock = threading.Lock()  # one connection, shared by the training loop's threads
         self.db = sqlite3.connect(self.path, check_same_thread=False, timeout=60)
         self.db.execute("CREATE TABLE IF NOT EXISTS token_logprobs (key TEXT PRIMARY KEY, logprobs BLOB)")

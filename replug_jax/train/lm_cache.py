@@ -16,11 +16,12 @@ class LMScoreCache:
     """`score(contexts, continuations) -> (logprob sums [N], token counts [N])` through a `CachedLM`.
 
     `lm` already a CachedLM (e.g. a job's LM with a shared cache file): it is used as it is and
-    `path` is ignored; otherwise it is wrapped with a cache at `path`."""
+    `path` is ignored; otherwise it is wrapped with a cache at `path`. The key is the LM's and the pair's text:
+    the document template is in the context it formats, so training and evaluation share entries."""
 
-    def __init__(self, path: str, lm, key_fields: dict | None = None):
+    def __init__(self, path: str, lm):
         self._owned = not isinstance(lm, CachedLM)
-        self.lm = CachedLM(lm, path, key_fields) if self._owned else lm
+        self.lm = CachedLM(lm, path) if self._owned else lm
 
     def score(self, contexts: Sequence[str], continuations: Sequence[str], progress: bool = False):
         lps = self.lm.score(contexts, continuations, progress=progress)

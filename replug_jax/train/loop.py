@@ -165,8 +165,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
             refresher.request(state["params"], step=0, version=0, wait=True)
     step_fn = train_step_lib.make_train_step(encoder.config, optimizer, mesh, gamma=s.gamma, beta=s.beta,
                                              direction=s.direction, normalize=s.metric == "cosine", dtype=encoder.dtype)
-    cache = LMScoreCache(distributed.per_process_path(os.path.join(workdir, "lm_cache.sqlite")), lm,
-                         key_fields={"doc_template": s.doc_template})
+    cache = LMScoreCache(distributed.per_process_path(os.path.join(workdir, "lm_cache.sqlite")), lm)
     doc_vectors = None if s.train_documents else FrozenDocumentVectors(refresher.current)  # no refresh: the index stays version 0
     logger = MetricsLogger(workdir, resume_step=start, enabled=lead)
     pending_checkpoint = False
