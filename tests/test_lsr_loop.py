@@ -389,12 +389,12 @@ def run_schedule(s: LSRSettings, keep: int):
     for step in range(1, s.steps + 1):
         if pending is not None and step >= pending[1]:  # maybe_swap at the start of the step
             serving, pending = pending[0], None
-        if step % s.refresh_every == 0 and step < s.steps:  # request after the train step
+        if step % s.refresh_every == 0 and step + max(s.swap_after, 1) <= s.steps:  # request after the train step
             pending = (serving + 1, step + s.swap_after)
             disk.add(serving + 1)  # saved by the build thread (at worst before the run is killed)
             disk -= {v for v in sorted(disk)[:-keep] if v not in (serving, serving + 1)}  # IndexRefresher._prune
         due = due or step % s.checkpoint_every == 0 or step == s.steps
-        if due and pending is None:  # checkpoints wait until no refresh is pending
+        if due and (pending is None or step == s.steps):  # checkpoints wait until no refresh is pending
             saved.append((step, serving))
             due = False
         yield step, serving, saved[-s.keep_checkpoints:], set(disk)
@@ -416,6 +416,24 @@ GRID = grid(range(1, 4))
 def describe(s: LSRSettings) -> str:
     return (f"refresh_every={s.refresh_every} swap_after={s.swap_after} checkpoint_every={s.checkpoint_every} "
             f"keep_checkpoints={s.keep_checkpoints}: keeps {s.index_versions_to_keep()} versions")
+
+
+LATE_REFRESH = dict(TINY, steps=7, refresh_every=3, swap_after=2, checkpoint_every=2, keep_checkpoints=3,
+                    warmup_fraction=0.0)  # the step-6 refresh would swap at step 8: not requested
+
+
+def test_the_schedule_simulation_is_the_real_loop(tiny, first_run, tmp_path):
+    """run_schedule (the grid below checks thousands of settings with it) against train_lsr itself: per step the
+    serving index version, and at the end the kept checkpoints and the index versions on disk."""
+    late = str(tmp_path / "late")
+    train(tiny, late, LSRSettings(**LATE_REFRESH))
+    for values, workdir in ((CORRUPT_RUN, first_run["workdir"]), (LATE_REFRESH, late)):
+        s = LSRSettings(**values)
+        simulated = list(run_schedule(s, s.index_versions_to_keep()))
+        assert [m["index_version"] for m in read_metrics(workdir)] == [serving for _, serving, _, _ in simulated]
+        assert Checkpointer(os.path.join(workdir, "checkpoints")).all_steps() == [c for c, _ in simulated[-1][2]]
+        assert set(saved_versions(os.path.join(workdir, "indexes"))) == simulated[-1][3]
+    assert Checkpointer(os.path.join(late, "checkpoints")).all_steps()[-1] == 7  # the final checkpoint, always
 
 
 def test_index_versions_to_keep_covers_every_kept_checkpoint():
