@@ -38,6 +38,7 @@ def main():
 
     from replug_jax.config_files import sibling_config
     from replug_jax.jobs import lm_eval as eval_run
+    from replug_jax.jobs.setup import read_documents
     from replug_jax.jobs.lsr import lsr_settings
     from replug_jax.train.data import training_examples
     from replug_jax.train.loop import train_lsr
@@ -47,7 +48,7 @@ def main():
     config.cache_dir = args.cache_dir or os.path.join(args.workdir, "shared")
     config.lm_cache = ""  # the loop's own fresh cache in each run: every step asks the LM
     setup = eval_run.prepare(config, args.workdir)
-    examples = training_examples(eval_run.read_documents(setup.paths["train"]), setup.tokenizer,
+    examples = training_examples(read_documents(setup.paths["train"]), setup.tokenizer,
                                  query_tokens=config.train_query_tokens,
                                  continuation_tokens=config.train_continuation_tokens, seed=config.seed)
     base = dataclasses.replace(lsr_settings(config), steps=args.steps, batch_size=args.batch, k=args.k,

@@ -6,8 +6,8 @@
 Runs, for every LM, the tasks' configs (experiments/configs: demo_qa.py, the NQ/TriviaQA questions the
 offline Wikipedia answers; sciq.py, SciQ open QA over its support paragraphs plus Wikipedia; sciq_mc.py,
 SciQ 4-way multiple choice) on the first `--questions` questions each, in WORKDIR/<lm>/<task> (a finished
-run's results.json is reused unless --rerun). Writes WORKDIR/effects.json, effects.md and effects.png and
-prints the table: exact match (QA) or accuracy (MC) per method, answer recall@k, question count and time.
+run's results.json is reused unless --rerun). Writes WORKDIR/effects.json, effects.md and effects.png over
+every finished run in WORKDIR (earlier runs of other LMs too) and prints the table: exact match (QA) or accuracy (MC) per method, answer recall@k, question count and time.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, load
     config = task_config(task, lm, questions, os.path.dirname(os.path.dirname(workdir)))
     if lm not in loaded:
         import jax.numpy as jnp
-        from replug_jax.jobs.lm_eval import load_job_lm
+        from replug_jax.jobs.setup import load_job_lm
 
         loaded.clear()  # one LM in memory at a time
         loaded[lm] = load_job_lm(config, jnp.dtype(config.dtype))
@@ -70,6 +70,15 @@ def row(lm: str, task: str, results: dict) -> dict:
         recall = results["answer_recall"].get("replug")
     return {"lm": lm, "task": task, "count": results["count"], "minutes": results["seconds"] / 60,
             "scores": scores, "answer_recall": recall, "k": results["k"], "shots": results["shots"]}
+
+
+def finished_rows(workdir: str, first: list[str]) -> list[dict]:
+    """A row for every finished LM × task run in `workdir` (earlier runs of other LMs included), the LMs in
+    `first` first, then by name; tasks in TASKS order."""
+    lms = [d for d in sorted(os.listdir(workdir)) if os.path.isdir(os.path.join(workdir, d))]
+    lms = [m for m in first if m in lms] + [m for m in lms if m not in first]
+    return [row(lm, task, json.load(open(path))) for lm in lms for task in TASKS
+            if os.path.isfile(path := os.path.join(workdir, lm, task, "results.json"))]
 
 
 def table(rows: list[dict]) -> str:
@@ -115,14 +124,13 @@ def main():
     ap.add_argument("--rerun", action="store_true", help="run again even where results.json exists")
     args = ap.parse_args()
     started = time.time()
-    rows, loaded = [], {}
+    loaded = {}
     for lm in args.lms.split(","):
         for task in args.tasks.split(","):
             if task not in TASKS:
                 raise SystemExit(f"unknown task {task!r}; known: {', '.join(TASKS)}")
-            rows.append(row(lm, task, run_task(task, lm, args.questions, os.path.join(args.workdir, lm, task),
-                                               args.rerun, loaded)))
-    os.makedirs(args.workdir, exist_ok=True)
+            run_task(task, lm, args.questions, os.path.join(args.workdir, lm, task), args.rerun, loaded)
+    rows = finished_rows(args.workdir, args.lms.split(","))
     with open(os.path.join(args.workdir, "effects.json"), "w") as f:
         json.dump(rows, f, indent=1)
     text = table(rows)

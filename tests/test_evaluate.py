@@ -9,6 +9,7 @@ from ml_collections import config_dict
 import replug_jax as rj
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.jobs import lm_eval as run
+from replug_jax.jobs.setup import read_documents
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.passages import format_docs
 from replug_jax.retrieval import build
@@ -204,9 +205,9 @@ def test_random_documents_are_uniformly_weighted(tiny):
 
 def test_bad_eval_inputs(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
-        run.read_documents(str(tmp_path / "missing.jsonl"))
+        read_documents(str(tmp_path / "missing.jsonl"))
     with pytest.raises(ValueError, match="no document source"):
-        run.read_documents("")
+        read_documents("")
 
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")

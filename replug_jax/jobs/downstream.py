@@ -25,7 +25,7 @@ from replug_jax import console
 from replug_jax.data import downstream as data
 from replug_jax.data import wiki
 from replug_jax.evaluate import downstream_report, mmlu, qa, qa_metrics
-from replug_jax.jobs import lm_eval
+from replug_jax.jobs import setup
 from replug_jax.jobs.lsr import load_trained_encoder, trained_retriever
 from replug_jax.retrieval.retriever import DenseRetriever
 
@@ -39,16 +39,16 @@ SCIQ_CORPUS = "sciq"  # SciQ's support paragraphs plus gensim's Wikipedia articl
 def build_corpus(config, tokenizer, workdir: str):
     """The datastore: gensim's articles (with SciQ's support paragraphs for "sciq"), DPR passages (whole), or
     documents chunked like the LM evaluation."""
-    if config.corpus in (lm_eval.GENSIM_WIKI, SCIQ_CORPUS):
+    if config.corpus in (setup.GENSIM_WIKI, SCIQ_CORPUS):
         documents = wiki.load_wiki_articles()
         if config.corpus == SCIQ_CORPUS:
             documents = data.sciq_support_documents(config.get("split", "validation")) + documents
         path = os.path.join(workdir, "data", "corpus.jsonl")
         wiki.write_jsonl(documents, path)
-        return lm_eval.build_datastore(path, tokenizer, config.doc_tokens, workdir)
+        return setup.build_datastore(path, tokenizer, config.doc_tokens, workdir)
     if config.corpus.endswith(".tsv"):
         return data.passages_datastore(data.read_dpr_passages(config.corpus, limit=config.get("max_passages") or None))
-    return lm_eval.build_datastore(config.corpus, tokenizer, config.doc_tokens, workdir)
+    return setup.build_datastore(config.corpus, tokenizer, config.doc_tokens, workdir)
 
 
 def load_sets(config, kind: str):
@@ -88,7 +88,7 @@ def load_sets(config, kind: str):
 
 def retrievers_for(config, encoder, store, workdir):
     """{"replug": dense retriever, "replug_lsr": the LSR-trained one (config.retriever_workdir)}."""
-    index = lm_eval.build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
+    index = setup.build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
                                       embedding_dtype=config.embedding_dtype)
     out = {"replug": DenseRetriever(encoder, index, store)}
     if "replug_lsr" in config.methods:
@@ -112,8 +112,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     dtype = jnp.dtype(config.dtype)
     encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
                               normalize=config.metric == "cosine", dtype=dtype)
-    lm = lm if lm is not None else lm_eval.load_job_lm(config, dtype)
-    tokenizer = lm_eval.lm_tokenizer(lm, config)
+    lm = lm if lm is not None else setup.load_job_lm(config, dtype)
+    tokenizer = setup.lm_tokenizer(lm, config)
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
     questions, demos, removed = load_sets(config, kind)
     if not questions:

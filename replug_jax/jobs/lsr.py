@@ -12,6 +12,7 @@ from absl import logging
 
 from replug_jax import distributed
 from replug_jax.jobs import lm_eval as eval_run
+from replug_jax.jobs import setup
 from replug_jax.models.weights import load_params, save_params
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint, training_examples
@@ -39,7 +40,7 @@ def trained_retriever(encoder, trained, train_documents: bool, store, index, wor
     WORKDIR/index_lsr), or, query-side only, the trained query encoder over the original `index`."""
     if not train_documents:
         return DenseRetriever(trained, index, store, document_encoder=encoder)
-    index_lsr = eval_run.build_dense_index(trained, store, workdir, metric=config.metric, factory=config.index_factory,
+    index_lsr = setup.build_dense_index(trained, store, workdir, metric=config.metric, factory=config.index_factory,
                                            embedding_dtype=config.embedding_dtype, name="lsr")
     return DenseRetriever(trained, index_lsr, store)
 
@@ -55,9 +56,9 @@ def run_lsr(config, workdir: str) -> dict:
     if config.get("index_backend", "faiss") != "faiss":
         raise ValueError("the LSR job searches (and refreshes) FAISS indexes: index_backend must be 'faiss'")
     setup = eval_run.prepare(config, workdir)
-    train_docs = eval_run.read_documents(setup.paths["train"])
+    train_docs = setup.read_documents(setup.paths["train"])
     check_disjoint(train_docs, setup.store)
-    eval_ids = {d.id for d in eval_run.read_documents(setup.paths["eval"])}
+    eval_ids = {d.id for d in setup.read_documents(setup.paths["eval"])}
     if eval_ids & {d.id for d in train_docs}:
         raise ValueError("training and evaluation documents overlap")
     examples = training_examples(train_docs, setup.tokenizer, query_tokens=config.train_query_tokens,
@@ -71,7 +72,7 @@ def run_lsr(config, workdir: str) -> dict:
     if distributed.is_lead():
         save_params(trained["params"], os.path.join(workdir, TRAINED_RETRIEVER),
                     {"encoder": config.encoder, "train_documents": str(settings.train_documents).lower()})
-    retrievers = eval_run.make_retrievers(config.methods, setup.encoder, setup.store, setup.index, config.seed)
+    retrievers = setup.make_retrievers(config.methods, setup.encoder, setup.store, setup.index, config.seed)
     retrievers["replug_lsr"] = trained_retriever(setup.encoder, encoder_lsr, settings.train_documents, setup.store,
                                                  setup.index, workdir, config)
     extra = {"lsr": {**dataclasses.asdict(settings), "training_examples": len(examples), **trained["stats"]}}

@@ -11,6 +11,9 @@ caller fields (`extra_meta`, e.g. the refresher's version). Embeddings stream to
 
 With several processes every one embeds its share of the rows (`embed_corpus_split`), process 0
 builds and saves the index, and the others load it; process 0 decides whether the saved one is reused.
+
+`build_index` is the jobs' entry: the FAISS index above, or (backend "device") the embeddings searched
+exactly on the devices (`DeviceIndex`), both from the same resumable embedding file.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import os
 
 from replug_jax import distributed
 from replug_jax.retrieval.datastore import Datastore
+from replug_jax.retrieval.device_index import DeviceIndex
 from replug_jax.retrieval.embeddings import embed_corpus_split, sidecar_path
 from replug_jax.retrieval.index import DenseIndex, IndexRefused
 from replug_jax.retrieval.retriever import index_meta
@@ -55,3 +59,25 @@ def build_dense_index(encoder, datastore: Datastore, folder: str, *, metric: str
             if os.path.exists(f):
                 os.remove(f)
     return index, False
+
+
+INDEX_BACKENDS = ("faiss", "device")
+
+
+def build_index(encoder, datastore: Datastore, workdir: str, *, name: str = "dense", metric: str = "cosine",
+                factory: str = "Flat", embedding_dtype: str = "float32", backend: str = "faiss",
+                device_dtype: str = "float32", progress: bool = True) -> tuple[DenseIndex | DeviceIndex, bool]:
+    """(index, reused) of `datastore` in `workdir`: backend "faiss" is `build_dense_index` into
+    WORKDIR/index_{name}; "device" searches WORKDIR/embeddings_{name}.npy (reused while it matches encoder and
+    datastore) on every device (matrix in `device_dtype`; reused is False: the matrix is placed anew)."""
+    if backend not in INDEX_BACKENDS:
+        raise ValueError(f"index_backend must be one of {INDEX_BACKENDS}, got {backend!r}")
+    embeddings_path = os.path.join(workdir, f"embeddings_{name}.npy")
+    if backend == "device":
+        embeddings = embed_corpus_split(encoder, datastore.texts, embeddings_path, dtype=embedding_dtype,
+                                        progress=progress)
+        return DeviceIndex.from_embeddings(embeddings, metric=metric, dtype=device_dtype,
+                                           meta=index_meta(encoder, datastore)), False
+    return build_dense_index(encoder, datastore, os.path.join(workdir, f"index_{name}"), metric=metric,
+                             factory=factory, embedding_dtype=embedding_dtype, embeddings_path=embeddings_path,
+                             progress=progress)
