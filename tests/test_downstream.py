@@ -17,7 +17,7 @@ from replug_jax.data.downstream import MMLU_CATEGORIES, MMLU_SUBJECTS, MCExample
 from replug_jax.evaluate import mmlu, qa
 from replug_jax.evaluate.qa_metrics import normalize_answer
 from replug_jax.jobs import downstream as job
-from replug_jax.jobs import lm_eval as lm_eval_job
+from replug_jax.jobs import setup as job_setup
 from replug_jax.lm.blackbox import Generation
 
 from tests import hf_tiny
@@ -381,15 +381,10 @@ def mmlu_config(files, **overrides):
 
 
 def run_job(config, workdir, lm):
-    """run_downstream with the job's LM loader answering the session's SmolLM2 (the same packaged model the
-    config names, loaded once for the whole test session) wrapped in `lm`."""
-    def load_job_lm(cfg, dtype):
-        assert cfg.lm == "smollm2" and jnp.dtype(dtype) == jnp.float32
-        return lm
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lm_eval_job, "load_job_lm", load_job_lm)
-        return job.run_downstream(config, str(workdir))
+    """run_downstream with `lm` (the session's SmolLM2, the same packaged model the config names, loaded once
+    for the whole test session, wrapped) in place of the job's own loading."""
+    assert config.lm == "smollm2" and jnp.dtype(config.dtype) == jnp.float32
+    return job.run_downstream(config, str(workdir), lm=lm)
 
 
 @pytest.fixture(scope="module")
@@ -593,7 +588,7 @@ def test_answer_bearing_demo_passages(files, smollm2, tmp_path):
     """demo_passages "answer": each demo gets its best-ranked passage that holds its gold answer (here not its
     top-1), falling back to the top-1 when none does; "top1" keeps the top-1."""
     config = qa_config(files)
-    store = lm_eval_job.build_datastore(files["corpus"], smollm2.tokenizer, config.doc_tokens, str(tmp_path))
+    store = job_setup.build_datastore(files["corpus"], smollm2.tokenizer, config.doc_tokens, str(tmp_path))
     retriever = job.retrievers_for(config, rj.load_encoder("minilm"), store, str(tmp_path))["replug"]
     demos = [QAExample("d0", "Who is the mayor of Velmora?", ("Lisbon",)),  # only Fenn's passage says Lisbon
              QAExample("d1", "Who is the mayor of Velmora?", ("nobody at all",))]
