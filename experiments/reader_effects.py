@@ -48,11 +48,11 @@ def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, load
     console.phase(f"{lm} on {task}: up to {questions} questions in {workdir}")
     config = task_config(task, lm, questions, os.path.dirname(os.path.dirname(workdir)))
     if lm not in loaded:
-        import jax.numpy as jnp
         from replug_jax.jobs.setup import load_job_lm
+        from replug_jax.models import precision
 
         loaded.clear()  # one LM in memory at a time
-        loaded[lm] = load_job_lm(config, jnp.dtype(config.dtype))
+        loaded[lm] = load_job_lm(config, precision.resolve(config.dtype))
     results = run_downstream(config, workdir, lm=loaded[lm])
     results["max_questions"] = questions
     with open(path, "w") as f:

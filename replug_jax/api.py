@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 
-import jax.numpy as jnp
 
 from replug_jax.lm.http import HTTPLM
 from replug_jax.lm.local import LocalLM
@@ -25,24 +24,28 @@ def _sentence_transformers_max_length(model_dir: str) -> int | None:
 
 
 def load_encoder(name: str = "minilm", *, normalize: bool = True, max_length: int | None = None,
-                 batch_size: int = 32, dtype=jnp.float32, revision: str | None = None, mesh=None) -> DenseEncoder:
-    """A BERT-family dense encoder with mean pooling (cosine similarity when `normalize`)."""
+                 batch_size: int = 32, dtype=None, param_dtype=None, revision: str | None = None,
+                 mesh=None) -> DenseEncoder:
+    """A BERT-family dense encoder with mean pooling (cosine similarity when `normalize`). dtype / param_dtype:
+    compute and weight dtypes (None: bf16 on accelerators, fp32 on CPU; weights as the compute dtype)."""
     source = registry.resolve(name, revision)
     if source.kind != "hf_dir":
         raise ValueError(f"{name}: an encoder must be a Hugging Face BERT directory, got a {source.kind} file")
     config, params = weights.load_bert_dir(source.path)
     max_length = max_length or _sentence_transformers_max_length(source.path) or config.max_position
     return DenseEncoder(config, params, tokenizer.from_hf_dir(source.path), name=name, max_length=max_length,
-                        normalize=normalize, batch_size=batch_size, dtype=dtype, mesh=mesh)
+                        normalize=normalize, batch_size=batch_size, dtype=dtype, param_dtype=param_dtype, mesh=mesh)
 
 
-def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size: int = 4, dtype=jnp.float32,
-            revision: str | None = None, mesh=None, **http_options):
+def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size: int = 4, dtype=None,
+            param_dtype=None, revision: str | None = None, mesh=None, model_parallel: int = 1, **http_options):
     """A causal LM behind the black-box `score(contexts, continuations)` contract.
 
     An http(s) URL gives an `HTTPLM` for that OpenAI-compatible server; `http_options` (e.g.
     tokenizer="smollm2", a name or a TextTokenizer, concurrency=8) go to it, with `max_length` (the
-    server's window, when /models does not say it); the other local-model arguments are ignored."""
+    server's window, when /models does not say it); the other local-model arguments are ignored. A local model's
+    weights are split over `model_parallel` devices (the "model" axis of `sharding.lm_mesh`; models/partition.py
+    says how), batches over the rest; dtype / param_dtype as for `load_encoder`."""
     if name.startswith(("http://", "https://")):
         if isinstance(http_options.get("tokenizer"), str):  # a model name: the tokenizer alone is loaded
             http_options["tokenizer"] = load_tokenizer(http_options["tokenizer"], revision)
@@ -55,7 +58,8 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
     else:
         config, params = weights.load_causal_lm_dir(source.path)
         tok = tokenizer.from_hf_dir(source.path)
-    return LocalLM(config, params, tok, name=name, max_length=max_length, batch_size=batch_size, dtype=dtype, mesh=mesh)
+    return LocalLM(config, params, tok, name=name, max_length=max_length, batch_size=batch_size, dtype=dtype,
+                   param_dtype=param_dtype, mesh=mesh, model_parallel=model_parallel)
 
 
 def load_tokenizer(name: str, revision: str | None = None) -> tokenizer.TextTokenizer:

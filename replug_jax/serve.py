@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-batch-rows", type=int, default=32, help="prompts batched into one LocalLM call")
     parser.add_argument("--batch-wait-ms", type=float, default=10, help="how long a batch waits for more prompts")
     parser.add_argument("--max-length", type=int, default=0, help="0: the model's own window")
-    parser.add_argument("--dtype", default="float32", help="bfloat16 on TPU/GPU")
+    parser.add_argument("--dtype", default="auto", help="compute and weight dtype (auto: bfloat16 on TPU/GPU, float32 on CPU)")
     parser.add_argument("--model-name", default=None, help="the id in /v1/models and responses (default: --lm)")
     parser.add_argument("--add-start-token", action="store_true",
                         help="condition every prompt on the LM's document-start token (as llama.cpp's BOS)")
@@ -52,7 +52,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="the largest 'logprobs' accepted (OpenAI's API: 5)")
     parser.add_argument("--api-key-env", default=None, help="require 'Bearer $VAR' (the key is read from VAR)")
     args = parser.parse_args(argv)
-    import jax.numpy as jnp
     import uvicorn
 
     import replug_jax as rj
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:
         parser.error(f"--api-key-env {args.api_key_env}: the variable is not set")
-    lm = rj.load_lm(args.lm, batch_size=args.batch_size, max_length=args.max_length or None, dtype=jnp.dtype(args.dtype))
+    lm = rj.load_lm(args.lm, batch_size=args.batch_size, max_length=args.max_length or None, dtype=args.dtype)
     app = make_app(lm, model_name=args.model_name or args.lm, max_batch_rows=args.max_batch_rows,
                    batch_wait=args.batch_wait_ms / 1000, add_start_token=args.add_start_token, api_key=api_key,
                    max_top_logprobs=args.max_top_logprobs, start_token_on_text=args.start_token_on_text)

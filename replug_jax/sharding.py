@@ -1,8 +1,9 @@
 """Device mesh, shardings and fixed-shape batching shared by every jitted batch function.
 
-All batch work (corpus embedding, LM scoring, the ensemble) uses one 1-D mesh with the
-axis "data": the batch is split over the devices, parameters are replicated. Shapes are
-padded to buckets so a function compiles once per bucket, not once per call.
+All batch work (corpus embedding, LM scoring, the ensemble) splits the batch over the mesh axis
+"data". The retriever's mesh is 1-D ("data": parameters replicated); the LM's may be 2-D
+("data", "model": `lm_mesh`), its weights split over "model" by the rules in models/partition.py.
+Shapes are padded to buckets so a function compiles once per bucket, not once per call.
 
 With several processes (`replug_jax.distributed`) each process embeds and scores its own share
 on its own devices (`data_mesh()`: the local ones, no collective); the LSR train step and the
@@ -17,12 +18,33 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 DATA_AXIS = "data"
+MODEL_AXIS = "model"
 
 
 def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A 1-D mesh over `devices` (default: this process's own) with axis 'data'."""
     devices = list(devices) if devices is not None else jax.local_devices()
     return Mesh(np.array(devices), (DATA_AXIS,))
+
+
+def lm_mesh(model_parallel: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ("data", "model") mesh over `devices` (default: this process's own): `model_parallel` devices hold
+    one copy of the LM's weights between them, len(devices) / model_parallel copies split the batch."""
+    devices = list(devices) if devices is not None else jax.local_devices()
+    if model_parallel < 1 or len(devices) % model_parallel:
+        raise ValueError(f"lm_model_parallel={model_parallel} does not divide the {len(devices)} devices")
+    grid = np.array(devices).reshape(len(devices) // model_parallel, model_parallel)
+    return Mesh(grid, (DATA_AXIS, MODEL_AXIS))
+
+
+def data_size(mesh: Mesh) -> int:
+    """How many ways the batch is split: the size of the mesh's "data" axis."""
+    return mesh.shape[DATA_AXIS]
+
+
+def mesh_shape(mesh: Mesh) -> dict[str, int]:
+    """{"data": D, "model": M} (M = 1 on a 1-D mesh): what results.json records as "lm_mesh"."""
+    return {DATA_AXIS: mesh.shape[DATA_AXIS], MODEL_AXIS: mesh.shape.get(MODEL_AXIS, 1)}
 
 
 def global_mesh() -> Mesh:
@@ -96,21 +118,24 @@ def local_copy(x):
 
 
 class ShardedBatchFn:
-    """`fn(params, *batch_arrays) -> batch_array` jitted once per input shape, batch over the mesh.
+    """`fn(params, *batch_arrays) -> batch_array` jitted once per input shape, batch over the "data" axis.
 
-    The batch size must be a multiple of the device count; `__call__` pads fewer rows up
-    to `batch_size` and returns only the real rows as numpy.
+    The batch size must be a multiple of the data-axis size; `__call__` pads fewer rows up
+    to `batch_size` and returns only the real rows as numpy. `param_shardings` (a pytree of
+    NamedShardings like `params`; default: replicated) places the parameters, e.g. the LM's over "model".
     """
 
-    def __init__(self, fn: Callable, params, batch_size: int, mesh: Mesh | None = None, num_inputs: int = 2):
+    def __init__(self, fn: Callable, params, batch_size: int, mesh: Mesh | None = None, num_inputs: int = 2,
+                 param_shardings=None):
         self.mesh = mesh or data_mesh()
-        n = self.mesh.devices.size
+        n = data_size(self.mesh)
         if batch_size % n:
-            raise ValueError(f"batch size {batch_size} is not a multiple of the {n} devices")
+            raise ValueError(f"batch size {batch_size} is not a multiple of the {n}-way data axis")
         self.batch_size = batch_size
-        self.params = jax.device_put(params, replicated(self.mesh))
+        self.param_shardings = param_shardings if param_shardings is not None else replicated(self.mesh)
+        self.params = jax.device_put(params, self.param_shardings)
         self._batch = batch_sharding(self.mesh)
-        self.jitted = jax.jit(fn, in_shardings=(replicated(self.mesh),) + (self._batch,) * num_inputs,
+        self.jitted = jax.jit(fn, in_shardings=(self.param_shardings,) + (self._batch,) * num_inputs,
                               out_shardings=self._batch)
 
     def __call__(self, *arrays: np.ndarray, params=None) -> np.ndarray:
@@ -131,7 +156,7 @@ class ShardedBatchFn:
     def place_params(self, params):
         """`params` replicated over the mesh (a no-op for params already placed there). Parameters replicated
         over every process's devices (the LSR train state) are taken from this process's own copy."""
-        return jax.device_put(jax.tree.map(local_copy, params), replicated(self.mesh))
+        return jax.device_put(jax.tree.map(local_copy, params), self.param_shardings)
 
     def compiled_shapes(self) -> int:
         """How many distinct shapes have been compiled (for tests of 'compiles once')."""

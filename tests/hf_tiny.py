@@ -66,6 +66,23 @@ def tiny_llama(path: str, tie: bool = False, shard: bool = False):
     return model
 
 
+def tiny_mistral(path: str, tie: bool = False, shard: bool = False, window: int = 8):
+    """A tiny random Mistral (a Llama with a sliding attention window of `window` tokens); norms random."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                        rope_theta=300.0, rms_norm_eps=1e-5, tie_word_embeddings=tie, sliding_window=window)
+    model = MistralForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    save(model, path, shard)
+    return model
+
+
 def torch_logprobs(model, ids):
     """log p(token_t | tokens_<t) from a torch causal LM: [L] ids -> [L-1]."""
     with torch.no_grad():
@@ -92,39 +109,51 @@ def tiny_qwen2(path: str, tie: bool = False, shard: bool = False):
     return model
 
 
-# Hugging Face Qwen2 tensor names -> llama.cpp's (its qwen2 converter writes them in HF row order).
-_QWEN2_GGUF_NAMES = {
+# Hugging Face Llama / Qwen2 tensor names -> llama.cpp's.
+_GGUF_NAMES = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }
 
 
-def save_qwen2_gguf(model, path: str) -> None:
-    """Write a torch Qwen2 model as an f32 GGUF file the way llama.cpp's converter lays out its qwen2
-    architecture, with a one-token-per-byte tokenizer in the metadata."""
+def permute_rope_rows(w, num_heads: int):
+    """llama.cpp's converter's Q/K row permutation for its `llama` architecture (interleaved RoPE): [out, in]."""
+    return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def save_gguf(model, path: str, arch: str = "qwen2") -> None:
+    """Write a torch Qwen2 (arch "qwen2") or Llama / Mistral (arch "llama") model as an f32 GGUF file the way
+    llama.cpp's converter lays it out (llama: Q/K rows permuted; Mistral's window as attention.sliding_window),
+    with a one-token-per-byte tokenizer in the metadata."""
     import gguf
 
     cfg = model.config
-    w = gguf.GGUFWriter(path, "qwen2")
+    w = gguf.GGUFWriter(path, arch)
     w.add_block_count(cfg.num_hidden_layers), w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size), w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads), w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"]), w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if getattr(cfg, "sliding_window", None) and cfg.model_type == "mistral":
+        w.add_sliding_window(cfg.sliding_window)
     alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     tokens = ["<|endoftext|>"] + alphabet[: VOCAB - 1]
-    w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("qwen2"), w.add_token_list(tokens)
+    w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre(arch if arch == "qwen2" else "default"), w.add_token_list(tokens)
     w.add_token_merges([]), w.add_token_types([3] + [1] * (len(tokens) - 1)), w.add_eos_token_id(0)
     for name, tensor in model.state_dict().items():
         name = name.removeprefix("model.")
+        array = tensor.float().numpy()
         if name.startswith("layers."):
             _, layer, rest = name.split(".", 2)
             module, kind = rest.rsplit(".", 1)
-            name = f"blk.{layer}.{_QWEN2_GGUF_NAMES[module]}.{kind}"
+            name = f"blk.{layer}.{_GGUF_NAMES[module]}.{kind}"
+            if arch == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
+                heads = cfg.num_attention_heads if module == "self_attn.q_proj" else cfg.num_key_value_heads
+                array = permute_rope_rows(array, heads)
         else:
             name = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
                     "lm_head.weight": "output.weight"}[name]
         if name == "output.weight" and cfg.tie_word_embeddings:
             continue
-        w.add_tensor(name, tensor.float().numpy())
+        w.add_tensor(name, array)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()

@@ -19,6 +19,7 @@ from replug_jax.evaluate.qa_metrics import normalize_answer
 from replug_jax.jobs import downstream as job
 from replug_jax.jobs import setup as job_setup
 from replug_jax.lm.blackbox import Generation
+from replug_jax.models import precision
 
 from tests import hf_tiny
 
@@ -383,7 +384,7 @@ def mmlu_config(files, **overrides):
 def run_job(config, workdir, lm):
     """run_downstream with `lm` (the session's SmolLM2, the same packaged model the config names, loaded once
     for the whole test session, wrapped) in place of the job's own loading."""
-    assert config.lm == "smollm2" and jnp.dtype(config.dtype) == jnp.float32
+    assert config.lm == "smollm2" and precision.resolve(config.dtype) == jnp.float32
     return job.run_downstream(config, str(workdir), lm=lm)
 
 

@@ -178,10 +178,12 @@ def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeyp
     assert saved["tokens"] == results["tokens"] > 0 and saved["k"] == 2
     assert "| replug |" in open(os.path.join(workdir, "results.md")).read()
     assert os.path.getsize(os.path.join(workdir, "perplexity_vs_k.png")) > 1000
-    # a second run with the same workdir reuses datastore, embeddings and index
+    assert saved["lm_mesh"] == {"data": 8, "model": 1}
+    # a second run with the same workdir reuses datastore, embeddings and index; its LM split over 4 devices
     monkeypatch.setattr(build, "embed_corpus_split", lambda *a, **k: pytest.fail("re-embedded a valid corpus"))
-    again = run.run_lm_eval(config, workdir)
-    assert again["perplexity"] == pytest.approx(results["perplexity"])
+    again = run.run_lm_eval(config_dict.ConfigDict({**config.to_dict(), "lm_model_parallel": 4}), workdir)
+    assert again["perplexity"] == pytest.approx(results["perplexity"], rel=1e-5)
+    assert json.load(open(os.path.join(workdir, "results.json")))["lm_mesh"] == {"data": 2, "model": 4}
     # runs sharing cache_dir (datastore and index) and lm_cache: the second one neither embeds nor scores anything
     monkeypatch.undo()
     shared = dict(cache_dir=str(tmp_path / "shared"), lm_cache=str(tmp_path / "shared" / "lm.sqlite"))

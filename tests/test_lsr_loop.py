@@ -481,7 +481,6 @@ class CountingLM(PairLM):
 def test_cache_entries_are_keyed_by_lm_weights_dtype_window_and_template(tiny, tmp_path):
     lm, store, examples = tiny["lm"], tiny["store"], tiny["examples"]
     contexts_for = lambda template: [t + e.query for t, e in zip(format_docs(store, [1, 2, 3, 4], template), examples)]
-    contexts = contexts_for(DOC_TEMPLATE)
     continuations = [e.continuation for e in examples[:4]]
     path = str(tmp_path / "cache.sqlite")
     params = jax.device_get(lm.params)

@@ -36,7 +36,7 @@ def test_bert_matches_torch(tmp_path, shard):
 
 
 @pytest.mark.parametrize("builder", ["gpt2", "llama_untied", "llama_tied", "llama_sharded", "qwen2_untied",
-                                     "qwen2_tied"])
+                                     "qwen2_tied", "mistral_untied", "mistral_sharded"])
 def test_causal_lm_logits_match_torch(tmp_path, builder):
     if builder == "gpt2":
         ref = hf_tiny.tiny_gpt2(str(tmp_path))
@@ -46,7 +46,8 @@ def test_causal_lm_logits_match_torch(tmp_path, builder):
     config, params = weights.load_causal_lm_dir(str(tmp_path))
     assert config.tie_embeddings == (builder in ("gpt2", "llama_tied", "qwen2_tied"))
     assert config.qkv_bias == builder.startswith("qwen2")
-    ids = random_ids(40)
+    assert config.sliding_window == (8 if builder.startswith("mistral") else None)
+    ids = random_ids(40)  # 5 times Mistral's window
     with torch.no_grad():
         expected = ref(torch.tensor([ids])).logits[0].numpy()
     ours = np.asarray(causal_lm.logits(params, config, jnp.array([ids]), jnp.ones((1, 40), jnp.int32)))[0]
@@ -63,7 +64,7 @@ def test_qwen2_gguf_matches_torch(tmp_path, tie):
     from replug_jax.models import gguf_loader
 
     ref = hf_tiny.tiny_qwen2(str(tmp_path), tie=tie)
-    hf_tiny.save_qwen2_gguf(ref, str(tmp_path / "tiny.gguf"))
+    hf_tiny.save_gguf(ref, str(tmp_path / "tiny.gguf"), "qwen2")
     config, params, tokenizer = gguf_loader.load_gguf(str(tmp_path / "tiny.gguf"))
     assert (config.arch, config.qkv_bias, config.tie_embeddings, config.rope_theta) == ("qwen2", True, tie, 250.0)
     assert tokenizer.encode("ab 1") == [tokenizer.backend.token_to_id(c) for c in "abĠ1"]
@@ -79,7 +80,44 @@ def test_qwen2_refuses_sliding_window():
         causal_lm.CausalLMConfig.from_hf(cfg)
 
 
-@pytest.mark.parametrize("builder", ["gpt2", "llama", "qwen2"])
+def test_mistral_gguf_matches_torch_and_its_window_matters(tmp_path):
+    """A tiny Mistral as llama.cpp writes it (architecture llama, Q/K rows permuted, the window as
+    llama.attention.sliding_window) loads to the torch model's log-probs over 5 windows; the same weights
+    without the window give other log-probs (so the window is what the test checks)."""
+    import dataclasses
+
+    from replug_jax.models import gguf_loader
+
+    ref = hf_tiny.tiny_mistral(str(tmp_path), window=8)
+    hf_tiny.save_gguf(ref, str(tmp_path / "tiny.gguf"), "llama")
+    config, params, _ = gguf_loader.load_gguf(str(tmp_path / "tiny.gguf"))
+    assert (config.arch, config.sliding_window, config.rope_theta) == ("llama", 8, 300.0)
+    ids = random_ids(40)
+    score = lambda cfg: np.asarray(causal_lm.token_logprobs(params, cfg, jnp.array([ids]), jnp.ones((1, 40), jnp.int32)))[0]
+    expected = hf_tiny.torch_logprobs(ref, ids)
+    np.testing.assert_allclose(score(config)[1:], expected, atol=1e-5)
+    unwindowed = score(dataclasses.replace(config, sliding_window=None))[1:]
+    np.testing.assert_allclose(unwindowed[:8], expected[:8], atol=1e-5)  # inside the first window: no difference
+    assert np.abs(unwindowed[8:] - expected[8:]).max() > 1e-2
+
+
+def test_mistral_window_through_the_cache(tmp_path):
+    """Decoding through the key/value cache (a prefix, then pads and tokens one by one) keeps the window: the
+    next-token logits after every token equal transformers' full forward pass."""
+    ref = hf_tiny.tiny_mistral(str(tmp_path), window=6)
+    config, params = weights.load_causal_lm_dir(str(tmp_path))
+    ids = random_ids(20)
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0].numpy()  # [20, V]
+    cache = causal_lm.init_cache(config, 1, 32)
+    logits, cache = causal_lm.extend(params, config, cache, jnp.array([[0] + ids[:9]]), jnp.array([[0] + [1] * 9]))
+    np.testing.assert_allclose(np.asarray(logits)[0], expected[8], atol=1e-4)
+    for t in range(9, 20):
+        logits, cache = causal_lm.extend(params, config, cache, jnp.array([[ids[t], 0]]), jnp.array([[1, 0]]))
+        np.testing.assert_allclose(np.asarray(logits)[0], expected[t], atol=1e-4, err_msg=f"token {t}")
+
+
+@pytest.mark.parametrize("builder", ["gpt2", "llama", "qwen2", "mistral"])
 def test_padding_does_not_change_logprobs(tmp_path, builder):
     getattr(hf_tiny, f"tiny_{builder}")(str(tmp_path))
     config, params = weights.load_causal_lm_dir(str(tmp_path))

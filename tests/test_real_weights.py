@@ -92,3 +92,23 @@ def test_smollm2_generate_with_one_pass_equals_transformers_greedy(smollm2, torc
         eos = smollm2.tokenizer.eos_id
         ref = ref[: ref.index(eos) + 1] if eos in ref else ref
         assert gen.token_ids == ref, (prompt, smollm2.tokenizer.decode(gen.token_ids), smollm2.tokenizer.decode(ref))
+
+
+def test_bfloat16_weights_and_compute_stay_close_to_float32(smollm2, minilm):
+    """SmolLM2 and MiniLM with bf16 weights and activations (the default on accelerators): log-probs of real
+    text within 0.1 nats on average (measured 0.043, max 0.42) and perplexity within 3%; embeddings (float32
+    out) at cosine >= 0.999 (measured 0.99994) of the float32 model's."""
+    import jax
+    import replug_jax as rj
+
+    lm16 = rj.load_lm("smollm2", batch_size=8, dtype="bfloat16")
+    assert {x.dtype for x in jax.tree.leaves(lm16.params)} == {np.dtype("bfloat16")} and lm16.dtype == np.dtype("bfloat16")
+    contexts, continuations = [""] + TEXTS[:3], [PARAGRAPH, " and more.", " It is important.", " They returned safely."]
+    full, half = smollm2.score(contexts, continuations), lm16.score(contexts, continuations)
+    assert all(h.dtype == np.float32 for h in half)
+    diff = np.abs(np.concatenate([a - b for a, b in zip(full, half)]))
+    assert 0 < diff.mean() <= 0.1 and diff.max() <= 1.0, (diff.mean(), diff.max())
+    assert abs(np.exp(half[0].mean() - full[0].mean()) - 1) <= 0.03
+    enc16 = rj.load_encoder("minilm", dtype="bfloat16", batch_size=8)
+    full_e, half_e = minilm.embed(TEXTS + [PARAGRAPH]), enc16.embed(TEXTS + [PARAGRAPH])
+    assert half_e.dtype == np.float32 and 0.999 <= (full_e * half_e).sum(-1).min() < 1.0

@@ -33,12 +33,14 @@ def get_config():
     c.index_factory = "Flat"  # any faiss index_factory string, e.g. "IVF4096,PQ64"
     c.embedding_dtype = "float32"  # or "float16" on disk
     c.lm_batch_size = 4
-    c.lm_max_length = 0  # 0: the LM's own window
+    c.lm_max_length = 0
+    c.lm_model_parallel = 1  # devices holding one copy of the LM's weights between them (the "model" mesh axis)  # 0: the LM's own window
     c.encoder_batch_size = 32
     c.seed = 0
     c.cache_dir = ""  # where the data split, datastore, embeddings and index live ("": the workdir); runs may share it
     c.lm_cache = ""  # SQLite file of LM scores shared by runs ("": evaluation uncached, LSR caches in WORKDIR/lsr)
     c.wiki_split = "by_article"  # gensim_wiki only: "related" also puts the opening of held-out articles in the datastore
     c.held_out_fraction = 0.5  # wiki_split="related": the share of each eval/train article that is held out
-    c.dtype = "float32"  # "bfloat16" on TPU/GPU
+    c.dtype = "auto"  # compute dtype: "auto" = bfloat16 on TPU/GPU, float32 on CPU; or "float32", "bfloat16"
+    c.param_dtype = "auto"  # weights of the LM and the encoder: "auto" = as dtype (LSR trains the retriever in float32)
     return c

@@ -32,6 +32,6 @@ def get_config():
     c.context_tokens = 768
     c.encoder_batch_size = 512
     c.lm_batch_size = 64
-    c.dtype = "bfloat16"
+    c.dtype = "auto"  # bfloat16 on TPU/GPU
     c.multihost = True
     return c

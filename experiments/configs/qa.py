@@ -39,7 +39,9 @@ def get_config():
     c.embedding_dtype = "float32"
     c.lm_batch_size = 4
     c.lm_max_length = 0
+    c.lm_model_parallel = 1  # devices holding one copy of the LM's weights between them (the "model" mesh axis)
     c.encoder_batch_size = 32
     c.seed = 0
-    c.dtype = "float32"  # "bfloat16" on TPU/GPU
+    c.dtype = "auto"  # compute dtype: "auto" = bfloat16 on TPU/GPU, float32 on CPU; or "float32", "bfloat16"
+    c.param_dtype = "auto"  # weights of the LM and the encoder: "auto" = as dtype (LSR trains the retriever in float32)
     return c

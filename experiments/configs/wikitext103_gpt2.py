@@ -33,5 +33,5 @@ def get_config():
     c.embedding_dtype = "float16"
     c.lm_batch_size = 32
     c.encoder_batch_size = 256
-    c.dtype = "bfloat16"
+    c.dtype = "auto"  # bfloat16 on TPU/GPU
     return c

@@ -17,11 +17,11 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import replug_jax as rj
 from replug_jax import console
+from replug_jax.models import precision
 from replug_jax.data import downstream as data
 from replug_jax.data import wiki
 from replug_jax.evaluate import downstream_report, mmlu, qa, qa_metrics
@@ -109,9 +109,10 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     unknown = [m for m in config.methods if m not in JOB_METHODS[kind]]
     if unknown:
         raise ValueError(f"unknown {kind} methods {unknown}; known: {', '.join(JOB_METHODS[kind])}")
-    dtype = jnp.dtype(config.dtype)
+    dtype = precision.resolve(config.dtype)
     encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
-                              normalize=config.metric == "cosine", dtype=dtype)
+                              normalize=config.metric == "cosine", dtype=dtype,
+                              param_dtype=precision.weights_option(config.get("param_dtype")))
     lm = lm if lm is not None else setup.load_job_lm(config, dtype)
     tokenizer = setup.lm_tokenizer(lm, config)
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
@@ -132,7 +133,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     results, predictions = run(config, lm, store, retrievers, questions, demos)
     results.update({"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                     "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
-                    "lm": config.lm, "k": config.k, "shots": config.shots, "temperature": config.temperature,
+                    "lm": config.lm, "lm_mesh": setup.lm_mesh_record(lm), "k": config.k, "shots": config.shots, "temperature": config.temperature,
                     "methods": list(config.methods), "seconds": time.time() - started,
                     "processes": jax.process_count()})
     if hasattr(lm, "stats"):

@@ -12,18 +12,18 @@ import resource
 import time
 
 import jax
-import jax.numpy as jnp
 from absl import logging
 
 import replug_jax as rj
 from replug_jax import console, distributed
+from replug_jax.models import precision
 from replug_jax.data import wiki
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.lm.cache import CachedLM
-from replug_jax.jobs.setup import (GENSIM_WIKI, build_datastore, build_dense_index, load_job_lm, lm_tokenizer,
-                                   make_retrievers, read_documents)
+from replug_jax.jobs.setup import (GENSIM_WIKI, build_datastore, build_dense_index, load_job_lm, lm_mesh_record,
+                                   lm_tokenizer, make_retrievers, read_documents)
 from replug_jax.retrieval import datastore as ds
 from replug_jax.retrieval.index import DenseIndex
 
@@ -96,11 +96,12 @@ def prepare(config, workdir: str) -> Setup:
     started = time.time()
     os.makedirs(workdir, exist_ok=True)
     shared = config.get("cache_dir") or workdir  # data split, datastore, embeddings and index: shareable by runs
-    dtype = jnp.dtype(config.dtype)
+    dtype = precision.resolve(config.dtype)
     paths = distributed.lead_first(lambda: data_paths(config, shared))  # one writer of the data split
     console.phase(f"data: corpus {paths['datastore']}, held-out {paths['eval']}")
     encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
-                              normalize=config.metric == "cosine", dtype=dtype)
+                              normalize=config.metric == "cosine", dtype=dtype,
+                              param_dtype=precision.weights_option(config.get("param_dtype")))
     lm = load_job_lm(config, dtype)
     tokenizer = lm_tokenizer(lm, config)
     kind = type(lm).__name__
@@ -131,7 +132,8 @@ def evaluate_and_report(config, workdir: str, setup: Setup, retrievers: dict, ex
         concat_retriever="replug" if "concat" in config.methods else None, temperature=config.temperature,
         temperatures={"bm25": config.bm25_temperature, **(temperatures or {})},
         temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})))
-    results.update({"encoder": config.encoder, "lm": config.lm, "datastore_chunks": len(setup.store),
+    results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": lm_mesh_record(setup.lm),
+                    "datastore_chunks": len(setup.store),
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
                     "metric": config.metric, "seconds": time.time() - setup.started, "processes": jax.process_count(),

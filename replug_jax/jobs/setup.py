@@ -10,7 +10,8 @@ import json
 import os
 
 import replug_jax as rj
-from replug_jax import console
+from replug_jax import console, sharding
+from replug_jax.models import precision
 from replug_jax.models.tokenizer import TextTokenizer
 from replug_jax.retrieval import build
 from replug_jax.retrieval import datastore as ds
@@ -92,9 +93,19 @@ def load_job_lm(config, dtype):
     """The job's black-box LM: a local model, or a server URL whose tokenizer is `config.lm_tokenizer`
     (then HTTPLM sends token-id prompts, the contract's rule)."""
     remote = config.lm.startswith(("http://", "https://"))
-    options = {"tokenizer": config.lm_tokenizer} if remote and config.get("lm_tokenizer") else {}
+    if remote:
+        options = {"tokenizer": config.lm_tokenizer} if config.get("lm_tokenizer") else {}
+    else:
+        options = {"model_parallel": config.get("lm_model_parallel", 1),
+                   "param_dtype": precision.weights_option(config.get("param_dtype"))}
     return rj.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
                       dtype=dtype, **options)
+
+
+def lm_mesh_record(lm) -> dict | None:
+    """results.json's "lm_mesh": {"data": D, "model": M} of a local LM (None for a server)."""
+    mesh = getattr(lm, "mesh", None)
+    return sharding.mesh_shape(mesh) if mesh is not None else None
 
 
 def lm_tokenizer(lm, config):

@@ -11,12 +11,11 @@ import dataclasses
 import functools
 from typing import Sequence
 
-import jax.numpy as jnp
 import numpy as np
 
 from replug_jax import sharding
 from replug_jax.lm.blackbox import check_pairs, pair_token_ids
-from replug_jax.models import causal_lm
+from replug_jax.models import causal_lm, partition, precision
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, tokenizer_fingerprint
 from replug_jax.models.weights import weights_fingerprint
 
@@ -26,16 +25,22 @@ class LocalLM:
 
     def __init__(self, config: causal_lm.CausalLMConfig, params, tokenizer: TextTokenizer, *, name: str = "lm",
                  max_length: int | None = None, batch_size: int = 4, length_multiple: int = 64,
-                 dtype=jnp.float32, mesh=None):
+                 dtype=None, param_dtype=None, mesh=None, model_parallel: int = 1):
+        """`dtype`: compute dtype (None: bf16 on accelerators, fp32 on CPU, `models/precision.py`); `param_dtype`:
+        the weights' (None: `dtype`). `mesh` (default: `sharding.lm_mesh(model_parallel)` over this process's
+        devices): batches split over its "data" axis, weights over its "model" axis by models/partition.py."""
         self.config, self.tokenizer, self.name = config, tokenizer, name
         self.max_length = min(max_length or config.max_position, config.max_position)
+        dtype = precision.resolve(dtype)
+        params = precision.cast_floating(params, dtype if param_dtype is None else precision.resolve(param_dtype))
         self.length_multiple, self.dtype = length_multiple, dtype
         self.start_id = document_start_id(tokenizer)
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
-        mesh = mesh or sharding.data_mesh()
-        batch_size = sharding.round_up(batch_size, mesh.devices.size)
+        mesh = mesh or sharding.lm_mesh(model_parallel)
+        batch_size = sharding.round_up(batch_size, sharding.data_size(mesh))
         fn = functools.partial(self._logprob_fn, config=config, dtype=dtype)
-        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh, num_inputs=4)
+        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh, num_inputs=4,
+                                                 param_shardings=partition.param_shardings(params, mesh))
         self._generator = None
 
     @staticmethod
@@ -48,8 +53,13 @@ class LocalLM:
 
     @property
     def mesh(self):
-        """The device mesh the scoring batch is split over."""
+        """The LM's device mesh: batches over its "data" axis, weights over "model" (if it has one)."""
         return self._batch_fn.mesh
+
+    @property
+    def param_shardings(self):
+        """Where each weight lives (a pytree of NamedShardings like `params`)."""
+        return self._batch_fn.param_shardings
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
@@ -60,7 +70,7 @@ class LocalLM:
 
     def fingerprint(self) -> str:
         """A hash of the weights, model config, tokenizer, dtype and window: what changes a score (for caches)."""
-        return weights_fingerprint(self.params, [self.name, str(jnp.dtype(self.dtype)), self.max_length,
+        return weights_fingerprint(self.params, [self.name, str(self.dtype), self.max_length,
                                                  dataclasses.asdict(self.config), tokenizer_fingerprint(self.tokenizer)])
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",

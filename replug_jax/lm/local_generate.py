@@ -8,8 +8,8 @@ For B questions with K passes each, the rows are B·K sequences `prefix ∘ cont
      token per row per step through the cache), until every question has emitted a stop token
      or `max_new_tokens`.
 Shapes are bucketed (prefix, context and new-token lengths; questions per batch), so the jitted
-function compiles once per bucket; rows are split over the device mesh by question, so a
-question's K passes stay on one device.
+function compiles once per bucket; rows are split over the mesh's "data" axis by question, so a
+question's K passes stay on one data shard; the key/value cache's heads are split over "model".
 """
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from replug_jax import replug, sharding
 from replug_jax.lm.blackbox import (Generation, check_generation_inputs, cut_at_stop, generation_prompt_ids,
                                    tokens_through_stop)
-from replug_jax.models import causal_lm
+from replug_jax.models import causal_lm, partition
 
 NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
 CONTEXT_MULTIPLE = 16  # each pass's own tokens are padded to a multiple of this (the prefix: LocalLM's multiple)
@@ -71,7 +71,7 @@ def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, stop_mask, lim
     cache = causal_lm.init_cache(config, 1, slots, dtype)
     _, cache = causal_lm.extend(params, config, cache, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
     rows = ids.shape[0]
-    split = NamedSharding(mesh, P(None, sharding.DATA_AXIS))
+    split = NamedSharding(mesh, partition.kv_cache_spec(config.num_kv_heads, mesh))  # rows over data, heads over model
     copy = lambda x: jnp.broadcast_to(x, x.shape[:1] + (rows,) + x.shape[2:])  # [layers, 1, ...] -> [layers, rows, ...]
     cache = {**{name: jax.lax.with_sharding_constraint(copy(cache[name]), split) for name in ("k", "v")},
              "key_mask": jnp.broadcast_to(cache["key_mask"], (rows, slots)),
@@ -85,7 +85,7 @@ class LocalGenerator:
 
     def __init__(self, lm, questions_per_batch: int = 8):
         self.lm = lm
-        self.questions_per_batch = sharding.round_up(questions_per_batch, lm.mesh.devices.size)
+        self.questions_per_batch = sharding.round_up(questions_per_batch, sharding.data_size(lm.mesh))
         self._stop_masks: dict[tuple, np.ndarray] = {}
         self._jitted: dict[tuple, object] = {}
 
@@ -112,8 +112,8 @@ class LocalGenerator:
 
         # questions per call: a power of two (at least the device count, at most questions_per_batch), so a
         # small call does not pay for filler questions and the shapes stay few
-        devices = lm.mesh.devices.size
-        per_call = min(self.questions_per_batch, sharding.round_up(1 << (len(rows) - 1).bit_length(), devices))
+        per_call = min(self.questions_per_batch,
+                       sharding.round_up(1 << (len(rows) - 1).bit_length(), sharding.data_size(lm.mesh)))
         for start in tqdm(range(0, len(rows), per_call), disable=not progress, desc="generate"):
             idx = order[start : start + per_call]
             tokens, lps, counts = self._batch([rows[i] for i in idx], weights[idx], prefix_ids, prefix_mask, stop_mask,

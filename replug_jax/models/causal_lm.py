@@ -1,4 +1,5 @@
-"""Decoder-only LMs: the GPT-2 family and the Llama family (RoPE, RMSNorm, SwiGLU, GQA; Qwen2 adds q/k/v biases).
+"""Decoder-only LMs: the GPT-2 family and the Llama family (RoPE, RMSNorm, SwiGLU, GQA; Qwen2 adds q/k/v biases,
+Mistral a sliding attention window).
 
 Public boundary: `logits(params, config, input_ids, attention_mask)` and
 `token_logprobs(params, config, input_ids, attention_mask)`, pure functions of a parameter
@@ -33,6 +34,7 @@ class CausalLMConfig:
     rope_theta: float = 10000.0
     head_dim: int | None = None
     qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections (not on o)
+    sliding_window: int | None = None  # Mistral: a token attends to the `sliding_window` tokens up to itself
 
     @property
     def dims_per_head(self) -> int:
@@ -59,6 +61,7 @@ class CausalLMConfig:
                 raise ValueError("Llama variants with attention or MLP biases are not supported")
             if model_type == "qwen2" and cfg.get("use_sliding_window"):
                 raise ValueError("Qwen2 with use_sliding_window=true is not supported (only full attention)")
+            window = cfg.get("sliding_window") if model_type == "mistral" else None
             return cls(
                 arch="qwen2" if model_type == "qwen2" else "llama", vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
                 num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
@@ -68,6 +71,7 @@ class CausalLMConfig:
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 rope_theta=float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
                 head_dim=cfg.get("head_dim"), qkv_bias=model_type == "qwen2",
+                sliding_window=int(window) if window else None,
             )
         raise ValueError(f"unsupported causal LM model_type {model_type!r}; supported: gpt2, llama, mistral, qwen2")
 
@@ -155,9 +159,9 @@ class CausalLM(nn.Module):
         c = self.config
         if cache is None:
             positions = layers.positions_from_mask(attention_mask)  # [B, L]
-            bias = layers.causal_bias(attention_mask)
+            bias = layers.causal_bias(attention_mask, c.sliding_window)
         else:
-            positions, bias, key_mask = _cached_positions_and_bias(cache, attention_mask)
+            positions, bias, key_mask = _cached_positions_and_bias(cache, attention_mask, c.sliding_window)
         wte = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=jnp.float32, name="embed_tokens")
         x = wte(input_ids)
         if c.arch == "gpt2":
@@ -186,16 +190,18 @@ class CausalLM(nn.Module):
         return out, {"k": jnp.stack(new_k), "v": jnp.stack(new_v), "key_mask": key_mask, "count": count, "length": length}
 
 
-def _cached_positions_and_bias(cache, attention_mask):
+def _cached_positions_and_bias(cache, attention_mask, window=None):
     """For L new tokens written at slots [length, length + L) of a cache of S slots: their positions
     (real tokens before them, pads skipped) [B, L], the attention bias [B, 1, L, S] (causal over slots,
-    padded slots hidden) and the updated key mask [B, S]."""
+    padded slots hidden, and with `window` the keys `window` or more tokens back) and the updated key mask [B, S]."""
     mask = attention_mask.astype(jnp.int32)
     positions = jnp.maximum(cache["count"][:, None] + jnp.cumsum(mask, axis=-1) - 1, 0)  # [B, L]
     key_mask = jax.lax.dynamic_update_slice(cache["key_mask"], mask, (0, cache["length"]))  # [B, S]
     slots = jnp.arange(key_mask.shape[1])  # [S]
     query_slots = cache["length"] + jnp.arange(mask.shape[1])  # [L]
     visible = (slots[None, :] <= query_slots[:, None])[None] & (key_mask[:, None, :] > 0)  # [B, L, S]
+    if window is not None:
+        visible &= layers.within_window(positions, layers.positions_from_mask(key_mask), window)
     return positions, jnp.where(visible[:, None], 0.0, layers.MASK_VALUE).astype(jnp.float32), key_mask
 
 

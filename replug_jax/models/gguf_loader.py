@@ -71,6 +71,7 @@ def config_from_metadata(meta: dict, tensor_shapes: dict[str, tuple[int, ...]]) 
         rope_theta=float(g("rope.freq_base", 10000.0)),
         head_dim=int(g("attention.key_length", hidden // heads)),
         qkv_bias="blk.0.attn_q.bias" in tensor_shapes,
+        sliding_window=int(g("attention.sliding_window")) if g("attention.sliding_window") else None,  # Mistral
     )
 
 

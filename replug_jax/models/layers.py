@@ -44,12 +44,22 @@ def padding_bias(attention_mask):
     return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, MASK_VALUE).astype(jnp.float32)
 
 
-def causal_bias(attention_mask):
-    """Causal bias that also hides padded keys: [B, L] -> [B, 1, L, L]."""
+def causal_bias(attention_mask, window: int | None = None):
+    """Causal bias that also hides padded keys: [B, L] -> [B, 1, L, L]. With `window` (Mistral's sliding
+    window), a query also sees only the keys fewer than `window` real tokens before it (itself included)."""
     length = attention_mask.shape[1]
     causal = jnp.tril(jnp.ones((length, length), dtype=bool))
     visible = causal[None, :, :] & (attention_mask[:, None, :] > 0)
+    if window is not None:
+        positions = positions_from_mask(attention_mask)
+        visible &= within_window(positions, positions, window)
     return jnp.where(visible[:, None], 0.0, MASK_VALUE).astype(jnp.float32)
+
+
+def within_window(query_positions, key_positions, window: int):
+    """[B, L] and [B, S] positions (real tokens counted) -> [B, L, S]: the key is fewer than `window` tokens
+    before the query (transformers' sliding-window rule, kv > q - window, over real-token positions)."""
+    return key_positions[:, None, :] > query_positions[:, :, None] - window
 
 
 def positions_from_mask(attention_mask):

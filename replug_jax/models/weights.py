@@ -175,14 +175,34 @@ def load_causal_lm_dir(model_dir: str) -> tuple[CausalLMConfig, dict]:
     return config, CAUSAL_CONVERTERS[config.arch](read_state_dict(model_dir), config)
 
 
+FINGERPRINT_SAMPLES = 256  # about this many values of each leaf go into a fingerprint
+
+
 def weights_fingerprint(params, settings) -> str:
-    """A short hash of a parameter tree (a strided sample of every leaf) and JSON-able `settings`."""
+    """A short hash of a parameter tree (a strided sample of every leaf) and JSON-able `settings`.
+
+    The samples are gathered where the leaves live (device arrays, sharded or not) and only they come to the
+    host: a large or model-sharded LM is never copied whole."""
     h = hashlib.sha256(json.dumps(settings, default=str).encode())
-    for leaf in jax.tree_util.tree_leaves(params):
-        a = np.asarray(leaf)
-        h.update(f"{a.dtype}{a.shape}".encode())
-        h.update(a.reshape(-1)[:: max(1, a.size // 256)].tobytes())
+    leaves = jax.tree_util.tree_leaves(params)
+    for leaf, sample in zip(leaves, jax.device_get([_strided_sample(x) for x in leaves])):
+        h.update(f"{np.dtype(leaf.dtype)}{tuple(leaf.shape)}".encode())
+        h.update(np.asarray(sample).tobytes())
     return h.hexdigest()[:16]
+
+
+def _strided_sample(leaf):
+    """Every (size // 256)-th element of the flattened leaf, in order: [n]; for a jax.Array a small array on its
+    devices, for anything else numpy."""
+    size = int(np.prod(leaf.shape))
+    flat = np.arange(0, size, max(1, size // FINGERPRINT_SAMPLES))
+    if not isinstance(leaf, jax.Array):
+        return np.asarray(leaf).reshape(-1)[flat]
+    sample = leaf[np.unravel_index(flat, leaf.shape)]  # a gather on the leaf's devices
+    if not sample.is_fully_addressable:  # split over processes: replicate the small sample, take this one's copy
+        replicated = jax.sharding.NamedSharding(leaf.sharding.mesh, jax.sharding.PartitionSpec())
+        sample = jax.jit(lambda x: x, out_shardings=replicated)(sample).addressable_data(0)
+    return sample
 
 
 def save_params(params, path: str, meta: dict | None = None) -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import functools
 import warnings
 
-import jax.numpy as jnp
 import numpy as np
 
 from replug_jax import sharding
 from replug_jax.models.weights import weights_fingerprint
 from replug_jax.models import encoder as encoder_model
+from replug_jax.models import precision
 from replug_jax.models.tokenizer import TextTokenizer
 
 
@@ -22,9 +22,13 @@ class DenseEncoder:
 
     def __init__(self, config: encoder_model.BertConfig, params, tokenizer: TextTokenizer, *, name: str = "encoder",
                  max_length: int = 512, normalize: bool = True, batch_size: int = 32, length_multiple: int = 8,
-                 dtype=jnp.float32, mesh=None):
+                 dtype=None, param_dtype=None, mesh=None):
+        """`dtype`: compute dtype (None: bf16 on accelerators, fp32 on CPU); `param_dtype`: the weights' (None:
+        `dtype`); the pooled, normalised embeddings are float32 either way."""
         self.config, self.tokenizer, self.name = config, tokenizer, name
         self.max_length = min(max_length, config.max_position)
+        dtype = precision.resolve(dtype)
+        params = precision.cast_floating(params, dtype if param_dtype is None else precision.resolve(param_dtype))
         self.normalize, self.length_multiple, self.dtype = normalize, length_multiple, dtype
         mesh = mesh or sharding.data_mesh()
         batch_size = sharding.round_up(batch_size, mesh.devices.size)

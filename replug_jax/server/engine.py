@@ -39,7 +39,8 @@ class ScoringEngine:
             self._next = lambda ids, mask: np.asarray(jitted(params, ids, mask))  # [1, V] next-token log-probs
         else:
             mesh = getattr(lm, "mesh", None) or sharding.data_mesh()
-            self._next = sharding.ShardedBatchFn(fn, lm.params, mesh.devices.size, mesh)
+            self._next = sharding.ShardedBatchFn(fn, lm.params, sharding.data_size(mesh), mesh,
+                                                 param_shardings=getattr(lm, "param_shardings", None))
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="replug-scoring", daemon=True)
         self._thread.start()

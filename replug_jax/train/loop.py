@@ -40,6 +40,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from replug_jax import console, distributed, lsr, sharding
+from replug_jax.models import precision
 from replug_jax.passages import DOC_TEMPLATE
 from replug_jax.retrieval.refresh import IndexRefresher
 from replug_jax.retrieval.retriever import excluded_rows
@@ -141,7 +142,8 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
         raise ValueError(f"batch_size {s.batch_size} is not a multiple of the {mesh.devices.size} devices")
     mine = distributed.share(s.batch_size)  # this process's rows of every global batch
     optimizer = train_step_lib.make_optimizer(s.learning_rate, s.steps, s.warmup_fraction, s.clip_norm)
-    state = train_step_lib.init_train_state(jax.device_get(encoder.params), optimizer, mesh=mesh)
+    weights = precision.cast_floating(jax.device_get(encoder.params), jnp.float32)  # trained in float32 whatever it serves in
+    state = train_step_lib.init_train_state(weights, optimizer, mesh=mesh)
     checkpoints = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=s.keep_checkpoints)
     restored = checkpoints.restore(jax.eval_shape(lambda: state))
     start, index_version = 0, 0

@@ -1,0 +1,165 @@
+"""The LM on a ("data", "model") mesh of the 8 fake CPU devices: every weight split as the partition table says,
+and scores and ensembled generation equal to the one-device run."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import replug_jax as rj
+from replug_jax import sharding
+from replug_jax.lm.local import LocalLM
+from replug_jax.models import causal_lm, partition
+
+from tests import hf_tiny
+
+MESHES = [(8, 1), (2, 4), (1, 8)]
+CONTEXTS = [f"context number {i} about something" * (1 + i % 2) for i in range(9)]
+CONTINUATIONS = [f" continuation {i}" * (1 + i % 3) for i in range(9)]
+GEN_CONTEXTS = [["first passage. Q: what", "second one. Q: what"], ["only one pass here. Q:"], ["a", "b c", "d e f"]]
+GEN_WEIGHTS = [[-0.2, -1.7], [0.0], [-1.0, -1.1, -1.3]]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen2")
+    hf_tiny.tiny_qwen2(str(path))  # q/k/v biases too
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir):
+    """The one-device run: scores and generations."""
+    lm = rj.load_lm(tiny_dir, batch_size=8, mesh=sharding.data_mesh(jax.devices()[:1]))
+    return lm.score(CONTEXTS, CONTINUATIONS), lm.generate(GEN_CONTEXTS, GEN_WEIGHTS, max_new_tokens=6, stop=())
+
+
+def odd_config() -> causal_lm.CausalLMConfig:
+    """A tiny Llama whose vocabulary (262), KV heads (3) and MLP width (100) the 8-way model axis does not divide."""
+    return causal_lm.CausalLMConfig(arch="llama", vocab_size=262, hidden_size=48, num_layers=2, num_heads=6,
+                                    num_kv_heads=3, intermediate_size=100, max_position=64, norm_eps=1e-5,
+                                    hidden_act="silu", tie_embeddings=False)
+
+
+def test_lm_mesh_shape_and_errors():
+    mesh = sharding.lm_mesh(4)
+    assert mesh.axis_names == ("data", "model") and sharding.mesh_shape(mesh) == {"data": 2, "model": 4}
+    assert sharding.mesh_shape(sharding.data_mesh()) == {"data": 8, "model": 1}
+    with pytest.raises(ValueError, match="lm_model_parallel=3 does not divide the 8 devices"):
+        sharding.lm_mesh(3)
+
+
+@pytest.mark.parametrize("model", [4, 8])
+def test_every_weight_is_split_as_the_table_says(model):
+    """On a (8/M, M) mesh: the spec and the per-device shard shape of every parameter of a tiny Llama whose
+    vocabulary, KV heads and MLP width do not all divide the model axis (those dimensions stay whole)."""
+    config = odd_config()
+    params = causal_lm.init_params(config)
+    mesh = sharding.lm_mesh(model)
+    lm = LocalLM(config, params, _byte_tokenizer(), batch_size=8, mesh=mesh)
+    m = "model"
+    expected = {  # path -> (spec, shard shape); 262 and 100 are not multiples of 4 or 8, 24 = 3 KV heads · 8 is
+        "embed_tokens/embedding": (P(None, None), (262, 48)),
+        "layer_0/q_proj/kernel": (P(None, m), (48, 48 // model)),
+        "layer_0/k_proj/kernel": (P(None, m), (48, 24 // model)),
+        "layer_0/v_proj/kernel": (P(None, m), (48, 24 // model)),
+        "layer_0/o_proj/kernel": (P(m, None), (48 // model, 48)),
+        "layer_0/gate_proj/kernel": (P(None, m) if 100 % model == 0 else P(None, None), (48, 100 // model if 100 % model == 0 else 100)),
+        "layer_0/up_proj/kernel": (P(None, m) if 100 % model == 0 else P(None, None), (48, 100 // model if 100 % model == 0 else 100)),
+        "layer_0/down_proj/kernel": (P(m, None) if 100 % model == 0 else P(None, None), (100 // model if 100 % model == 0 else 100, 48)),
+        "layer_0/input_norm/scale": (P(None), (48,)),
+        "final_norm/scale": (P(None), (48,)),
+        "lm_head/kernel": (P(None, None), (48, 262)),
+    }
+    got = {partition.param_path(path): x for path, x in jax.tree_util.tree_flatten_with_path(lm.params)[0]}
+    for path, (spec, shard) in expected.items():
+        x = got[path]
+        assert x.sharding.spec == spec, path
+        assert {s.data.shape for s in x.addressable_shards} == {shard}, path
+    assert got["layer_1/q_proj/kernel"].sharding.spec == P(None, m)
+    # a vocabulary the axis divides is split: the 260-token Qwen2 with 2 KV heads
+    assert partition.param_specs({"embed_tokens": {"embedding": jnp.zeros((260, 48))}}, sharding.lm_mesh(4)) == \
+        {"embed_tokens": {"embedding": P(m, None)}}
+    rows = "data" if model < 8 else None  # a 1-way axis is left out of the spec
+    assert partition.kv_cache_spec(3, mesh) == P(None, rows, None, None, None)  # 3 heads: not split
+    assert partition.kv_cache_spec(2, sharding.lm_mesh(2)) == P(None, "data", None, m, None)
+
+
+def test_qwen2_biases_and_vocabulary_split_over_four():
+    config = dataclasses.replace(odd_config(), arch="qwen2", qkv_bias=True, vocab_size=264, num_kv_heads=2,
+                                 intermediate_size=96)
+    specs = partition.param_specs(causal_lm.init_params(config), sharding.lm_mesh(4))
+    assert specs["layer_0"]["q_proj"]["bias"] == P("model") and specs["layer_0"]["k_proj"]["bias"] == P("model")
+    assert specs["embed_tokens"]["embedding"] == P("model", None) and specs["lm_head"]["kernel"] == P(None, "model")
+    assert specs["layer_1"]["down_proj"]["kernel"] == P("model", None)
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_scores_and_generation_equal_the_one_device_run(tiny_dir, reference, shape):
+    data, model = shape
+    lm = rj.load_lm(tiny_dir, batch_size=8, model_parallel=model)
+    assert sharding.mesh_shape(lm.mesh) == {"data": data, "model": model}
+    assert lm._batch_fn.batch_size % data == 0
+    scores, gens = reference
+    for got, want in zip(lm.score(CONTEXTS, CONTINUATIONS), scores):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    out = lm.generate(GEN_CONTEXTS, GEN_WEIGHTS, max_new_tokens=6, stop=())
+    assert [g.token_ids for g in out] == [g.token_ids for g in gens]
+    for a, b in zip(out, gens):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-6)
+    if model > 1:  # the weights really are split
+        q = lm.params["layer_0"]["q_proj"]["kernel"]
+        assert q.addressable_shards[0].data.shape == (q.shape[0], q.shape[1] // model)
+
+
+def test_odd_model_on_every_mesh_scores_as_on_one_device():
+    """The tiny Llama whose dimensions do not divide the axis: scores on (2, 4) and (1, 8) equal one device's."""
+    config, tok = odd_config(), _byte_tokenizer()
+    params = causal_lm.init_params(config, seed=1)
+    one = LocalLM(config, params, tok, batch_size=8, mesh=sharding.data_mesh(jax.devices()[:1])).score(CONTEXTS, CONTINUATIONS)
+    for model in (4, 8):
+        got = LocalLM(config, params, tok, batch_size=8, model_parallel=model).score(CONTEXTS, CONTINUATIONS)
+        for a, b in zip(got, one):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fingerprint_of_split_weights_equals_the_replicated_ones(tiny_dir):
+    """The LM-score cache key does not depend on how the weights are laid out (and never copies them whole)."""
+    one = rj.load_lm(tiny_dir, batch_size=8, mesh=sharding.data_mesh(jax.devices()[:1]))
+    split = rj.load_lm(tiny_dir, batch_size=8, model_parallel=4)
+    assert split.fingerprint() == one.fingerprint()
+
+
+def _byte_tokenizer():
+    import tempfile
+
+    from replug_jax.models import tokenizer
+
+    with tempfile.TemporaryDirectory() as d:
+        hf_tiny.save_tiny_tokenizer(d)
+        return tokenizer.from_hf_dir(d)
+
+
+@pytest.mark.parametrize("model", [1, 4, 8])
+def test_memory_plan_equals_the_bytes_the_devices_hold(model):
+    """models/memory.py's per-device bytes, from shapes alone, equal what one device of a real (8/M, M) mesh holds:
+    the weights of the odd tiny Llama in bf16, and the generation cache placed by kv_cache_spec."""
+    from jax.sharding import NamedSharding
+
+    from replug_jax.models import memory
+
+    config = odd_config()
+    mesh = sharding.lm_mesh(model)
+    lm = LocalLM(config, causal_lm.init_params(config), _byte_tokenizer(), batch_size=8, mesh=mesh, dtype="bfloat16")
+    device = jax.devices()[0]
+    held = sum(s.data.nbytes for x in jax.tree.leaves(lm.params) for s in x.addressable_shards if s.device == device)
+    plan_mesh = memory.abstract_mesh(8 // model, model)
+    assert memory.weight_bytes_per_device(config, plan_mesh) == held
+    rows = 3
+    cache = causal_lm.init_cache(config, rows * (8 // model), 16, jnp.bfloat16)["k"]
+    cache = jax.device_put(cache, NamedSharding(mesh, partition.kv_cache_spec(config.num_kv_heads, mesh)))
+    on_device = sum(s.data.nbytes for s in cache.addressable_shards if s.device == device)
+    assert memory.kv_cache_bytes_per_device(config, plan_mesh, rows, 16) == 2 * on_device
+    assert memory.parameter_count(config) == sum(x.size for x in jax.tree.leaves(lm.params))
