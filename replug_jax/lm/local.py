@@ -31,8 +31,8 @@ class LocalLM:
         devices): batches split over its "data" axis, weights over its "model" axis by models/partition.py."""
         self.config, self.tokenizer, self.name = config, tokenizer, name
         self.max_length = min(max_length or config.max_position, config.max_position)
+        params = precision.cast_floating(params, precision.weight_dtype(dtype, param_dtype))
         dtype = precision.resolve(dtype)
-        params = precision.cast_floating(params, dtype if param_dtype is None else precision.resolve(param_dtype))
         self.length_multiple, self.dtype = length_multiple, dtype
         self.start_id = document_start_id(tokenizer)
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0

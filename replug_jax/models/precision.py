@@ -24,6 +24,11 @@ def resolve(dtype) -> jnp.dtype:
     return jnp.dtype(dtype)
 
 
+def weight_dtype(dtype, param_dtype) -> jnp.dtype:
+    """The weights' dtype: `param_dtype` when given, else the (resolved) compute dtype."""
+    return resolve(dtype) if param_dtype is None else resolve(param_dtype)
+
+
 def weights_option(param_dtype):
     """A config's param_dtype: None for "auto" or unset (the weights follow the compute dtype), else the dtype."""
     return None if param_dtype in (None, "", AUTO) else jnp.dtype(param_dtype)

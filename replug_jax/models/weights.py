@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from safetensors import safe_open
 
+from replug_jax.models import streamed
 from replug_jax.models.causal_lm import CausalLMConfig
 from replug_jax.models.encoder import BertConfig
 
@@ -53,12 +54,7 @@ def safetensors_files(model_dir: str) -> list[str]:
 
 def read_state_dict(model_dir: str) -> StateDict:
     """All tensors of a (possibly sharded) safetensors checkpoint as float32 numpy arrays."""
-    state: StateDict = {}
-    for path in safetensors_files(model_dir):
-        with safe_open(path, framework="flax") as f:  # the flax framework reads bf16 too
-            for name in f.keys():
-                state[name] = np.asarray(f.get_tensor(name), dtype=np.float32)
-    return state
+    return {name: np.asarray(t) for name, t in streamed.lazy_state_dict(safetensors_files(model_dir)).items()}
 
 
 def _strip_prefix(state: StateDict, prefixes: tuple[str, ...]) -> StateDict:
@@ -170,9 +166,17 @@ def load_bert_dir(model_dir: str) -> tuple[BertConfig, dict]:
 
 
 def load_causal_lm_dir(model_dir: str) -> tuple[CausalLMConfig, dict]:
-    """(config, params) of a GPT-2, Llama-family or Qwen2 Hugging Face directory."""
+    """(config, params as float32 numpy) of a GPT-2, Llama-family (Mistral) or Qwen2 Hugging Face directory."""
+    config, lazy = lazy_causal_lm_dir(model_dir)
+    return config, jax.tree.map(np.asarray, lazy, is_leaf=lambda x: isinstance(x, streamed.LazyTensor))
+
+
+def lazy_causal_lm_dir(model_dir: str, reads: list | None = None) -> tuple[CausalLMConfig, dict]:
+    """(config, params as `streamed.LazyTensor`s, nothing read yet): for `streamed.place`, which reads each device's
+    slices only. `reads` (a list) records every slice read."""
     config = CausalLMConfig.from_hf(read_config(model_dir))
-    return config, CAUSAL_CONVERTERS[config.arch](read_state_dict(model_dir), config)
+    state = streamed.lazy_state_dict(safetensors_files(model_dir), reads)
+    return config, CAUSAL_CONVERTERS[config.arch](state, config)
 
 
 FINGERPRINT_SAMPLES = 256  # about this many values of each leaf go into a fingerprint

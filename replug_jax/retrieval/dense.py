@@ -27,8 +27,8 @@ class DenseEncoder:
         `dtype`); the pooled, normalised embeddings are float32 either way."""
         self.config, self.tokenizer, self.name = config, tokenizer, name
         self.max_length = min(max_length, config.max_position)
+        params = precision.cast_floating(params, precision.weight_dtype(dtype, param_dtype))
         dtype = precision.resolve(dtype)
-        params = precision.cast_floating(params, dtype if param_dtype is None else precision.resolve(param_dtype))
         self.normalize, self.length_multiple, self.dtype = normalize, length_multiple, dtype
         mesh = mesh or sharding.data_mesh()
         batch_size = sharding.round_up(batch_size, mesh.devices.size)
