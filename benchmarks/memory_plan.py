@@ -59,7 +59,7 @@ def plan_row(name: str, tpu: str) -> dict:
 
 
 def table(rows: list[dict], params: dict[str, float]) -> str:
-    lines = [f"| model | params (B) | bf16 weights (GiB) | " + " | ".join(TPUS) + " |",
+    lines = ["| model | params (B) | bf16 weights (GiB) | " + " | ".join(TPUS) + " |",
              "|---|---:|---:|" + "---|" * len(TPUS)]
     for name in MODELS:
         cells = []

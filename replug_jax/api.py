@@ -55,12 +55,12 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
         raise TypeError(f"{sorted(http_options)}: options for an http(s) LM, but {name!r} is a local model")
     source = registry.resolve(name, revision)
     mesh = mesh or sharding.lm_mesh(model_parallel)
-    if source.kind == "gguf":  # dequantised whole on the host, then placed
-        config, params, tok = gguf_loader.load_gguf(source.path)
+    if source.kind == "gguf":  # dequantised on the host, then placed slice by slice
+        config, lazy, tok = gguf_loader.load_gguf(source.path, materialize=False)
     else:  # streamed: each device's slices read from the safetensors files
         config, lazy = weights.lazy_causal_lm_dir(source.path)
-        params = streamed.place(lazy, partition.param_shardings(lazy, mesh), precision.weight_dtype(dtype, param_dtype))
         tok = tokenizer.from_hf_dir(source.path)
+    params = streamed.place(lazy, partition.param_shardings(lazy, mesh), precision.weight_dtype(dtype, param_dtype))
     return LocalLM(config, params, tok, name=name, max_length=max_length, batch_size=batch_size, dtype=dtype,
                    param_dtype=param_dtype, mesh=mesh, model_parallel=model_parallel)
 

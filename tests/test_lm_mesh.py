@@ -60,25 +60,27 @@ def test_every_weight_is_split_as_the_table_says(model):
     mesh = sharding.lm_mesh(model)
     lm = LocalLM(config, params, _byte_tokenizer(), batch_size=8, mesh=mesh)
     m = "model"
-    expected = {  # path -> (spec, shard shape); 262 and 100 are not multiples of 4 or 8, 24 = 3 KV heads · 8 is
+    mlp = 100 % model == 0  # 100 is split over 4, not over 8
+    expected = {  # path -> (spec, shard shape); 262 and 100 are not multiples of 4 or 8, 24 = 3 KV heads · 8 is;
+        # the blocks' weights are stacked [2 layers, ...], the layer axis never split
         "embed_tokens/embedding": (P(None, None), (262, 48)),
-        "layer_0/q_proj/kernel": (P(None, m), (48, 48 // model)),
-        "layer_0/k_proj/kernel": (P(None, m), (48, 24 // model)),
-        "layer_0/v_proj/kernel": (P(None, m), (48, 24 // model)),
-        "layer_0/o_proj/kernel": (P(m, None), (48 // model, 48)),
-        "layer_0/gate_proj/kernel": (P(None, m) if 100 % model == 0 else P(None, None), (48, 100 // model if 100 % model == 0 else 100)),
-        "layer_0/up_proj/kernel": (P(None, m) if 100 % model == 0 else P(None, None), (48, 100 // model if 100 % model == 0 else 100)),
-        "layer_0/down_proj/kernel": (P(m, None) if 100 % model == 0 else P(None, None), (100 // model if 100 % model == 0 else 100, 48)),
-        "layer_0/input_norm/scale": (P(None), (48,)),
+        "layers/q_proj/kernel": (P(None, None, m), (2, 48, 48 // model)),
+        "layers/k_proj/kernel": (P(None, None, m), (2, 48, 24 // model)),
+        "layers/v_proj/kernel": (P(None, None, m), (2, 48, 24 // model)),
+        "layers/o_proj/kernel": (P(None, m, None), (2, 48 // model, 48)),
+        "layers/gate_proj/kernel": (P(None, None, m if mlp else None), (2, 48, 100 // model if mlp else 100)),
+        "layers/up_proj/kernel": (P(None, None, m if mlp else None), (2, 48, 100 // model if mlp else 100)),
+        "layers/down_proj/kernel": (P(None, m if mlp else None, None), (2, 100 // model if mlp else 100, 48)),
+        "layers/input_norm/scale": (P(None, None), (2, 48)),
         "final_norm/scale": (P(None), (48,)),
         "lm_head/kernel": (P(None, None), (48, 262)),
     }
     got = {partition.param_path(path): x for path, x in jax.tree_util.tree_flatten_with_path(lm.params)[0]}
+    assert set(got) >= set(expected)
     for path, (spec, shard) in expected.items():
         x = got[path]
         assert x.sharding.spec == spec, path
         assert {s.data.shape for s in x.addressable_shards} == {shard}, path
-    assert got["layer_1/q_proj/kernel"].sharding.spec == P(None, m)
     # a vocabulary the axis divides is split: the 260-token Qwen2 with 2 KV heads
     assert partition.param_specs({"embed_tokens": {"embedding": jnp.zeros((260, 48))}}, sharding.lm_mesh(4)) == \
         {"embed_tokens": {"embedding": P(m, None)}}
@@ -91,9 +93,9 @@ def test_qwen2_biases_and_vocabulary_split_over_four():
     config = dataclasses.replace(odd_config(), arch="qwen2", qkv_bias=True, vocab_size=264, num_kv_heads=2,
                                  intermediate_size=96)
     specs = partition.param_specs(causal_lm.init_params(config), sharding.lm_mesh(4))
-    assert specs["layer_0"]["q_proj"]["bias"] == P("model") and specs["layer_0"]["k_proj"]["bias"] == P("model")
+    assert specs["layers"]["q_proj"]["bias"] == P(None, "model") and specs["layers"]["k_proj"]["bias"] == P(None, "model")
     assert specs["embed_tokens"]["embedding"] == P("model", None) and specs["lm_head"]["kernel"] == P(None, "model")
-    assert specs["layer_1"]["down_proj"]["kernel"] == P("model", None)
+    assert specs["layers"]["down_proj"]["kernel"] == P(None, "model", None)
 
 
 @pytest.mark.parametrize("shape", MESHES)
@@ -110,8 +112,8 @@ def test_scores_and_generation_equal_the_one_device_run(tiny_dir, reference, sha
     for a, b in zip(out, gens):
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-6)
     if model > 1:  # the weights really are split
-        q = lm.params["layer_0"]["q_proj"]["kernel"]
-        assert q.addressable_shards[0].data.shape == (q.shape[0], q.shape[1] // model)
+        q = lm.params["layers"]["q_proj"]["kernel"]  # [layers, D, H·Dh]
+        assert q.addressable_shards[0].data.shape == (q.shape[0], q.shape[1], q.shape[2] // model)
 
 
 def test_odd_model_on_every_mesh_scores_as_on_one_device():
@@ -190,12 +192,14 @@ def test_streamed_loading_reads_each_devices_slice_once_and_never_a_split_tensor
     for path, x in flat_placed.items():
         np.testing.assert_array_equal(np.asarray(x), flat_whole[path], err_msg=path)
         assert x.sharding.spec == flat_specs[path]
-        mine = [r for r in reads if r[0] == flat_lazy[path].name]
+        tensor = flat_lazy[path]  # one file tensor, or the stacked layers' tensors (one per layer)
+        parts = tensor.parts if isinstance(tensor, streamed.Stacked) else (tensor,)
         split = any(axis is not None for axis in flat_specs[path])
-        assert len(mine) == (4 if split else 1), path
-        if split:
+        for part in parts:
+            mine = [r for r in reads if r[0] == part.name]
+            assert len(mine) == (4 if split else 1), (path, part.name)
             sizes = {int(np.prod([b - a for a, b in r[1]])) for r in mine}
-            assert sizes == {x.size // 4}, path
+            assert sizes == {int(np.prod(part.shape)) // (4 if split else 1)}, path
     assert any(any(a is not None for a in s) for s in flat_specs.values())  # the test split something
     # the loader the API uses: the same scores as the whole load on one device
     lm = rj.load_lm(str(tmp_path), batch_size=8, model_parallel=4)

@@ -18,6 +18,9 @@ import flax.linen as nn
 from replug_jax.models import layers
 
 
+STACKED_LAYERS = "layers"  # the params key of the blocks' stacked weights: {"layers": {"q_proj": {"kernel": [L, D, HDh]}}}
+
+
 @dataclasses.dataclass(frozen=True)
 class CausalLMConfig:
     arch: str  # "gpt2", "llama" or "qwen2" (Llama blocks with q/k/v biases)
@@ -110,8 +113,9 @@ class GPT2Block(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x, bias, positions, kv=None):  # x: [B, L, D]
+    def __call__(self, x, layer_cache, bias, positions, slot):  # x: [B, L, D]; see `CausalLM` for the others
         c = self.config
+        kv = None if layer_cache is None else (*layer_cache, slot)
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_1")(x)
         qkv = _dense(3 * c.hidden_size, self.dtype, "c_attn", True)(h)
         q, k, v = (t.reshape(t.shape[:2] + (c.num_heads, c.dims_per_head)) for t in jnp.split(qkv, 3, axis=-1))
@@ -128,8 +132,9 @@ class LlamaBlock(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x, bias, positions, kv=None):  # x: [B, L, D]
+    def __call__(self, x, layer_cache, bias, positions, slot):  # x: [B, L, D]; see `CausalLM` for the others
         c = self.config
+        kv = None if layer_cache is None else (*layer_cache, slot)
         dh = c.dims_per_head
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="input_norm")(x)
         q = _dense(c.num_heads * dh, self.dtype, "q_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_heads, dh))
@@ -166,13 +171,14 @@ class CausalLM(nn.Module):
         x = wte(input_ids)
         if c.arch == "gpt2":
             x = x + nn.Embed(c.max_position, c.hidden_size, dtype=self.dtype, param_dtype=jnp.float32, name="embed_positions")(positions)
-        block = GPT2Block if c.arch == "gpt2" else LlamaBlock
-        new_k, new_v = [], []
-        for i in range(c.num_layers):
-            kv = None if cache is None else (cache["k"][i], cache["v"][i], cache["length"])
-            x, kv = block(c, self.dtype, name=f"layer_{i}")(x, bias, positions, kv)
-            if kv is not None:
-                new_k.append(kv[0]), new_v.append(kv[1])
+        # the blocks: one scan over their stacked weights ("layers", leading axis = layer), so that compile
+        # time does not grow with depth; per layer, the cache's keys and values [B, S, Hkv, Dh] in and out
+        blocks = nn.scan(GPT2Block if c.arch == "gpt2" else LlamaBlock, variable_axes={"params": 0},
+                         split_rngs={"params": True}, in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                         length=c.num_layers)
+        layer_caches = None if cache is None else (cache["k"], cache["v"])  # [layers, B, S, Hkv, Dh] each
+        x, new_kv = blocks(c, self.dtype, name=STACKED_LAYERS)(x, layer_caches, bias, positions,
+                                                               None if cache is None else cache["length"])
         if c.arch == "gpt2":
             x = layers.layer_norm(c.norm_eps, self.dtype, "final_norm")(x)
         else:
@@ -187,7 +193,7 @@ class CausalLM(nn.Module):
             return out
         count = cache["count"] + attention_mask.sum(-1).astype(jnp.int32)
         length = cache["length"] + input_ids.shape[1]
-        return out, {"k": jnp.stack(new_k), "v": jnp.stack(new_v), "key_mask": key_mask, "count": count, "length": length}
+        return out, {"k": new_kv[0], "v": new_kv[1], "key_mask": key_mask, "count": count, "length": length}
 
 
 def _cached_positions_and_bias(cache, attention_mask, window=None):

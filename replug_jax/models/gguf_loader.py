@@ -14,6 +14,7 @@ import numpy as np
 
 from replug_jax.models.causal_lm import CausalLMConfig
 from replug_jax.models.tokenizer import TextTokenizer, from_gguf_metadata
+from replug_jax.models import streamed
 from replug_jax.models.weights import WeightsError, llama_params
 
 
@@ -114,8 +115,9 @@ def hf_state_dict(reader, config: CausalLMConfig) -> dict[str, np.ndarray]:
     return state
 
 
-def load_gguf(path: str) -> tuple[CausalLMConfig, dict, TextTokenizer]:
-    """(config, params, tokenizer) of a Llama-family or Qwen2 GGUF file."""
+def load_gguf(path: str, materialize: bool = True) -> tuple[CausalLMConfig, dict, TextTokenizer]:
+    """(config, params, tokenizer) of a Llama-family (Mistral) or Qwen2 GGUF file; params as float32 numpy, or
+    with `materialize=False` the blocks' weights left as `streamed.Stacked` (for `streamed.place`)."""
     reader = read_gguf(path)
     meta = metadata(reader)
     config = config_from_metadata(meta, {t.name: _hf_shape(t) for t in reader.tensors})
@@ -123,4 +125,5 @@ def load_gguf(path: str) -> tuple[CausalLMConfig, dict, TextTokenizer]:
         state = hf_state_dict(reader, config)
     except (ValueError, IndexError) as e:
         raise WeightsError(f"{path}: corrupt or truncated GGUF tensor data ({e})") from e
-    return config, llama_params(state, config), from_gguf_metadata(meta)
+    params = llama_params(state, config)
+    return config, streamed.materialize(params) if materialize else params, from_gguf_metadata(meta)

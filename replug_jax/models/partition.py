@@ -1,6 +1,7 @@
 """How every LM weight is split over the LM's ("data", "model") mesh: one table, first match wins.
 
-The rules match a parameter's path ("layer_3/q_proj/kernel") and give its PartitionSpec. Kernels are
+The rules match a parameter's path ("layers/q_proj/kernel") and give its PartitionSpec (after the unsplit
+layer axis of the blocks' stacked weights). Kernels are
 flax's [in, out]: q/k/v/gate/up (and GPT-2's c_attn, c_fc) split their output columns over "model",
 o/down (c_proj, mlp_proj) their input rows, so each attention and MLP block needs one all-reduce; the
 embedding splits the vocabulary rows, the untied LM head its vocabulary columns. Norms, position
@@ -17,6 +18,7 @@ import re
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from replug_jax.models.causal_lm import STACKED_LAYERS
 from replug_jax.sharding import DATA_AXIS, MODEL_AXIS
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ LM_PARTITION_RULES: tuple[tuple[str, P], ...] = (
 
 
 def param_path(path) -> str:
-    """A tree path as "layer_0/q_proj/kernel"."""
+    """A tree path as "layers/q_proj/kernel"."""
     return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
@@ -58,9 +60,14 @@ def fitted_spec(spec: P, shape: tuple[int, ...], mesh: Mesh, path: str = "") -> 
 
 
 def param_specs(params, mesh: Mesh):
-    """The PartitionSpec of every LM parameter on `mesh` (a pytree like `params`; shapes or arrays)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: fitted_spec(rule_spec(param_path(path)), tuple(x.shape), mesh, param_path(path)), params)
+    """The PartitionSpec of every LM parameter on `mesh` (a pytree like `params`; anything with a .shape). The
+    blocks' stacked weights ("layers/...", leading axis = layer) get the rule's spec after an unsplit layer axis."""
+    def spec(path, x):
+        name = param_path(path)
+        rule = rule_spec(name)
+        return fitted_spec(P(None, *rule) if name.startswith(STACKED_LAYERS + "/") else rule, tuple(x.shape), mesh, name)
+
+    return jax.tree_util.tree_map_with_path(spec, params, is_leaf=lambda x: hasattr(x, "shape"))
 
 
 def param_shardings(params, mesh: Mesh):

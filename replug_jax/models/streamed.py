@@ -63,6 +63,54 @@ class LazyTensor:
         return whole if dtype is None else whole.astype(dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class Stacked:
+    """Per-layer tensors (LazyTensors or arrays) seen as one [layers, ...] tensor, stacked only when read: the
+    scanned LM's weights, built slice by slice without a stacked copy of the whole on the host."""
+
+    parts: tuple
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.parts),) + tuple(self.parts[0].shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self):
+        return np.dtype(np.float32)
+
+    def read(self, index: tuple = ()) -> np.ndarray:
+        index = tuple(index) + (slice(None),) * (self.ndim - len(index))
+        layers = _span(index[0], len(self.parts))
+        return np.stack([read_slice(p, index[1:]) for p in self.parts[layers]])
+
+    def __array__(self, dtype=None, copy=None):
+        whole = self.read()
+        return whole if dtype is None else whole.astype(dtype)
+
+
+def is_lazy(x) -> bool:
+    return isinstance(x, (LazyTensor, Stacked))
+
+
+def read_slice(x, index: tuple) -> np.ndarray:
+    """float32 values of `x` (a LazyTensor, a Stacked or an array) at `index`."""
+    return x.read(index) if is_lazy(x) else np.asarray(np.asarray(x)[tuple(index)], dtype=np.float32)
+
+
+def stack_layers(layers: list[dict]) -> dict:
+    """[{name: {kind: tensor}}] per layer -> {name: {kind: Stacked}}: the scanned LM's "layers" subtree."""
+    return jax.tree.map(lambda *parts: Stacked(tuple(parts)), *layers, is_leaf=is_lazy)
+
+
+def materialize(tree) -> dict:
+    """Every lazy leaf read whole (float32 numpy); arrays unchanged."""
+    return jax.tree.map(lambda x: np.asarray(x) if is_lazy(x) else x, tree, is_leaf=is_lazy)
+
+
 def _span(s: slice, n: int) -> slice:
     start, stop, step = s.indices(n)
     if step != 1:
@@ -82,22 +130,23 @@ def lazy_state_dict(files: list[str], reads: list | None = None) -> dict[str, La
 
 
 def place(tree, shardings, dtype) -> dict:
-    """Each LazyTensor of `tree` as a jax.Array in `dtype` under its sharding (a tree like `tree`).
+    """Each leaf of `tree` (LazyTensor, Stacked or array) as a jax.Array in `dtype` under its sharding (a tree
+    like `tree`).
 
     Like `jax.make_array_from_callback` with a slice-reading callback, but one slice at a time: each distinct
     slice this process's devices hold is read, put on its devices (several for replicas, read once) and
     dropped before the next, so the host never holds more than one device's slice of a split tensor."""
-    def build(tensor: LazyTensor, sharding):
+    def build(tensor, sharding):
         devices_of: dict[tuple, tuple] = {}  # slice -> (index, its devices)
         for device, index in sharding.addressable_devices_indices_map(tensor.shape).items():
             key = tuple((s.start, s.stop) for s in (_span(i, n) for i, n in zip(index, tensor.shape)))
             devices_of.setdefault(key, (index, []))[1].append(device)
         shards = {}
         for index, devices in devices_of.values():
-            part = tensor.read(index).astype(dtype)
+            part = read_slice(tensor, index).astype(dtype)
             shards.update({d: jax.device_put(part, d) for d in devices})
             del part
         order = list(sharding.addressable_devices_indices_map(tensor.shape))
         return jax.make_array_from_single_device_arrays(tensor.shape, sharding, [shards[d] for d in order])
 
-    return jax.tree.map(build, tree, shardings, is_leaf=lambda x: isinstance(x, LazyTensor))
+    return jax.tree.map(build, tree, shardings, is_leaf=is_lazy)

@@ -16,7 +16,7 @@ import numpy as np
 from safetensors import safe_open
 
 from replug_jax.models import streamed
-from replug_jax.models.causal_lm import CausalLMConfig
+from replug_jax.models.causal_lm import STACKED_LAYERS, CausalLMConfig
 from replug_jax.models.encoder import BertConfig
 
 StateDict = dict[str, np.ndarray]
@@ -112,36 +112,41 @@ def bert_params(state: StateDict, config: BertConfig) -> dict:
 
 
 def gpt2_params(state: StateDict, config: CausalLMConfig) -> dict:
-    """GPT2Model / GPT2LMHeadModel tensors -> CausalLM params (GPT-2 Conv1D is already [in, out])."""
+    """GPT2Model / GPT2LMHeadModel tensors -> CausalLM params (GPT-2 Conv1D is already [in, out]); the blocks'
+    weights as `streamed.Stacked` [layers, ...] (read with `streamed.materialize` or placed with `streamed.place`)."""
     s = _strip_prefix(state, ("transformer.",))
     params = {
         "embed_tokens": {"embedding": _take(s, "wte.weight")},
         "embed_positions": {"embedding": _take(s, "wpe.weight")},
         "final_norm": _norm(s, "ln_f"),
     }
+    layers = []
     for i in range(config.num_layers):
         p = f"h.{i}"
-        params[f"layer_{i}"] = {
+        layers.append({
             "ln_1": _norm(s, f"{p}.ln_1"),
             "c_attn": _dense(s, f"{p}.attn.c_attn", transpose=False),
             "c_proj": _dense(s, f"{p}.attn.c_proj", transpose=False),
             "ln_2": _norm(s, f"{p}.ln_2"),
             "c_fc": _dense(s, f"{p}.mlp.c_fc", transpose=False),
             "mlp_proj": _dense(s, f"{p}.mlp.c_proj", transpose=False),
-        }
+        })
+    params[STACKED_LAYERS] = streamed.stack_layers(layers)
     return params
 
 
 def llama_params(state: StateDict, config: CausalLMConfig) -> dict:
-    """LlamaForCausalLM / Qwen2ForCausalLM tensors -> CausalLM params (Qwen2: q/k/v biases too)."""
+    """LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM tensors -> CausalLM params (Qwen2: q/k/v biases
+    too); the blocks' weights as `streamed.Stacked` [layers, ...], as in gpt2_params."""
     s = {k.removeprefix("model."): v for k, v in state.items()}
     params = {"embed_tokens": {"embedding": _take(s, "embed_tokens.weight")}, "final_norm": _norm(s, "norm", bias=False)}
     if not config.tie_embeddings:
         params["lm_head"] = _dense(s, "lm_head", bias=False)
+    layers = []
     for i in range(config.num_layers):
         p = f"layers.{i}"
         linear = lambda n, bias=False: _dense(s, f"{p}.{n}", bias=bias)
-        params[f"layer_{i}"] = {
+        layers.append({
             "input_norm": _norm(s, f"{p}.input_layernorm", bias=False),
             "q_proj": linear("self_attn.q_proj", config.qkv_bias),
             "k_proj": linear("self_attn.k_proj", config.qkv_bias),
@@ -151,7 +156,8 @@ def llama_params(state: StateDict, config: CausalLMConfig) -> dict:
             "gate_proj": linear("mlp.gate_proj"),
             "up_proj": linear("mlp.up_proj"),
             "down_proj": linear("mlp.down_proj"),
-        }
+        })
+    params[STACKED_LAYERS] = streamed.stack_layers(layers)
     return params
 
 
@@ -168,7 +174,7 @@ def load_bert_dir(model_dir: str) -> tuple[BertConfig, dict]:
 def load_causal_lm_dir(model_dir: str) -> tuple[CausalLMConfig, dict]:
     """(config, params as float32 numpy) of a GPT-2, Llama-family (Mistral) or Qwen2 Hugging Face directory."""
     config, lazy = lazy_causal_lm_dir(model_dir)
-    return config, jax.tree.map(np.asarray, lazy, is_leaf=lambda x: isinstance(x, streamed.LazyTensor))
+    return config, streamed.materialize(lazy)
 
 
 def lazy_causal_lm_dir(model_dir: str, reads: list | None = None) -> tuple[CausalLMConfig, dict]:
