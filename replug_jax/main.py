@@ -15,7 +15,6 @@ from replug_jax import console, distributed
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory for datastore, embeddings, index and results")
 flags.mark_flags_as_required(["config", "workdir"])
-SPLIT_JOBS = ("lm_eval", "lsr")  # jobs that split embedding, retrieval and LM scoring over several processes
 
 
 def main(argv):
@@ -28,11 +27,6 @@ def run_job(config):
     # several processes (TPU VM hosts with multihost=True, or replug_jax.launch): only process 0 prints and writes
     if distributed.initialize(config.get("multihost", False)):
         lead = distributed.is_lead()
-        if distributed.process_count() > 1 and config.job not in SPLIT_JOBS:
-            raise NotImplementedError(
-                f"{distributed.process_count()} processes joined, but the {config.job} job does not split its work "
-                f"over processes yet (only {', '.join(SPLIT_JOBS)} do): every process would retrieve and ask the LM "
-                "for everything (issue 9). Run it as one process.")
     verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else -1
     log_path = console.setup(_WORKDIR.value, verbosity, enabled=lead)
     console.phase(f"{config.job} job, workdir {_WORKDIR.value} (library log: {log_path}; --verbosity=0 shows it here)")

@@ -53,16 +53,6 @@ def test_child_environment_and_bad_usage():
         launch.main(["--processes", "2", "python"])
 
 
-def test_jobs_under_several_processes_refuse_clearly(tmp_path):
-    """main joins the processes, then refuses a job that does not split its work over processes yet (qa)."""
-    command = [sys.executable, "-m", "replug_jax.launch", "--processes", "2", "--devices", "1", "--",
-               sys.executable, "-m", "replug_jax.main", "--config", os.path.join(ROOT, "experiments", "configs", "demo_qa.py"),
-               "--workdir", str(tmp_path / "run")]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert done.returncode != 0
-    assert "the qa job does not split its work over processes yet" in done.stdout
-
-
 @pytest.mark.parametrize("victim", [0, 1], ids=["coordinator-killed", "worker-killed"])
 def test_a_killed_process_stops_its_peer_without_a_common_launcher(victim):
     """Two processes started apart (two hosts: no launcher to stop the survivor); one is SIGKILLed while the other

@@ -232,3 +232,67 @@ def test_device_search_on_a_mesh_not_grouped_by_process():
     """Devices ordered p0, p1, p0, p1: each process still gets the answers to its own queries."""
     out = launch(2, 2, "tests/device_search_child.py")
     assert "process 0: 3 queries" in out and "process 1: 5 queries" in out
+
+
+def tiny_letter_lm(path):
+    """A tiny random GPT-2 whose byte-level tokenizer also has " A" .. " D" as single tokens (MMLU's letters)."""
+    import tokenizers
+    import torch
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<|endoftext|>": 0, **{ch: i + 1 for i, ch in enumerate(alphabet)}}
+    merges = [("Ġ", letter) for letter in "ABCD"]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=len(vocab), n_embd=32, n_layer=2, n_head=4, n_positions=1024, resid_pdrop=0,
+                     embd_pdrop=0, attn_pdrop=0)
+    GPT2LMHeadModel(cfg).eval().save_pretrained(path)
+    tok.save(os.path.join(path, "tokenizer.json"))
+
+
+def test_qa_and_mmlu_over_two_processes_equal_one(tiny_job, tmp_path):
+    """qa and mmlu split their questions over 2 processes (each retrieves, decodes or scores its share); the
+    gathered predictions and every metric equal the one-process run, written once."""
+    from replug_jax.config_files import sibling_config
+    from replug_jax.jobs import downstream
+
+    base, _ = tiny_job
+    tiny_letter_lm(str(tmp_path / "lm"))
+    rng = np.random.default_rng(3)
+    words = lambda n: " ".join(rng.choice(WORDS, n))
+    qa_rows = [{"question": f"which word follows {words(3)}?", "answers": [str(rng.choice(WORDS))]} for _ in range(7)]
+    subjects = ["astronomy", "philosophy"]
+    mc_rows = [{"id": f"m{i}", "question": f"pick {words(2)}", "choices": [words(1) for _ in range(4)],
+                "answer": int(rng.integers(4)), "subject": subjects[i % 2]} for i in range(9)]
+    for name, rows in (("qa.jsonl", qa_rows), ("mc.jsonl", mc_rows)):
+        with open(tmp_path / name, "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+    configs = os.path.join(ROOT, "experiments", "configs")
+    common = dict(corpus=str(base / "corpus.jsonl"), encoder=str(base / "enc"), lm=str(tmp_path / "lm"), k=2, shots=1,
+                  doc_tokens=24, lm_batch_size=8, encoder_batch_size=8, dtype="float32", max_new_tokens=4)
+    jobs = {
+        "qa": {**sibling_config(os.path.join(configs, "qa.py"), "qa.py").to_dict(), **common,
+               "questions": str(tmp_path / "qa.jsonl"), "demos": "", "methods": ("none", "replug", "concat", "vote")},
+        "mmlu": {**sibling_config(os.path.join(configs, "mmlu.py"), "mmlu.py").to_dict(), **common,
+                 "questions": str(tmp_path / "mc.jsonl"), "demos": str(tmp_path / "mc.jsonl"),
+                 "methods": ("none", "replug", "concat")},
+    }
+    for kind, values in jobs.items():
+        one = downstream.run_downstream(config_dict.ConfigDict(values), str(tmp_path / f"{kind}_one"))
+        config = write_config(tmp_path / f"{kind}.py", values)
+        out = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(tmp_path / f"{kind}_two"))
+        assert "[process 0] " in out and "[process 1] " in out
+        two = json.load(open(tmp_path / f"{kind}_two" / "results.json"))
+        assert two["processes"] == 2 and one["processes"] == 1 and two["count"] == one["count"] > 2
+        metric = "exact_match" if kind == "qa" else "accuracy"
+        assert two[metric] == one[metric], kind
+        if kind == "qa":
+            assert two["answer_recall"] == one["answer_recall"]
+        rows = lambda run: [json.loads(line) for line in open(tmp_path / run / "predictions.jsonl")]
+        assert rows(f"{kind}_two") == rows(f"{kind}_one"), kind  # every question's prediction, in order

@@ -99,13 +99,21 @@ def _vote(lm, contexts, weights, demo_prefix, max_new_tokens, stop, progress) ->
 
 def score_predictions(questions, predictions: list[dict], passages: list[list[str]] | None, k: int) -> dict:
     """{"exact_match": %, "answer_recall@k": % or None, "count"} and per-question flags added to `predictions`."""
-    em = []
-    recall = []
+    flag_predictions(questions, predictions, passages, k)
+    return summarize(predictions, k)
+
+
+def flag_predictions(questions, predictions: list[dict], passages: list[list[str]] | None, k: int) -> None:
+    """Adds "exact_match" and (with passages) "answer_in_passages" (a gold answer in the top-k) to each prediction."""
     for i, (q, p) in enumerate(zip(questions, predictions)):
         p["exact_match"] = bool(exact_match(p["prediction"], q.answers))
-        em.append(p["exact_match"])
         if passages is not None:
             p["answer_in_passages"] = bool(answer_recall(q.answers, passages[i][:k]))
-            recall.append(p["answer_in_passages"])
+
+
+def summarize(predictions: list[dict], k: int) -> dict:
+    """{"exact_match": %, "answer_recall@k": % or None, "count"} of flagged predictions (any process's, gathered)."""
+    em = [p["exact_match"] for p in predictions]
+    recall = [p["answer_in_passages"] for p in predictions if "answer_in_passages" in p]
     return {"exact_match": 100.0 * float(np.mean(em)) if em else 0.0,
             f"answer_recall@{k}": 100.0 * float(np.mean(recall)) if recall else None, "count": len(em)}

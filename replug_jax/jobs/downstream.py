@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 import replug_jax as rj
-from replug_jax import console
+from replug_jax import console, distributed
 from replug_jax.models import precision
 from replug_jax.data import downstream as data
 from replug_jax.data import wiki
@@ -122,24 +122,45 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), {len(demos)} demo candidates")
     shared = config.get("cache_dir") or workdir  # datastore, embeddings and index: shareable by runs
     os.makedirs(shared, exist_ok=True)
-    store = build_corpus(config, tokenizer, shared)
+    store = distributed.lead_first(lambda: build_corpus(config, tokenizer, shared))  # one writer of the files
     if config.k > len(store):
         raise ValueError(f"k={config.k} is larger than the datastore ({len(store)} passages)")
     console.phase(f"datastore: {len(store):,} passages")
     retrievers = retrievers_for(config, encoder, store, shared)
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
         raise ValueError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
+    # several processes: each retrieves for, asks the LM about and predicts its share of the questions; the
+    # prediction rows are gathered in question order and every metric is computed over all of them
+    if len(questions) < distributed.process_count():
+        raise ValueError(f"{len(questions)} questions for {distributed.process_count()} processes: run fewer processes")
+    mine = distributed.share(len(questions))
     run = _run_qa if kind == "qa" else _run_mmlu
-    results, predictions = run(config, lm, store, retrievers, questions, demos)
+    results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
+    predictions = [row for part in distributed.allgather_json(predictions) for row in part]
+    results.update(_metrics(kind, config, questions, demos, predictions))
     results.update({"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                     "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
                     "lm": config.lm, "lm_mesh": setup.lm_mesh_record(lm), "k": config.k, "shots": config.shots, "temperature": config.temperature,
                     "methods": list(config.methods), "seconds": time.time() - started,
                     "processes": jax.process_count()})
-    if hasattr(lm, "stats"):
-        results["lm_requests"] = lm.stats()
-    print(downstream_report.write(results, predictions, workdir))
+    if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
+        stats = distributed.allgather_json(lm.stats())
+        results["lm_requests"] = stats[0] if len(stats) == 1 else stats
+    if distributed.is_lead():  # one writer
+        print(downstream_report.write(results, predictions, workdir))
     return results
+
+
+def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> dict:
+    """The job's scores from all prediction rows: exact match and answer recall (QA) or accuracy (MMLU, with the
+    subjects asked zero-shot), per method, and the question count."""
+    if kind == "qa":
+        scored = {m: qa.summarize([row[m] for row in predictions], config.k) for m in config.methods}
+        return {"exact_match": {m: s["exact_match"] for m, s in scored.items()},
+                "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()}, "count": len(questions)}
+    zero_shot = sorted({q.subject for q in questions} - set(mmlu.shots_by_subject(demos))) if config.shots else []
+    return {"accuracy": {m: mmlu.accuracy(questions, [row[m] for row in predictions]) for m in config.methods},
+            "count": len(questions), "zero_shot_subjects": zero_shot}
 
 
 DEMO_PASSAGES = ("top1", "answer")
@@ -165,7 +186,9 @@ def _demo_prefix(retriever, store, demos, with_knowledge: bool, block, choose: s
 
 
 def _run_qa(config, lm, store, retrievers, questions, demos):
-    results = {"exact_match": {}, "answer_recall": {}, "count": len(questions), "ensemble": config.ensemble}
+    """Predictions of `questions` (this process's share) by every method: (settings for results, rows with each
+    method's prediction and its exact-match / answer-in-passages flags)."""
+    results = {"ensemble": config.ensemble}
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in questions]
     for method in config.methods:
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
@@ -178,9 +201,7 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
         preds = qa.answer_questions(lm, questions, passages, scores, method=method, ensemble=ensemble,
                                     demo_prefix=prefix, temperature=config.temperature,
                                     max_new_tokens=config.max_new_tokens, progress=True)
-        scored = qa.score_predictions(questions, preds, None if method == "none" else passages, config.k)
-        results["exact_match"][method] = scored["exact_match"]
-        results["answer_recall"][method] = scored[f"answer_recall@{config.k}"]
+        qa.flag_predictions(questions, preds, None if method == "none" else passages, config.k)
         for row, p in zip(predictions, preds):
             row[method] = p
     return results, predictions
@@ -193,8 +214,7 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
     zero_shot = sorted({q.subject for q in questions} - set(shots_by_subject)) if config.shots else []
     if zero_shot:
         console.phase(f"warning: no shots for subjects {', '.join(zero_shot)}: their questions are asked zero-shot")
-    results = {"accuracy": {}, "count": len(questions), "query_with_options": bool(config.query_with_options),
-               "zero_shot_subjects": zero_shot}
+    results = {"query_with_options": bool(config.query_with_options)}
     predictions = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in questions]
     for method in config.methods:
         console.phase(f"mmlu {method}: {len(questions)} questions, k={config.k}")
@@ -209,7 +229,6 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
         weights = scores[:, : option_lps.shape[1]] if method not in ("none", "concat") else np.zeros(option_lps.shape[:2])
         predicted, _ = mmlu.mixture_predictions(option_lps, weights.astype(np.float32), config.temperature,
                                                 [len(q.choices) for q in questions])
-        results["accuracy"][method] = mmlu.accuracy(questions, predicted)
         for row, p in zip(predictions, predicted):
             row[method] = int(p)
     return results, predictions
