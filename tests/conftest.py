@@ -13,10 +13,12 @@ jax.config.update("jax_platforms", "cpu")
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The packaged SmolLM2-135M GGUF, loaded once (a LocalLM over all 8 devices)."""
+    """The packaged SmolLM2-135M GGUF, loaded once: a LocalLM over all 8 devices as a (2, 4) data × model mesh, so
+    that the 8 fake devices (host memory) hold 2 copies of its weights, not 8, and every test using it also runs
+    the model-parallel path."""
     import replug_jax as rj
 
-    return rj.load_lm("smollm2", batch_size=8)
+    return rj.load_lm("smollm2", batch_size=8, model_parallel=4)
 
 
 @pytest.fixture(scope="session")

@@ -101,7 +101,7 @@ def test_bfloat16_weights_and_compute_stay_close_to_float32(smollm2, minilm):
     import jax
     import replug_jax as rj
 
-    lm16 = rj.load_lm("smollm2", batch_size=8, dtype="bfloat16")
+    lm16 = rj.load_lm("smollm2", batch_size=8, dtype="bfloat16", model_parallel=8)
     assert {x.dtype for x in jax.tree.leaves(lm16.params)} == {np.dtype("bfloat16")} and lm16.dtype == np.dtype("bfloat16")
     contexts, continuations = [""] + TEXTS[:3], [PARAGRAPH, " and more.", " It is important.", " They returned safely."]
     full, half = smollm2.score(contexts, continuations), lm16.score(contexts, continuations)
