@@ -81,7 +81,7 @@ def bench_scoring(name, fields, args, torch_dtype, jnp_dtype, device, record):
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:
         model = save_random("lm", fields, folder, torch_dtype).to(device)
-        lm = rj.load_lm(folder, batch_size=args.batch, dtype=jnp_dtype)
+        lm = rj.load_lm(folder, batch_size=args.batch, dtype=jnp_dtype, model_parallel=args.model_parallel)
     pairs = []
     for _ in range(args.passes):
         n_ctx = args.context_tokens + int(rng.integers(-8, 9))
@@ -116,7 +116,6 @@ def bench_scoring(name, fields, args, torch_dtype, jnp_dtype, device, record):
                                      f"torch_batched{args.batch}": batched}, args.rounds)
     for impl, seconds in times.items():
         record("ensemble_scoring", name, impl, tokens, seconds, flops, vs=times["torch_per_pass"] / seconds)
-    del model
 
 
 def bench_encoder(name, fields, args, torch_dtype, jnp_dtype, device, record):
@@ -190,7 +189,6 @@ def bench_encoder(name, fields, args, torch_dtype, jnp_dtype, device, record):
     for impl, seconds in times.items():
         record("lsr_train_step", name, impl, step_tokens, seconds, 3 * per_token * step_tokens,
                vs=times["torch"] / seconds)
-    del model
 
 
 def main(argv=None):
@@ -205,6 +203,7 @@ def main(argv=None):
     p.add_argument("--query-tokens", type=int, default=64)
     p.add_argument("--lsr-docs", type=int, default=8, help="documents per query in the LSR step")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--model-parallel", type=int, default=1, help="the LM's model-axis size (lm_model_parallel)")
     p.add_argument("--out", default="benchmarks/results.jsonl")
     args = p.parse_args(argv)
 
@@ -220,6 +219,7 @@ def main(argv=None):
 
     def record(benchmark, shape, impl, tokens, seconds, flops, vs):
         rows.append({"benchmark": benchmark, "shape": shape, "impl": impl, "dtype": args.dtype,
+                     "model_parallel": args.model_parallel if benchmark == "ensemble_scoring" else 1,
                      "tokens_per_s": tokens / seconds, "mfu": flops / seconds / peak, "vs_torch_per_pass": vs,
                      "peak_flops": peak, "peak_source": peak_source, "device": jax.devices()[0].device_kind,
                      "torch_device": device, "command": command})

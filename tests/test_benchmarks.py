@@ -16,7 +16,8 @@ def load_script(name):
 def test_accelerator_benchmark_runs_with_tiny_shapes_in_bf16(tmp_path):
     out = tmp_path / "rows.jsonl"
     rows = load_script("bench_accelerator").main(["--shapes", "tiny", "--dtype", "bfloat16", "--passes", "8",
-                                                  "--batch", "8", "--rounds", "1", "--out", str(out)])
+                                                  "--batch", "8", "--rounds", "1", "--model-parallel", "2",
+                                                  "--out", str(out)])
     seen = {(r["benchmark"], r["impl"]) for r in rows}
     assert seen == {("ensemble_scoring", "jax"), ("ensemble_scoring", "torch_per_pass"),
                     ("ensemble_scoring", "torch_batched8"), ("corpus_embedding", "jax"),
@@ -25,4 +26,5 @@ def test_accelerator_benchmark_runs_with_tiny_shapes_in_bf16(tmp_path):
     for r in rows:
         assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["dtype"] == "bfloat16", r
         assert r["command"].startswith("python benchmarks/bench_accelerator.py --shapes tiny")
+        assert r["model_parallel"] == (2 if r["benchmark"] == "ensemble_scoring" else 1)
     assert [json.loads(line) for line in open(out)] == rows
