@@ -135,8 +135,12 @@ class ShardedBatchFn:
         self.param_shardings = param_shardings if param_shardings is not None else replicated(self.mesh)
         self.params = jax.device_put(params, self.param_shardings)
         self._batch = batch_sharding(self.mesh)
+        # a mesh spanning several processes (an LM split over hosts): every process calls with the same batch
+        # (lockstep) and gets the whole result back, replicated
+        self._spans_processes = not self._batch.is_fully_addressable
+        out = replicated(self.mesh) if self._spans_processes else self._batch
         self.jitted = jax.jit(fn, in_shardings=(self.param_shardings,) + (self._batch,) * num_inputs,
-                              out_shardings=self._batch)
+                              out_shardings=out)
 
     def __call__(self, *arrays: np.ndarray, params=None) -> np.ndarray:
         """fn(params, *arrays) for arrays with `rows <= batch_size` leading rows: [rows, ...] numpy.
@@ -151,7 +155,7 @@ class ShardedBatchFn:
             arrays = tuple(np.pad(a, ((0, self.batch_size - rows),) + ((0, 0),) * (a.ndim - 1)) for a in arrays)
         arrays = jax.device_put(tuple(arrays), self._batch)
         params = self.params if params is None else self.place_params(params)
-        return np.asarray(self.jitted(params, *arrays))[:rows]
+        return np.asarray(local_copy(self.jitted(params, *arrays)))[:rows]
 
     def place_params(self, params):
         """`params` replicated over the mesh (a no-op for params already placed there). Parameters replicated

@@ -222,3 +222,24 @@ def test_lazy_tensor_reads_bfloat16_slices_and_transposes(tmp_path):
     np.testing.assert_array_equal(lazy.read((slice(2, 4),)), full[2:4])
     np.testing.assert_array_equal(lazy.T.read((slice(None), slice(1, 3))), full.T[:, 1:3])
     np.testing.assert_array_equal(np.asarray(lazy), full)
+
+
+@pytest.mark.parametrize("model_parallel", [4, 2])
+def test_model_axis_spanning_two_processes_scores_as_one_device(tiny_dir, reference, tmp_path, model_parallel):
+    """2 processes × 2 devices on one global LM mesh, every process scoring the same pairs in lockstep: (1, 4), the
+    model axis spans both processes (a 2-host slice); (2, 2), each process one data row. Scores equal one device's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "scores.json"
+    command = [sys.executable, "-m", "replug_jax.launch", "--processes", "2", "--devices", "2", "--", sys.executable,
+               os.path.join(root, "tests", "lm_mesh_child.py"), tiny_dir, str(out), str(model_parallel)]
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = json.load(open(out))
+    assert got["mesh"] == {"data": 4 // model_parallel, "model": model_parallel}
+    for a, b in zip(got["scores"], reference[0]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
