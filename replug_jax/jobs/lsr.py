@@ -55,27 +55,27 @@ def lsr_settings(config) -> LSRSettings:
 def run_lsr(config, workdir: str) -> dict:
     if config.get("index_backend", "faiss") != "faiss":
         raise ValueError("the LSR job searches (and refreshes) FAISS indexes: index_backend must be 'faiss'")
-    setup = eval_run.prepare(config, workdir)
-    train_docs = setup.read_documents(setup.paths["train"])
-    check_disjoint(train_docs, setup.store)
-    eval_ids = {d.id for d in setup.read_documents(setup.paths["eval"])}
+    prepared = eval_run.prepare(config, workdir)  # models, datastore, index
+    train_docs = setup.read_documents(prepared.paths["train"])
+    check_disjoint(train_docs, prepared.store)
+    eval_ids = {d.id for d in setup.read_documents(prepared.paths["eval"])}
     if eval_ids & {d.id for d in train_docs}:
         raise ValueError("training and evaluation documents overlap")
-    examples = training_examples(train_docs, setup.tokenizer, query_tokens=config.train_query_tokens,
+    examples = training_examples(train_docs, prepared.tokenizer, query_tokens=config.train_query_tokens,
                                  continuation_tokens=config.train_continuation_tokens, seed=config.seed,
                                  max_examples=config.get("max_train_examples") or None)
     settings = lsr_settings(config)
     logging.info("LSR: %d training examples, %s", len(examples), settings)
-    trained = train_lsr(setup.encoder, setup.lm, setup.store, examples, os.path.join(workdir, "lsr"), settings,
-                        initial_index=setup.index)
-    encoder_lsr = setup.encoder.with_params(trained["params"], name=f"{config.encoder}+lsr")
+    trained = train_lsr(prepared.encoder, prepared.lm, prepared.store, examples, os.path.join(workdir, "lsr"), settings,
+                        initial_index=prepared.index)
+    encoder_lsr = prepared.encoder.with_params(trained["params"], name=f"{config.encoder}+lsr")
     if distributed.is_lead():
         save_params(trained["params"], os.path.join(workdir, TRAINED_RETRIEVER),
                     {"encoder": config.encoder, "train_documents": str(settings.train_documents).lower()})
-    retrievers = setup.make_retrievers(config.methods, setup.encoder, setup.store, setup.index, config.seed)
-    retrievers["replug_lsr"] = trained_retriever(setup.encoder, encoder_lsr, settings.train_documents, setup.store,
-                                                 setup.index, workdir, config)
+    retrievers = setup.make_retrievers(config.methods, prepared.encoder, prepared.store, prepared.index, config.seed)
+    retrievers["replug_lsr"] = trained_retriever(prepared.encoder, encoder_lsr, settings.train_documents, prepared.store,
+                                                 prepared.index, workdir, config)
     extra = {"lsr": {**dataclasses.asdict(settings), "training_examples": len(examples), **trained["stats"]}}
     tau_lsr = config.get("lsr_temperature") or config.temperature  # both are reported: τ and γ are in the sweep
-    return eval_run.evaluate_and_report(config, workdir, setup, retrievers, extra, temperatures={"replug_lsr": tau_lsr},
+    return eval_run.evaluate_and_report(config, workdir, prepared, retrievers, extra, temperatures={"replug_lsr": tau_lsr},
                                         temperature_sweep=(settings.gamma, config.temperature, tau_lsr))
