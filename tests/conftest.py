@@ -26,3 +26,14 @@ def minilm():
     import replug_jax as rj
 
     return rj.load_encoder("minilm", batch_size=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+    """After each test module: drop JAX's compiled programs and collect garbage, so the suite's memory does not
+    grow with every shape every module compiled (session fixtures recompile what they need)."""
+    yield
+    import gc
+
+    jax.clear_caches()
+    gc.collect()
