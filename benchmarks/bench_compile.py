@@ -10,7 +10,7 @@ stacked layer weights it should stay flat.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 
@@ -18,6 +18,9 @@ import jax
 import jax.numpy as jnp
 
 from replug_jax.models import causal_lm, memory
+
+sys.path.insert(0, os.path.dirname(__file__))
+import common  # noqa: E402
 
 
 def compile_seconds(layers: int, batch: int = 8, length: int = 256) -> float:
@@ -44,13 +47,9 @@ def main(argv=None) -> list[dict]:
              "backend": jax.default_backend(),
              "command": "python benchmarks/bench_compile.py " + " ".join(argv or sys.argv[1:])}
             for n in (int(x) for x in args.layers.split(","))]
-    print("| layers | compile (s) |\n|---:|---:|")
-    for r in rows:
-        print(f"| {r['layers']} | {r['compile_s']:.2f} |")
+    common.print_table(rows, ["label", "layers", "compile_s"])
     if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        common.write_rows(rows, args.out)
     return rows
 
 

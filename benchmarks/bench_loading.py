@@ -11,7 +11,6 @@ too, so the floor is one copy of the weights; the peak RSS of each process (ru_m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -84,9 +83,10 @@ def main(argv=None) -> list[dict]:
         growth = (r["peak_rss_mb"] - r["rss_before_mb"]) / r["checkpoint_mb"]
         print(f"| {r['impl']} | {r['peak_rss_mb']:.0f} | {r['rss_before_mb']:.0f} | {growth:.2f}x | {r['seconds']:.1f} |")
     if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        sys.path.insert(0, os.path.dirname(__file__))
+        import common
+
+        common.write_rows(rows, args.out)
     return rows
 
 

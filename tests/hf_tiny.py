@@ -49,38 +49,38 @@ def tiny_gpt2(path: str, shard: bool = False, positions: int = 64):
     return model
 
 
+LLAMA_SHAPE = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
+                   num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _tiny_llama_family(config_cls, model_cls, path: str, shard: bool, **config) -> torch.nn.Module:
+    """A tiny random model of the Llama family saved to `path`; norm scales (and biases) random, not 1 (and 0), so
+    a wrongly loaded norm or bias cannot hide."""
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**LLAMA_SHAPE, **config)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.uniform_(-0.5, 0.5)
+    save(model, path, shard)
+    return model
+
+
 def tiny_llama(path: str, tie: bool = False, shard: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
-                      rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=tie)
-    model = LlamaForCausalLM(cfg).eval()
-    # random norm scales, so a wrongly loaded norm cannot hide behind all-ones
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    save(model, path, shard)
-    return model
+    return _tiny_llama_family(LlamaConfig, LlamaForCausalLM, path, shard, rope_theta=500.0, rms_norm_eps=1e-5,
+                              tie_word_embeddings=tie)
 
 
 def tiny_mistral(path: str, tie: bool = False, shard: bool = False, window: int = 8):
-    """A tiny random Mistral (a Llama with a sliding attention window of `window` tokens); norms random."""
+    """A tiny random Mistral (a Llama with a sliding attention window of `window` tokens)."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    torch.manual_seed(0)
-    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
-                        rope_theta=300.0, rms_norm_eps=1e-5, tie_word_embeddings=tie, sliding_window=window)
-    model = MistralForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    save(model, path, shard)
-    return model
+    return _tiny_llama_family(MistralConfig, MistralForCausalLM, path, shard, rope_theta=300.0, rms_norm_eps=1e-5,
+                              tie_word_embeddings=tie, sliding_window=window)
 
 
 def torch_logprobs(model, ids):
@@ -91,22 +91,11 @@ def torch_logprobs(model, ids):
 
 
 def tiny_qwen2(path: str, tie: bool = False, shard: bool = False):
-    """A tiny random Qwen2 (q/k/v biases, RoPE θ from the config); norms and biases random, not 1 and 0."""
+    """A tiny random Qwen2 (q/k/v biases, RoPE θ from the config)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
-                      rope_theta=250.0, rms_norm_eps=1e-6, tie_word_embeddings=tie, use_sliding_window=False)
-    model = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif name.endswith(".bias"):
-                p.uniform_(-0.5, 0.5)
-    save(model, path, shard)
-    return model
+    return _tiny_llama_family(Qwen2Config, Qwen2ForCausalLM, path, shard, rope_theta=250.0, rms_norm_eps=1e-6,
+                              tie_word_embeddings=tie, use_sliding_window=False)
 
 
 # Hugging Face Llama / Qwen2 tensor names -> llama.cpp's.
