@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 import sys
 import threading
 
@@ -48,11 +49,31 @@ def initialize(multihost: bool = False) -> bool:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of different processes
         jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index,
                                    heartbeat_timeout_seconds=HEARTBEAT_S)
+        _open_host_store("127.0.0.1")
         return True
     if multihost:
         jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_S)
+        _open_host_store(socket.gethostbyname(socket.gethostname()))
         return True
     return False
+
+
+_store_client = None
+
+
+def _open_host_store(lead_host: str) -> None:
+    """Process 0 serves the host store (host_store.py); its address reaches the others in one device broadcast
+    (the only collective at start-up, before any other JAX work)."""
+    global _store_client
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from replug_jax import host_store
+
+    port = host_store.HostStore().port if is_lead() else 0  # the server lives as long as the process
+    ip = [int(part) for part in lead_host.split(".")] if is_lead() else [0, 0, 0, 0]
+    address = np.asarray(multihost_utils.broadcast_one_to_all(np.array(ip + [port], np.int32)))
+    _store_client = host_store.HostStoreClient(".".join(str(int(x)) for x in address[:4]), int(address[4]))
 
 
 # --- helpers every job uses; with one process they cost nothing and need no collective ---------------------------
@@ -94,8 +115,8 @@ def share(total: int, index: int | None = None, count: int | None = None) -> ran
     return range(start, total * (index + 1) // count)
 
 
-# Host-side agreement goes through the coordination service (jax.distributed's key-value store and
-# barriers), not device collectives: no gloo context with its 30 s set-up deadline, and no ordering
+# Host-side agreement goes through the host store (host_store.py: a key-value store served by process 0), not
+# device collectives: no gloo context with its 30 s set-up deadline, and no ordering
 # constraint against the jitted collectives running on the devices. In every process a thread of a given
 # name (the main thread, "index-refresh-v3", ...) makes the same calls in the same order, so a counter per
 # thread name names them alike, and threads never wait on each other's calls.
@@ -111,16 +132,10 @@ TIMEOUT_MS = int(float(os.environ.get("REPLUG_JAX_BARRIER_TIMEOUT_S", 24 * 3600)
 
 
 def _client():
-    """jax.distributed's coordination-service client: the one private JAX name in the package, kept on purpose.
-    jax 0.10's public jax.distributed has only initialize / is_initialized / shutdown; the public alternatives
-    (`multihost_utils.sync_global_devices`, `process_allgather`) are device collectives, which a background
-    refresh thread cannot run without racing the training loop's jitted collectives (and, on CPU, gloo's 30 s
-    context deadline). Swap this for a public key-value API once JAX has one."""
-    from jax._src import distributed as jax_distributed
-
-    if jax_distributed.global_state.client is None:
-        raise RuntimeError("several processes but no jax.distributed client: call distributed.initialize() first")
-    return jax_distributed.global_state.client
+    """The host store's client (host_store.py), opened by `initialize`."""
+    if _store_client is None:
+        raise RuntimeError("several processes but no host store: call distributed.initialize() first")
+    return _store_client
 
 
 def barrier(name: str) -> None:
@@ -128,7 +143,7 @@ def barrier(name: str) -> None:
     if process_count() > 1:
         number = _next_call()  # the id: names may differ between processes (paths), the call order does not
         try:
-            _client().wait_at_barrier(f"replug_jax/barrier/{number}", TIMEOUT_MS)
+            allgather_text(f"replug_jax/barrier/{number}", "")
         except Exception as e:
             raise RuntimeError(f"process {process_index()}: barrier {number} ({name}) failed: {e}") from e
 
@@ -138,9 +153,14 @@ def allgather_json(value) -> list:
     text = json.dumps(value)
     if process_count() == 1:
         return [json.loads(text)]
-    client, key = _client(), f"replug_jax/gather/{_next_call()}"
+    return [json.loads(t) for t in allgather_text(f"replug_jax/gather/{_next_call()}", text)]
+
+
+def allgather_text(key: str, text: str) -> list[str]:
+    """Every process's `text` under `key` (one key per call), through the host store; waits up to TIMEOUT_MS."""
+    client = _client()
     client.key_value_set(f"{key}/{process_index()}", text)
-    return [json.loads(client.blocking_key_value_get(f"{key}/{p}", TIMEOUT_MS)) for p in range(process_count())]
+    return [client.blocking_key_value_get(f"{key}/{p}", TIMEOUT_MS) for p in range(process_count())]
 
 
 def lead_value(value):

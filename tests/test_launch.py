@@ -72,3 +72,25 @@ def test_a_killed_process_stops_its_peer_without_a_common_launcher(victim):
     assert time.time() - started < 90
     assert "joined" in outputs[1 - victim] and "passed a barrier" not in outputs[1 - victim]
     assert survivor.returncode != 0 and procs[victim].returncode == -9
+
+
+def test_host_store_sets_waits_and_times_out():
+    """The host store behind barriers and gathers: a get waits for a later set from another thread, a missing key
+    times out with its name, and values are exact text."""
+    import threading
+    import time
+
+    from replug_jax.host_store import HostStore, HostStoreClient
+
+    store = HostStore("127.0.0.1")
+    try:
+        client = HostStoreClient("127.0.0.1", store.port)
+        later = threading.Thread(target=lambda: (time.sleep(0.3), HostStoreClient("127.0.0.1", store.port)
+                                                 .key_value_set("k/1", '{"é": [1, 2]}')))
+        later.start()
+        assert client.blocking_key_value_get("k/1", 10_000) == '{"é": [1, 2]}'
+        later.join()
+        with pytest.raises(TimeoutError, match="'absent'"):
+            client.blocking_key_value_get("absent", 200)
+    finally:
+        store.close()
