@@ -62,7 +62,7 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
         tok = tokenizer.from_hf_dir(source.path)
     params = streamed.place(lazy, partition.param_shardings(lazy, mesh), precision.weight_dtype(dtype, param_dtype))
     return LocalLM(config, params, tok, name=name, max_length=max_length, batch_size=batch_size, dtype=dtype,
-                   param_dtype=param_dtype, mesh=mesh, model_parallel=model_parallel)
+                   param_dtype=param_dtype, mesh=mesh)  # the mesh above: model_parallel is in it
 
 
 def load_tokenizer(name: str, revision: str | None = None) -> tokenizer.TextTokenizer:

@@ -19,7 +19,6 @@ import time
 import jax
 import numpy as np
 
-import replug_jax as rj
 from replug_jax import console, distributed
 from replug_jax.models import precision
 from replug_jax.data import downstream as data
@@ -110,9 +109,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     if unknown:
         raise ValueError(f"unknown {kind} methods {unknown}; known: {', '.join(JOB_METHODS[kind])}")
     dtype = precision.resolve(config.dtype)
-    encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
-                              normalize=config.metric == "cosine", dtype=dtype,
-                              param_dtype=precision.weights_option(config.get("param_dtype")))
+    encoder = setup.load_job_encoder(config, dtype)
     lm = lm if lm is not None else setup.load_job_lm(config, dtype)
     tokenizer = setup.lm_tokenizer(lm, config)
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")

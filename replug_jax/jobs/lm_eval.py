@@ -14,7 +14,6 @@ import time
 import jax
 from absl import logging
 
-import replug_jax as rj
 from replug_jax import console, distributed
 from replug_jax.models import precision
 from replug_jax.data import wiki
@@ -22,8 +21,8 @@ from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.lm.cache import CachedLM
-from replug_jax.jobs.setup import (GENSIM_WIKI, build_datastore, build_dense_index, load_job_lm, lm_mesh_record,
-                                   lm_tokenizer, make_retrievers, read_documents)
+from replug_jax.jobs.setup import (GENSIM_WIKI, build_datastore, build_dense_index, load_job_encoder, load_job_lm,
+                                   lm_mesh_record, lm_tokenizer, make_retrievers, read_documents)
 from replug_jax.retrieval import datastore as ds
 from replug_jax.retrieval.index import DenseIndex
 
@@ -99,9 +98,7 @@ def prepare(config, workdir: str) -> Setup:
     dtype = precision.resolve(config.dtype)
     paths = distributed.lead_first(lambda: data_paths(config, shared))  # one writer of the data split
     console.phase(f"data: corpus {paths['datastore']}, held-out {paths['eval']}")
-    encoder = rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size,
-                              normalize=config.metric == "cosine", dtype=dtype,
-                              param_dtype=precision.weights_option(config.get("param_dtype")))
+    encoder = load_job_encoder(config, dtype)
     lm = load_job_lm(config, dtype)
     tokenizer = lm_tokenizer(lm, config)
     kind = type(lm).__name__

@@ -89,6 +89,12 @@ def make_retrievers(methods, encoder, store: ds.Datastore, index: DenseIndex, se
     return retrievers
 
 
+def load_job_encoder(config, dtype):
+    """The job's retriever encoder (unit embeddings for the cosine metric), in the config's dtypes."""
+    return rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size, normalize=config.metric == "cosine",
+                           dtype=dtype, param_dtype=precision.weights_option(config.get("param_dtype")))
+
+
 def load_job_lm(config, dtype):
     """The job's black-box LM: a local model, or a server URL whose tokenizer is `config.lm_tokenizer`
     (then HTTPLM sends token-id prompts, the contract's rule)."""

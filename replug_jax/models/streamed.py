@@ -137,8 +137,9 @@ def place(tree, shardings, dtype) -> dict:
     slice this process's devices hold is read, put on its devices (several for replicas, read once) and
     dropped before the next, so the host never holds more than one device's slice of a split tensor."""
     def build(tensor, sharding):
+        indices = sharding.addressable_devices_indices_map(tensor.shape)  # device -> its index
         devices_of: dict[tuple, tuple] = {}  # slice -> (index, its devices)
-        for device, index in sharding.addressable_devices_indices_map(tensor.shape).items():
+        for device, index in indices.items():
             key = tuple((s.start, s.stop) for s in (_span(i, n) for i, n in zip(index, tensor.shape)))
             devices_of.setdefault(key, (index, []))[1].append(device)
         shards = {}
@@ -146,7 +147,6 @@ def place(tree, shardings, dtype) -> dict:
             part = read_slice(tensor, index).astype(dtype)
             shards.update({d: jax.device_put(part, d) for d in devices})
             del part
-        order = list(sharding.addressable_devices_indices_map(tensor.shape))
-        return jax.make_array_from_single_device_arrays(tensor.shape, sharding, [shards[d] for d in order])
+        return jax.make_array_from_single_device_arrays(tensor.shape, sharding, [shards[d] for d in indices])
 
     return jax.tree.map(build, tree, shardings, is_leaf=is_lazy)
