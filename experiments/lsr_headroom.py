@@ -2,13 +2,17 @@
 
     python experiments/lsr_headroom.py --cache_dir runs/lsr_grid/shared --lm_cache runs/lsr_grid/lm_cache.sqlite \
         --depth 12 --k 4 --every 4
+    python experiments/lsr_headroom.py --lm qwen2.5-coder-0.5b --cache_dir runs/headroom_05b/shared \
+        --lm_cache runs/headroom_05b/lm_cache.sqlite --out runs/headroom_05b/headroom.json
 
-For every `every`-th evaluation window of the demo split in CACHE_DIR (as a demo_lsr.py run left it), the LM
+For every `every`-th evaluation window of the demo split in CACHE_DIR (as a demo_lsr.py run left it, or built
+there now: demo_lsr.py's split, datastore and index, passages cut with the --lm's own tokenizer), the LM
 scores the window's continuation with each of the dense retriever's top-`depth` documents (through the shared LM
 cache). Then perplexity of: REPLUG (top-k, uniform weights), random k of the top-depth, all depth documents,
 and the oracle that keeps the k documents with the highest ℓ = log P_LM(y | d ∘ x). The gap between REPLUG
 and the oracle bounds what LSR can gain by re-ranking the top-depth; the rank correlation between retrieval
-score and ℓ says how much the retriever already knows about it.
+score and ℓ says how much the retriever already knows about it, and the per-token spread of ℓ across the
+top-`depth` (max − min and standard deviation, averaged over windows) says how strong a signal LSR gets.
 """
 from __future__ import annotations
 
@@ -18,14 +22,11 @@ import os
 
 import numpy as np
 
-import replug_jax as rj
 from replug_jax import replug
 from replug_jax.config_files import sibling_config
 from replug_jax.jobs import lm_eval as run
 from replug_jax.lm.cache import CachedLM
 from replug_jax.passages import DOC_TEMPLATE, document_passes
-from replug_jax.retrieval.datastore import Datastore
-from replug_jax.retrieval.index import DenseIndex
 from replug_jax.retrieval.retriever import excluded_rows
 
 
@@ -53,14 +54,16 @@ def main():
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--lm", default=None, help="the scoring LM (default: demo_lsr.py's, SmolLM2)")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
     config = sibling_config(os.path.join("experiments", "configs", "demo_lsr.py"), "demo_lsr.py")
     config.max_eval_docs, config.max_windows_per_doc = 12, 8
-    store = Datastore.load(os.path.join(args.cache_dir, "datastore.jsonl"))
-    encoder, lm = rj.load_encoder(config.encoder), rj.load_lm(config.lm)
-    index = DenseIndex.load(os.path.join(args.cache_dir, "index_dense"))
-    windows = [w for w in run.make_windows(os.path.join(args.cache_dir, "data", "eval.jsonl"), lm.tokenizer, config)
-               if w.query][:: args.every]
+    config.cache_dir, config.lm_cache = args.cache_dir, ""
+    config.lm = args.lm or config.lm
+    prepared = run.prepare(config, args.cache_dir)  # reuses the split, datastore and index found there
+    store, encoder, lm, index = prepared.store, prepared.encoder, prepared.lm, prepared.index
+    windows = [w for w in run.make_windows(prepared.paths["eval"], prepared.tokenizer, config) if w.query][:: args.every]
     exclude = excluded_rows(store, [[w.doc_id] for w in windows], len(windows))
     scores, rows = index.search(encoder.embed([w.query for w in windows]), args.depth, exclude=exclude)
     contexts, continuations, where = document_passes(store, rows, [w.prefix for w in windows],
@@ -72,9 +75,15 @@ def main():
     for (w, j), x in zip(where, flat):
         logprobs[w, j, : len(x)], lengths[w] = x, len(x)
     ell = logprobs.sum(-1)  # [W, N]
+    closed_book = cached.score([w.prefix for w in windows], [w.continuation for w in windows])
+    per_token = ell / np.maximum(np.asarray(lengths, np.float64), 1)[:, None]  # [W, N] ℓ per scored token
     k = args.k
     out = {
-        "windows": len(windows), "depth": args.depth, "k": k, "lm_cache": cached.cache_stats(),
+        "lm": config.lm, "windows": len(windows), "tokens": int(sum(lengths)), "depth": args.depth, "k": k,
+        "lm_cache": cached.cache_stats(),
+        "ell_per_token_range": float(np.mean(per_token.max(1) - per_token.min(1))),
+        "ell_per_token_std": float(np.mean(per_token.std(1))),
+        "none": float(np.exp(-sum(float(np.sum(x)) for x in closed_book) / sum(lengths))),
         "replug_top_k": mixture_perplexity(logprobs, lengths, lambda w: np.arange(k)),
         "top_1": mixture_perplexity(logprobs, lengths, lambda w: np.arange(1)),
         "random_k_of_depth": float(np.mean([mixture_perplexity(
@@ -86,6 +95,9 @@ def main():
         "spearman_score_vs_ell": float(np.mean([spearman(scores[w], ell[w]) for w in range(len(windows))])),
     }
     print(json.dumps(out, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

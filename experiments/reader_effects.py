@@ -5,7 +5,7 @@
 
 Runs, for every LM, the tasks' configs (experiments/configs: demo_qa.py, the NQ/TriviaQA questions the
 offline Wikipedia answers; sciq.py, SciQ open QA over its support paragraphs plus Wikipedia; sciq_mc.py,
-SciQ 4-way multiple choice) on the first `--questions` questions each, in WORKDIR/<lm>/<task> (a finished
+SciQ 4-way multiple choice; demo_mmlu.py, four MMLU subjects over the Wikipedia datastore) on the first `--questions` questions each, in WORKDIR/<lm>/<task> (a finished
 run's results.json is reused unless --rerun). Writes WORKDIR/effects.json, effects.md and effects.png over
 every finished run in WORKDIR (earlier runs of other LMs too) and prints the table: exact match (QA) or accuracy (MC) per method, answer recall@k, question count and time.
 """
@@ -19,7 +19,8 @@ import time
 from replug_jax.config_files import sibling_config
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-TASKS = {"qa_demo": "demo_qa.py", "sciq": "sciq.py", "sciq_mc": "sciq_mc.py"}
+TASKS = {"qa_demo": "demo_qa.py", "sciq": "sciq.py", "sciq_mc": "sciq_mc.py", "mmlu": "demo_mmlu.py"}
+MULTIPLE_CHOICE = ("sciq_mc", "mmlu")  # accuracy, 4 options
 METHODS = ("none", "replug", "concat", "vote")
 
 
@@ -89,7 +90,7 @@ def table(rows: list[dict]) -> str:
         recall = f"{r['answer_recall']:.1f}" if r["answer_recall"] is not None else "—"
         lines.append(f"| {r['lm']} | {r['task']} | {r['count']} | " + " | ".join(cells)
                      + f" | {recall} | {r['minutes']:.1f} |")
-    return "\n".join(lines) + "\n\nQA tasks: exact match (%); sciq_mc: accuracy (%, 4 options, chance 25).\n"
+    return "\n".join(lines) + "\n\nQA tasks: exact match (%); sciq_mc, mmlu: accuracy (%, 4 options, chance 25).\n"
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -108,7 +109,7 @@ def plot(rows: list[dict], path: str) -> None:
             ax.bar(np.arange(len(these)) + i * width, [r["scores"].get(m, 0.0) for r in these], width, label=m)
         ax.set_xticks(np.arange(len(these)) + width * (len(METHODS) - 1) / 2, [r["lm"] for r in these], fontsize=7)
         ax.set_title(f"{task} ({these[0]['count']} questions)")
-        ax.set_ylabel("exact match (%)" if task != "sciq_mc" else "accuracy (%)")
+        ax.set_ylabel("accuracy (%)" if task in MULTIPLE_CHOICE else "exact match (%)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)

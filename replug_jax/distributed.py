@@ -8,6 +8,7 @@ for collectives between CPU devices. Tests use the same route.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -113,6 +114,33 @@ def share(total: int, index: int | None = None, count: int | None = None) -> ran
         raise ValueError(f"process index {index} is not in [0, {count})")
     start = total * index // count
     return range(start, total * (index + 1) // count)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkSplit:
+    """How a job's items are split: into `count` shares, this process doing share `index`."""
+
+    index: int
+    count: int
+
+    def share(self, total: int) -> range:
+        return share(total, self.index, self.count)
+
+    def gather(self, value) -> list:
+        """Every share's `value`, in share order (one share: [value], no collective)."""
+        return allgather_json(value) if self.count > 1 else [value]
+
+
+def lm_work_split(lm) -> WorkSplit:
+    """Each process its own share of the items, unless `lm`'s mesh spans processes: then its jitted calls are
+    collective, so every process steps through all items in lockstep (the same batches, in the same order)
+    and holds the whole result: one share."""
+    from replug_jax import sharding
+
+    mesh = getattr(lm, "mesh", None)
+    if mesh is not None and sharding.spans_processes(mesh):
+        return WorkSplit(0, 1)
+    return WorkSplit(process_index(), process_count())
 
 
 # Host-side agreement goes through the host store (host_store.py: a key-value store served by process 0), not

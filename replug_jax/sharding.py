@@ -37,6 +37,19 @@ def lm_mesh(model_parallel: int = 1, devices: Sequence[jax.Device] | None = None
     return Mesh(grid, (DATA_AXIS, MODEL_AXIS))
 
 
+def spans_processes(mesh: Mesh) -> bool:
+    """Whether `mesh` holds devices of several processes: its jitted calls are then collective, and every
+    process must make them with the same batches in the same order (lockstep)."""
+    return len({d.process_index for d in mesh.devices.flat}) > 1
+
+
+def job_lm_mesh(model_parallel: int) -> Mesh:
+    """A job's LM mesh: over this process's devices, or over every process's when `model_parallel` is more
+    than one host has (the model axis then spans hosts, as on a multi-host TPU slice)."""
+    spanning = model_parallel > jax.local_device_count() and jax.process_count() > 1
+    return lm_mesh(model_parallel, jax.devices() if spanning else None)
+
+
 def data_size(mesh: Mesh) -> int:
     """How many ways the batch is split: the size of the mesh's "data" axis."""
     return mesh.shape[DATA_AXIS]

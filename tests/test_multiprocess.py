@@ -259,8 +259,9 @@ def tiny_letter_lm(path):
 
 
 def test_qa_and_mmlu_over_two_processes_equal_one(tiny_job, tmp_path):
-    """qa and mmlu split their questions over 2 processes (each retrieves, decodes or scores its share); the
-    gathered predictions and every metric equal the one-process run, written once."""
+    """qa and mmlu split their questions over 2 processes (each retrieves, decodes or scores its share), or, with
+    the LM's model axis spanning both processes, step through all of them in lockstep; the gathered predictions
+    and every metric equal the one-process run, written once."""
     from replug_jax.config_files import sibling_config
     from replug_jax.jobs import downstream
 
@@ -285,16 +286,21 @@ def test_qa_and_mmlu_over_two_processes_equal_one(tiny_job, tmp_path):
                  "questions": str(tmp_path / "mc.jsonl"), "demos": str(tmp_path / "mc.jsonl"),
                  "methods": ("none", "replug")},
     }
+    rows = lambda run: [json.loads(line) for line in open(tmp_path / run / "predictions.jsonl")]
     for kind, values in jobs.items():
         one = downstream.run_downstream(config_dict.ConfigDict(values), str(tmp_path / f"{kind}_one"))
-        config = write_config(tmp_path / f"{kind}.py", values)
-        out = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(tmp_path / f"{kind}_two"))
-        assert "[process 0] " in out and "[process 1] " in out
-        two = json.load(open(tmp_path / f"{kind}_two" / "results.json"))
-        assert two["processes"] == 2 and one["processes"] == 1 and two["count"] == one["count"] > 2
-        metric = "exact_match" if kind == "qa" else "accuracy"
-        assert two[metric] == one[metric], kind
-        if kind == "qa":
-            assert two["answer_recall"] == one["answer_recall"]
-        rows = lambda run: [json.loads(line) for line in open(tmp_path / run / "predictions.jsonl")]
-        assert rows(f"{kind}_two") == rows(f"{kind}_one"), kind  # every question's prediction, in order
+        # each process its share of the questions (model axis 1), or every question in lockstep on an LM whose
+        # model axis spans both processes' devices (4 = 2 processes x 2 devices)
+        for model_parallel, mesh in ((1, {"data": 2, "model": 1}), (4, {"data": 1, "model": 4})):
+            run = f"{kind}_two_m{model_parallel}"
+            config = write_config(tmp_path / f"{run}.py", {**values, "lm_model_parallel": model_parallel})
+            out = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(tmp_path / run))
+            assert "[process 0] " in out and "[process 1] " in out
+            two = json.load(open(tmp_path / run / "results.json"))
+            assert two["processes"] == 2 and one["processes"] == 1 and two["count"] == one["count"] > 2
+            assert two["lm_mesh"] == mesh, run
+            metric = "exact_match" if kind == "qa" else "accuracy"
+            assert two[metric] == one[metric], run
+            if kind == "qa":
+                assert two["answer_recall"] == one["answer_recall"]
+            assert rows(run) == rows(f"{kind}_one"), run  # every question's prediction, in order

@@ -33,8 +33,9 @@ def get_config():
     c.index_factory = "Flat"  # any faiss index_factory string, e.g. "IVF4096,PQ64"
     c.embedding_dtype = "float32"  # or "float16" on disk
     c.lm_batch_size = 4
-    c.lm_max_length = 0
-    c.lm_model_parallel = 1  # devices holding one copy of the LM's weights between them (the "model" mesh axis)  # 0: the LM's own window
+    c.lm_max_length = 0  # 0: the LM's own window
+    c.lm_model_parallel = 1  # devices holding one copy of the LM's weights between them (the "model" mesh axis;
+    # more than one host's devices: the mesh spans processes, which then step through the same batches in lockstep)
     c.encoder_batch_size = 32
     c.seed = 0
     c.cache_dir = ""  # where the data split, datastore, embeddings and index live ("": the workdir); runs may share it

@@ -73,7 +73,8 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     """
     temperatures = temperatures or {}
     say = console.phases(progress)
-    mine = distributed.share(len(windows))  # this process's windows (all of them with one process)
+    split = distributed.lm_work_split(lm)  # this process's windows (all of them: one process, or an LM in lockstep)
+    mine = split.share(len(windows))
     all_windows, windows = windows, windows[mine.start : mine.stop]
     say(f"scoring none: {len(windows)} windows without retrieval")
     base = lm.score([w.prefix for w in windows], [w.continuation for w in windows], progress=progress)
@@ -107,7 +108,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
                                                                       rows[:, :k], doc_template, progress))
     for w, lps in zip(windows, base):
         totals["none"].add(lps, w.num_bytes)
-    _sum_over_processes(totals, sweep, tau_sweep)
+    _sum_over_shares(split, totals, sweep, tau_sweep)
 
     results = {
         "perplexity": {m: t.metrics()["perplexity"] for m, t in totals.items()},
@@ -127,12 +128,12 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     return results
 
 
-def _sum_over_processes(*trees) -> None:
-    """Add every process's sums into the Totals of `trees` (dicts, possibly nested), in place."""
-    if distributed.process_count() == 1:
+def _sum_over_shares(split: distributed.WorkSplit, *trees) -> None:
+    """Add every share's sums into the Totals of `trees` (dicts, possibly nested), in place."""
+    if split.count == 1:
         return
     leaves = list({id(t): t for t in _totals_in(trees)}.values())  # one object may sit in two dicts
-    parts = distributed.allgather_json([t.as_list() for t in leaves])  # [process][leaf] = [logprob, tokens, bytes]
+    parts = split.gather([t.as_list() for t in leaves])  # [share][leaf] = [logprob, tokens, bytes]
     for i, t in enumerate(leaves):
         t.logprob, t.tokens, t.num_bytes = (sum(part[i][j] for part in parts) for j in range(3))
 

@@ -126,14 +126,16 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     retrievers = retrievers_for(config, encoder, store, shared)
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
         raise ValueError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
-    # several processes: each retrieves for, asks the LM about and predicts its share of the questions; the
-    # prediction rows are gathered in question order and every metric is computed over all of them
-    if len(questions) < distributed.process_count():
-        raise ValueError(f"{len(questions)} questions for {distributed.process_count()} processes: run fewer processes")
-    mine = distributed.share(len(questions))
+    # several processes: each retrieves for, asks the LM about and predicts its share of the questions (all of
+    # them, in lockstep, when the LM's mesh spans the processes); the prediction rows are gathered in question
+    # order and every metric is computed over all of them
+    split = distributed.lm_work_split(lm)
+    if len(questions) < split.count:
+        raise ValueError(f"{len(questions)} questions for {split.count} processes: run fewer processes")
+    mine = split.share(len(questions))
     run = _run_qa if kind == "qa" else _run_mmlu
     results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
-    predictions = [row for part in distributed.allgather_json(predictions) for row in part]
+    predictions = [row for part in split.gather(predictions) for row in part]
     results.update(_metrics(kind, config, questions, demos, predictions))
     results.update({"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                     "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,

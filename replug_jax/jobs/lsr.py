@@ -56,6 +56,9 @@ def run_lsr(config, workdir: str) -> dict:
     if config.get("index_backend", "faiss") != "faiss":
         raise ValueError("the LSR job searches (and refreshes) FAISS indexes: index_backend must be 'faiss'")
     prepared = eval_run.prepare(config, workdir)  # models, datastore, index
+    if distributed.lm_work_split(prepared.lm).count < distributed.process_count():
+        raise ValueError(f"lm_model_parallel={config.lm_model_parallel} spans processes, but LSR training gives each "
+                         "process its own examples: use at most one host's devices for the LM's model axis")
     train_docs = setup.read_documents(prepared.paths["train"])
     check_disjoint(train_docs, prepared.store)
     eval_ids = {d.id for d in setup.read_documents(prepared.paths["eval"])}

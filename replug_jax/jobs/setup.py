@@ -102,7 +102,7 @@ def load_job_lm(config, dtype):
     if remote:
         options = {"tokenizer": config.lm_tokenizer} if config.get("lm_tokenizer") else {}
     else:
-        options = {"model_parallel": config.get("lm_model_parallel", 1),
+        options = {"mesh": sharding.job_lm_mesh(config.get("lm_model_parallel", 1)),
                    "param_dtype": precision.weights_option(config.get("param_dtype"))}
     return rj.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
                       dtype=dtype, **options)
