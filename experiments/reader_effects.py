@@ -1,6 +1,6 @@
 """The paper's downstream effects per LM: none / REPLUG / concat / vote on open QA and SciQ multiple choice.
 
-    python experiments/reader_effects.py --lms qwen2.5-coder-0.5b --questions 30          # `make demo-readers`
+    python experiments/reader_effects.py --lms qwen2.5-coder-0.5b --tasks sciq,sciq_mc --questions 10   # `make demo-readers`
     python experiments/reader_effects.py --lms smollm2,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b --questions 100
 
 Runs, for every LM, the tasks' configs (experiments/configs: demo_qa.py, the NQ/TriviaQA questions the
