@@ -220,6 +220,19 @@ def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path, pipe
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+def test_lsr_refuses_a_model_axis_spanning_processes(tiny_job, tmp_path):
+    """LSR gives each process its own training examples, which a lockstep LM cannot serve: a clear error first."""
+    from replug_jax.config_files import sibling_config
+
+    base, values = tiny_job
+    lsr = sibling_config(os.path.join(ROOT, "experiments", "configs", "lsr.py"), "lsr.py").to_dict()
+    config = write_config(tmp_path / "lsr.py", {**lsr, **values, "job": "lsr", "lm_model_parallel": 4})
+    done = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(tmp_path / "run"), check=False)
+    assert done.returncode != 0
+    assert "lm_model_parallel=4 spans processes" in done.stdout + done.stderr
+    assert not os.path.exists(tmp_path / "run" / "datastore.jsonl")  # refused before building anything
+
+
 def test_lsr_whose_last_refresh_would_swap_after_the_end(lsr_models, tmp_path):
     """Refreshes every 3 steps swapped 2 steps later, 7 steps: the refresh at step 6 would swap at step 8, after
     the end, so it is not requested; both processes finish, write the final checkpoint and exit in bounded time."""

@@ -10,7 +10,7 @@ import os
 import jax
 from absl import logging
 
-from replug_jax import distributed
+from replug_jax import distributed, sharding
 from replug_jax.jobs import lm_eval as eval_run
 from replug_jax.jobs import setup
 from replug_jax.models.weights import load_params, save_params
@@ -55,10 +55,10 @@ def lsr_settings(config) -> LSRSettings:
 def run_lsr(config, workdir: str) -> dict:
     if config.get("index_backend", "faiss") != "faiss":
         raise ValueError("the LSR job searches (and refreshes) FAISS indexes: index_backend must be 'faiss'")
-    prepared = eval_run.prepare(config, workdir)  # models, datastore, index
-    if distributed.lm_work_split(prepared.lm).count < distributed.process_count():
+    if sharding.spans_processes(sharding.job_lm_mesh(config.get("lm_model_parallel", 1))):
         raise ValueError(f"lm_model_parallel={config.lm_model_parallel} spans processes, but LSR training gives each "
                          "process its own examples: use at most one host's devices for the LM's model axis")
+    prepared = eval_run.prepare(config, workdir)  # models, datastore, index
     train_docs = setup.read_documents(prepared.paths["train"])
     check_disjoint(train_docs, prepared.store)
     eval_ids = {d.id for d in setup.read_documents(prepared.paths["eval"])}
