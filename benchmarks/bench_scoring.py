@@ -5,6 +5,8 @@
 The workload is REPLUG's: for each query, k passes "document ∘ context ∘ continuation" of
 about 450 tokens. References (transformers, SmolLM2 loaded from the same GGUF):
   torch_per_pass  one pass at a time, as the official REPLUG code scores documents;
+  torch_per_pass_head_at_continuation  the same with the LM head only where the continuation is
+                  predicted (`logits_to_keep`), as our LocalLM does;
   torch_batched   padded batches of 8 with an attention mask.
 Reports tokens/s, achieved GFLOP/s and the fp32 matmul peak measured in the same run.
 """
@@ -52,6 +54,13 @@ def torch_scorers(threads: int, lm_name: str = "smollm2"):
                 logits = model(ids).logits[0, len(ctx) - 1 : -1]
                 torch.log_softmax(logits, -1).gather(-1, torch.tensor(cont)[:, None])
 
+    def per_pass_head_at_continuation(pairs):
+        """As `per_pass`, with the LM head only at the positions that predict the continuation (as ours)."""
+        with torch.inference_mode():
+            for ctx, cont in pairs:
+                logits = model(torch.tensor([ctx + cont]), logits_to_keep=len(cont) + 1).logits[0, :-1]
+                torch.log_softmax(logits, -1).gather(-1, torch.tensor(cont)[:, None])
+
     def batched(pairs, size=8):
         with torch.inference_mode():
             for s in range(0, len(pairs), size):
@@ -63,7 +72,7 @@ def torch_scorers(threads: int, lm_name: str = "smollm2"):
                     ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
                 torch.log_softmax(model(ids, attention_mask=mask).logits, -1)
 
-    return per_pass, batched
+    return per_pass, per_pass_head_at_continuation, batched
 
 
 def main():
@@ -108,9 +117,10 @@ def main():
         model.score_token_pairs(pairs)  # compile every bucket
         fns[f"jax_local_bs{bs}"] = lambda model=model: model.score_token_pairs(pairs)
     if not args.skip_torch:
-        per_pass, batched = torch_scorers(args.threads, args.lm)
+        per_pass, per_pass_head, batched = torch_scorers(args.threads, args.lm)
         per_pass(pairs[:2])
-        fns.update(torch_per_pass=lambda: per_pass(pairs), torch_batched8=lambda: batched(pairs))
+        fns.update(torch_per_pass=lambda: per_pass(pairs), torch_per_pass_head_at_continuation=lambda: per_pass_head(pairs),
+                   torch_batched8=lambda: batched(pairs))
     for name, seconds in common.interleaved_best(fns, args.rounds).items():
         record(name, seconds)
     if not args.skip_torch:

@@ -136,10 +136,11 @@ class ShardedBatchFn:
     The batch size must be a multiple of the data-axis size; `__call__` pads fewer rows up
     to `batch_size` and returns only the real rows as numpy. `param_shardings` (a pytree of
     NamedShardings like `params`; default: replicated) places the parameters, e.g. the LM's over "model".
+    `compiler_options`: XLA options for this program (`xla_cpu.options`).
     """
 
     def __init__(self, fn: Callable, params, batch_size: int, mesh: Mesh | None = None, num_inputs: int = 2,
-                 param_shardings=None):
+                 param_shardings=None, compiler_options: dict | None = None):
         self.mesh = mesh or data_mesh()
         n = data_size(self.mesh)
         if batch_size % n:
@@ -153,7 +154,7 @@ class ShardedBatchFn:
         self._spans_processes = not self._batch.is_fully_addressable
         out = replicated(self.mesh) if self._spans_processes else self._batch
         self.jitted = jax.jit(fn, in_shardings=(self.param_shardings,) + (self._batch,) * num_inputs,
-                              out_shardings=out)
+                              out_shardings=out, compiler_options=compiler_options)
 
     def __call__(self, *arrays: np.ndarray, params=None) -> np.ndarray:
         """fn(params, *arrays) for arrays with `rows <= batch_size` leading rows: [rows, ...] numpy.

@@ -117,6 +117,45 @@ def test_mistral_window_through_the_cache(tmp_path):
         np.testing.assert_allclose(np.asarray(logits)[0], expected[t], atol=1e-4, err_msg=f"token {t}")
 
 
+@pytest.mark.parametrize("window", [None, 7])
+def test_causal_attention_by_blocks_equals_full_attention(window):
+    """Query blocks that skip the keys after them (a ragged last block, grouped K/V heads, left and right
+    padding, a sliding window) give the full masked attention's outputs at every real token."""
+    from replug_jax.models import layers
+
+    rng = np.random.default_rng(1)
+    b, length, heads, kv_heads, dh = 3, 45, 6, 2, 8
+    q = jnp.asarray(rng.standard_normal((b, length, heads, dh)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((b, length, kv_heads, dh)), jnp.float32) for _ in range(2))
+    mask = np.ones((b, length), np.int32)
+    mask[1, :13], mask[2, 30:] = 0, 0  # left-padded, right-padded
+    bias = layers.causal_bias(jnp.asarray(mask), window)
+    full = np.asarray(layers.dot_product_attention(q, k, v, bias))
+    for block in (16, 44, 45):
+        got = np.asarray(layers.causal_attention(q, k, v, bias, block=block))
+        np.testing.assert_allclose(got[mask > 0], full[mask > 0], rtol=1e-6, atol=1e-6, err_msg=f"block {block}")
+
+
+@pytest.mark.parametrize("builder", ["gpt2", "llama_untied", "mistral_untied"])
+def test_causal_lm_by_attention_blocks_matches_torch(tmp_path, builder, monkeypatch):
+    """The models' no-cache attention in blocks of 16 queries (40 tokens: 3 blocks, the last ragged)
+    still gives transformers' logits and log-probs."""
+    from replug_jax.models import layers
+
+    monkeypatch.setattr(layers, "CAUSAL_BLOCK", 16)
+    query_lengths, attend = [], layers.dot_product_attention
+    monkeypatch.setattr(layers, "dot_product_attention", lambda q, *a: query_lengths.append(q.shape[1]) or attend(q, *a))
+    family, variant = (builder.split("_") + [""])[:2]
+    ref = getattr(hf_tiny, f"tiny_{family}")(str(tmp_path), **({} if family == "gpt2" else {"tie": False}))
+    config, params = weights.load_causal_lm_dir(str(tmp_path))
+    ids = random_ids(40)
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0].numpy()
+    ours = np.asarray(causal_lm.logits(params, config, jnp.array([ids]), jnp.ones((1, 40), jnp.int32)))[0]
+    assert np.abs(ours - expected).max() <= 1e-4
+    assert sorted(set(query_lengths)) == [8, 16]  # the blocks ran: 16, 16, then the ragged 8
+
+
 @pytest.mark.parametrize("builder", ["gpt2", "llama", "qwen2", "mistral"])
 def test_padding_does_not_change_logprobs(tmp_path, builder):
     getattr(hf_tiny, f"tiny_{builder}")(str(tmp_path))

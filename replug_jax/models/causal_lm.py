@@ -104,6 +104,12 @@ def _through_cache(k, v, kv):
     return k_cache.astype(k.dtype), v_cache.astype(v.dtype), (k_cache, v_cache)
 
 
+def _attention(kv):
+    """Without a cache the bias is causal over the block's own tokens: attend block by block, skipping
+    the masked future keys; through a cache, over every slot."""
+    return layers.causal_attention if kv is None else layers.dot_product_attention
+
+
 def _dense(features: int, dtype, name: str, use_bias: bool):
     return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32, name=name)
 
@@ -119,8 +125,9 @@ class GPT2Block(nn.Module):
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_1")(x)
         qkv = _dense(3 * c.hidden_size, self.dtype, "c_attn", True)(h)
         q, k, v = (t.reshape(t.shape[:2] + (c.num_heads, c.dims_per_head)) for t in jnp.split(qkv, 3, axis=-1))
+        attend = _attention(kv)
         k, v, kv = _through_cache(k, v, kv)
-        attn = layers.dot_product_attention(q, k, v, bias).reshape(x.shape)
+        attn = attend(q, k, v, bias).reshape(x.shape)
         x = x + _dense(c.hidden_size, self.dtype, "c_proj", True)(attn)
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_2")(x)
         h = layers.activation(c.hidden_act)(_dense(c.intermediate_size, self.dtype, "c_fc", True)(h))
@@ -141,8 +148,9 @@ class LlamaBlock(nn.Module):
         k = _dense(c.num_kv_heads * dh, self.dtype, "k_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         v = _dense(c.num_kv_heads * dh, self.dtype, "v_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         q, k = rotary(q, positions, c.rope_theta), rotary(k, positions, c.rope_theta)
+        attend = _attention(kv)
         k, v, kv = _through_cache(k, v, kv)
-        attn = layers.dot_product_attention(q, k, v, bias).reshape(x.shape[:2] + (c.num_heads * dh,))
+        attn = attend(q, k, v, bias).reshape(x.shape[:2] + (c.num_heads * dh,))
         x = x + _dense(c.hidden_size, self.dtype, "o_proj", False)(attn)
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="post_attention_norm")(x)
         gate = layers.activation(c.hidden_act)(_dense(c.intermediate_size, self.dtype, "gate_proj", False)(h))

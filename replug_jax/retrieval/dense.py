@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from replug_jax import sharding
+from replug_jax import sharding, xla_cpu
 from replug_jax.models.weights import weights_fingerprint
 from replug_jax.models import encoder as encoder_model
 from replug_jax.models import precision
@@ -33,7 +33,8 @@ class DenseEncoder:
         mesh = mesh or sharding.data_mesh()
         batch_size = sharding.round_up(batch_size, mesh.devices.size)
         fn = functools.partial(self._embed_fn, config=config, normalize=normalize, dtype=dtype)
-        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh)
+        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh,
+                                                 compiler_options=xla_cpu.options(xla_cpu.ENCODER, mesh))
 
     @staticmethod
     def _embed_fn(params, ids, mask, *, config, normalize, dtype):

@@ -1,0 +1,40 @@
+"""Per-program XLA options on CPU (replug_jax.xla_cpu): the encoder compiles without YNNPACK fusions, its
+embeddings stay those of XLA's defaults, and an option this jaxlib does not know is dropped, not fatal."""
+import platform
+
+import numpy as np
+import pytest
+
+import replug_jax as rj
+from replug_jax import sharding, xla_cpu
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+@pytest.mark.skipif(not X86, reason="the options are chosen (and measured) for x86-64 CPUs only")
+def test_encoder_compiles_without_ynnpack_fusions_and_embeds_the_same():
+    texts = ["The Eiffel Tower is in Paris.", "Photosynthesis makes sugar from light.", "A short one."]
+    enc = rj.load_encoder("minilm")
+    saved, xla_cpu.ENCODER = xla_cpu.ENCODER, {}
+    try:
+        defaults = rj.load_encoder("minilm")
+    finally:
+        xla_cpu.ENCODER = saved
+    np.testing.assert_allclose(enc.embed(texts), defaults.embed(texts), atol=2e-6)
+    ids, mask = enc.padded(texts, 16)
+
+    def program(e):
+        fn = e._batch_fn
+        return fn.jitted.lower(fn.params, *(np.repeat(a, fn.batch_size // 3 + 1, 0)[: fn.batch_size]
+                                            for a in (ids, mask))).compile().as_text()
+
+    assert "ynn_fusion" not in program(enc)
+    assert "ynn_fusion" in program(defaults)  # so the check above could fail
+
+
+def test_unknown_options_are_dropped_and_defaults_stay_elsewhere():
+    mesh = sharding.data_mesh()
+    assert xla_cpu.options({"xla_cpu_no_such_option": "1"}, mesh) is None
+    assert xla_cpu.options({}, mesh) is None
+    expected = xla_cpu.ENCODER if X86 else None
+    assert xla_cpu.options(xla_cpu.ENCODER, mesh) == expected
