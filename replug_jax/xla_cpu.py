@@ -3,8 +3,9 @@
 jaxlib 0.10 hands CPU dots, with the elementwise and reduction ops around them, to YNNPACK fusions.
 On the project's x86-64 machine that made the BERT encoder's forward about 10% slower than XLA's own
 (Eigen) dots, which match PyTorch's GEMM at the encoder's shapes; the causal LMs (a scan over layers,
-RMSNorm, grouped attention) run faster with them (benchmarks/README.md "CPU speed"). So the encoder's
-programs compile without YNNPACK fusions and every other program keeps XLA's defaults.
+RMSNorm, grouped attention) run faster with them (benchmarks/README.md "CPU speed";
+`benchmarks/bench_cpu_options.py` times both choices). So the encoder's programs compile without YNNPACK
+fusions and every other program keeps XLA's defaults.
 
 The options are per program (`jax.jit(..., compiler_options=...)`): nothing process-wide (XLA_FLAGS)
 is changed, accelerators never see them, and a jaxlib that does not know an option simply goes without.
@@ -19,6 +20,8 @@ import numpy as np
 
 # the encoder's forward (corpus and query embedding): XLA's own dots, no YNNPACK fusions
 ENCODER = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# LocalLM's scoring: XLA's defaults (YNNPACK fusions measured faster there)
+LM_SCORING: dict[str, str] = {}
 
 
 def options(program: dict[str, str], mesh) -> dict[str, str] | None:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import sharding
+from replug_jax import sharding, xla_cpu
 from replug_jax.lm.blackbox import check_pairs, pair_token_ids
 from replug_jax.models import causal_lm, partition, precision
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, tokenizer_fingerprint
@@ -40,7 +40,8 @@ class LocalLM:
         batch_size = sharding.round_up(batch_size, sharding.data_size(mesh))
         fn = functools.partial(self._logprob_fn, config=config, dtype=dtype)
         self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh, num_inputs=4,
-                                                 param_shardings=partition.param_shardings(params, mesh))
+                                                 param_shardings=partition.param_shardings(params, mesh),
+                                                 compiler_options=xla_cpu.options(xla_cpu.LM_SCORING, mesh))
         self._generator = None
 
     @staticmethod
