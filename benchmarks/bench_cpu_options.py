@@ -13,7 +13,6 @@ Best of `--rounds`, interleaved; seconds per call and compile seconds go to resu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -22,19 +21,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
 
 NO_YNNPACK = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-@contextlib.contextmanager
-def patched(module, **values):
-    """Module attributes replaced while the block runs (the programs are traced and compiled inside it)."""
-    saved = {name: getattr(module, name) for name in values}
-    for name, value in values.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
 
 
 def per_row(attend):
@@ -70,7 +56,7 @@ def encoder_fns(threads: int):
                 "encoder_without_ynnpack_attention_per_row": (xla_cpu.ENCODER, per_row(layers.dot_product_attention))}
     fns, compile_s = {}, {}
     for name, (options, attend) in variants.items():
-        with patched(xla_cpu, ENCODER=options), patched(layers, dot_product_attention=attend):
+        with common.patched(xla_cpu, ENCODER=options), common.patched(layers, dot_product_attention=attend):
             fns[name], compile_s[name] = warmed(lambda: rj.load_encoder("minilm"), embed)
 
     torch.set_num_threads(threads)
@@ -85,13 +71,13 @@ def encoder_fns(threads: int):
     return fns, compile_s
 
 
-def scoring_fns():
+def scoring_fns(threads: int):  # noqa: ARG001 (one signature for both groups)
     import replug_jax as rj
     from bench_scoring import workload
     from replug_jax import xla_cpu
     from replug_jax.models import layers
 
-    pairs = workload(rj.load_lm("smollm2").tokenizer, 8, 128, 192, 128)
+    pairs = workload(rj.load_tokenizer("smollm2"), 8, 128, 192, 128)
     score = lambda lm: lm.score_token_pairs(pairs)
     all_keys = 1 << 30  # a block longer than any pass: attention over all keys
     variants = {"scoring_blocks_xla_defaults": ({}, layers.CAUSAL_BLOCK),
@@ -100,7 +86,7 @@ def scoring_fns():
                 "scoring_all_keys_without_ynnpack": (NO_YNNPACK, all_keys)}
     fns, compile_s = {}, {}
     for name, (options, block) in variants.items():
-        with patched(xla_cpu, LM_SCORING=options), patched(layers, CAUSAL_BLOCK=block):
+        with common.patched(xla_cpu, LM_SCORING=options), common.patched(layers, CAUSAL_BLOCK=block):
             fns[name], compile_s[name] = warmed(lambda: rj.load_lm("smollm2", batch_size=4), score)
     return fns, compile_s
 
@@ -114,7 +100,7 @@ def main(argv=None):
     command = "python benchmarks/bench_cpu_options.py " + " ".join(sys.argv[1:] if argv is None else argv)
     rows = []
     for build in (encoder_fns, scoring_fns):
-        fns, compile_s = build(args.threads) if build is encoder_fns else build()
+        fns, compile_s = build(args.threads)
         for name, seconds in common.interleaved_best(fns, args.rounds).items():
             rows.append({"benchmark": "cpu_options", "impl": name, "seconds": seconds,
                          "first_call_seconds": compile_s.get(name), "command": command.strip()})

@@ -67,9 +67,8 @@ def main():
     from replug_jax import xla_cpu
 
     enc = rj.load_encoder("minilm", batch_size=args.batch_size)
-    program_options, xla_cpu.ENCODER = xla_cpu.ENCODER, {}  # the same encoder compiled with XLA's defaults
-    enc_xla_defaults = rj.load_encoder("minilm", batch_size=args.batch_size)
-    xla_cpu.ENCODER = program_options
+    with common.patched(xla_cpu, ENCODER={}):  # the same encoder compiled with XLA's defaults
+        enc_xla_defaults = rj.load_encoder("minilm", batch_size=args.batch_size)
     texts = passages(args.docs)
     rows = enc.tokenize(texts)
     tokens = sum(len(r) for r in rows)
