@@ -95,11 +95,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--groups", default="encoder,scoring", help="which groups to time (comma-separated)")
     p.add_argument("--out", default="benchmarks/results.jsonl")
     args = p.parse_args(argv)
+    groups = {"encoder": encoder_fns, "scoring": scoring_fns}
     command = "python benchmarks/bench_cpu_options.py " + " ".join(sys.argv[1:] if argv is None else argv)
     rows = []
-    for build in (encoder_fns, scoring_fns):
+    for build in (groups[name] for name in args.groups.split(",")):
         fns, compile_s = build(args.threads)
         for name, seconds in common.interleaved_best(fns, args.rounds).items():
             rows.append({"benchmark": "cpu_options", "impl": name, "seconds": seconds,

@@ -12,14 +12,12 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
 @pytest.mark.skipif(not X86, reason="the options are chosen (and measured) for x86-64 CPUs only")
-def test_encoder_compiles_without_ynnpack_fusions_and_embeds_the_same():
+def test_encoder_compiles_without_ynnpack_fusions_and_embeds_the_same(monkeypatch):
     texts = ["The Eiffel Tower is in Paris.", "Photosynthesis makes sugar from light.", "A short one."]
     enc = rj.load_encoder("minilm")
-    saved, xla_cpu.ENCODER = xla_cpu.ENCODER, {}
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(xla_cpu, "ENCODER", {})
         defaults = rj.load_encoder("minilm")
-    finally:
-        xla_cpu.ENCODER = saved
     np.testing.assert_allclose(enc.embed(texts), defaults.embed(texts), atol=2e-6)
     ids, mask = enc.padded(texts, 16)
 
