@@ -6,7 +6,7 @@ MiniLM's projections at [32, 136] tokens (M = 4352): q/k/v/out (384 -> 384), the
 down (1536 -> 384) projections, each `x @ w + b` jitted with XLA's own (Eigen) dots (`xla_cpu.ENCODER`, what
 DenseEncoder uses) and with YNNPACK fusions (XLA's default), against `torch.addmm` and numpy's `@` in the same
 process (best of `--rounds`, interleaved). The per-call times include allocating the output: run under the
-same allocator settings for all (benchmarks/README.md "CPU speed" on page faults).
+same allocator settings for all (benchmarks/README.md "PyTorch's page faults").
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def gemm_fns(m: int, k: int, n: int, threads: int) -> dict:
 
     rng = np.random.default_rng(0)
     x, w, b = (rng.standard_normal(shape, dtype=np.float32) for shape in ((m, k), (k, n), (n,)))
-    fns = {}
+    fns, args = {}, tuple(map(jax.numpy.asarray, (x, w, b)))
     for name, options in (("xla_eigen", xla_cpu.ENCODER), ("xla_ynnpack", {})):
-        fn, args = jax.jit(lambda x, w, b: x @ w + b, compiler_options=options), tuple(map(jax.numpy.asarray, (x, w, b)))
+        fn = jax.jit(lambda x, w, b: x @ w + b, compiler_options=options)
         fn(*args).block_until_ready()
         fns[name] = lambda fn=fn, args=args: fn(*args).block_until_ready()
     torch.set_num_threads(threads)
