@@ -83,7 +83,8 @@ def main():
     p.add_argument("--cont-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", default="1,2,4")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--length-multiple", type=int, default=64, help="LocalLM length bucket (default 64)")
+    p.add_argument("--length-multiple", type=int, default=None,
+                   help="LocalLM's smallest length step (default: LocalLM's, 32)")
     p.add_argument("--lm", default="smollm2", help="the LM (and its GGUF as the torch reference), e.g. qwen2.5-coder-0.5b")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--skip-torch", action="store_true")
@@ -113,7 +114,7 @@ def main():
     fns = {}
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
         model = lm if bs == 1 else rj.load_lm(args.lm, batch_size=bs)
-        model.length_multiple = args.length_multiple
+        model.length_multiple = args.length_multiple or model.length_multiple
         model.score_token_pairs(pairs)  # compile every bucket
         fns[f"jax_local_bs{bs}"] = lambda model=model: model.score_token_pairs(pairs)
     if not args.skip_torch:

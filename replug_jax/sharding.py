@@ -88,10 +88,16 @@ def round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
-def length_bucket(length: int, multiple: int, cap: int) -> int:
-    """Padded sequence length for `length` tokens: a multiple of `multiple`, at most `cap`."""
+def length_bucket(length: int, multiple: int, cap: int, per_octave: int | None = None) -> int:
+    """Padded sequence length for `length` tokens: a multiple of `multiple`, at most `cap`.
+
+    With `per_octave`, the step grows with the length: a multiple of the larger of `multiple` and 1/per_octave of
+    the power of two at or below `length`, so long rows pad at most 1/per_octave and every doubling of the length
+    has at most `per_octave` buckets (e.g. 8: steps of 32 for 256-511 tokens, 64 for 512-1023, 128 beyond)."""
     if length > cap:
         raise ValueError(f"sequence of {length} tokens exceeds the maximum length {cap}")
+    if per_octave:
+        multiple = max(multiple, (1 << (max(length, 1).bit_length() - 1)) // per_octave)
     return min(round_up(length, multiple), cap)
 
 
@@ -106,10 +112,10 @@ def pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int, num_rows: 
 
 
 def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int, multiple: int, cap: int, pad_id: int,
-                     progress: bool = False, desc: str = "batches"):
+                     progress: bool = False, desc: str = "batches", per_octave: int | None = None):
     """Rows sorted by length and yielded as fixed-shape batches: (row indices, ids, mask).
 
-    ids and mask are [len(indices), L] with L = length_bucket(longest row); the caller's
+    ids and mask are [len(indices), L] with L = length_bucket(longest row, ...); the caller's
     ShardedBatchFn pads the row count up to its batch size.
     """
     from tqdm.auto import tqdm
@@ -118,7 +124,7 @@ def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int, multiple: i
     for start in tqdm(range(0, len(rows), batch_size), disable=not progress, desc=desc, unit="batch"):
         idx = order[start : start + batch_size]
         batch = [rows[i] for i in idx]
-        length = length_bucket(max(len(r) for r in batch), multiple, cap)
+        length = length_bucket(max(len(r) for r in batch), multiple, cap, per_octave)
         ids, mask = pad_rows(batch, length, pad_id, len(batch))
         yield idx, ids, mask
 

@@ -176,6 +176,21 @@ def test_padding_does_not_change_logprobs(tmp_path, builder):
             np.testing.assert_allclose(got, alone[i], atol=2e-5, err_msg=f"{side} padding, row {i}")
 
 
+def test_length_buckets_grow_with_the_length():
+    """LocalLM's buckets (`per_octave`): steps of `multiple` for short rows, 1/8 of the length's power of two
+    beyond, so at most 1/8 padding and 8 buckets per doubling; the cap holds; the flat rule is unchanged."""
+    from replug_jax import sharding
+
+    bucket = lambda n, cap=4096: sharding.length_bucket(n, 32, cap, per_octave=8)
+    lengths = (1, 31, 33, 255, 256, 450, 511, 512, 513, 700, 1025, 1500)
+    assert [bucket(n) for n in lengths] == [32, 32, 64, 256, 256, 480, 512, 512, 576, 704, 1152, 1536]
+    assert max((bucket(n) - n) / n for n in range(256, 4097)) <= 1 / 8
+    assert len({bucket(n) for n in range(513, 1025)}) == 8 and len({bucket(n) for n in range(1025, 2049)}) == 8
+    assert bucket(450, cap=460) == 460 and sharding.length_bucket(450, 64, 4096) == 512
+    with pytest.raises(ValueError, match="exceeds the maximum length"):
+        bucket(5000)
+
+
 def test_local_lm_end_to_end_matches_torch_and_compiles_once(tmp_path):
     ref = hf_tiny.tiny_llama(str(tmp_path))
     lm = rj.load_lm(str(tmp_path), batch_size=8, max_length=64)
