@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from unittest.mock import patch
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -56,7 +57,7 @@ def encoder_fns(threads: int):
                 "encoder_without_ynnpack_attention_per_row": (xla_cpu.ENCODER, per_row(layers.dot_product_attention))}
     fns, compile_s = {}, {}
     for name, (options, attend) in variants.items():
-        with common.patched(xla_cpu, ENCODER=options), common.patched(layers, dot_product_attention=attend):
+        with patch.multiple(xla_cpu, ENCODER=options), patch.multiple(layers, dot_product_attention=attend):
             fns[name], compile_s[name] = warmed(lambda: rj.load_encoder("minilm"), embed)
 
     torch.set_num_threads(threads)
@@ -86,7 +87,7 @@ def scoring_fns(threads: int):  # noqa: ARG001 (one signature for both groups)
                 "scoring_all_keys_without_ynnpack": (NO_YNNPACK, all_keys)}
     fns, compile_s = {}, {}
     for name, (options, block) in variants.items():
-        with common.patched(xla_cpu, LM_SCORING=options), common.patched(layers, CAUSAL_BLOCK=block):
+        with patch.multiple(xla_cpu, LM_SCORING=options), patch.multiple(layers, CAUSAL_BLOCK=block):
             fns[name], compile_s[name] = warmed(lambda: rj.load_lm("smollm2", batch_size=4), score)
     return fns, compile_s
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from unittest.mock import patch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
@@ -67,7 +68,7 @@ def main():
     from replug_jax import xla_cpu
 
     enc = rj.load_encoder("minilm", batch_size=args.batch_size)
-    with common.patched(xla_cpu, ENCODER={}):  # the same encoder compiled with XLA's defaults
+    with patch.multiple(xla_cpu, ENCODER={}):  # the same encoder compiled with XLA's defaults
         enc_xla_defaults = rj.load_encoder("minilm", batch_size=args.batch_size)
     texts = passages(args.docs)
     rows = enc.tokenize(texts)

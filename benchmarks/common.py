@@ -1,7 +1,6 @@
 """Shared helpers for the benchmark scripts: timing, the machine's matmul peak, result rows."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -59,15 +58,3 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         cells = [f"{row[c]:.3g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns]
         print("| " + " | ".join(cells) + " |")
 
-
-@contextlib.contextmanager
-def patched(module, **values):
-    """Module attributes replaced while the block runs (e.g. `xla_cpu.ENCODER` while an A/B variant is built)."""
-    saved = {name: getattr(module, name) for name in values}
-    for name, value in values.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)

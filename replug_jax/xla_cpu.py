@@ -2,8 +2,8 @@
 
 jaxlib 0.10 hands CPU dots, with the elementwise and reduction ops around them, to YNNPACK fusions.
 On the project's x86-64 machine that made the BERT encoder's forward about 10% slower than XLA's own
-(Eigen) dots, which match PyTorch's GEMM at the encoder's shapes; the causal LMs (a scan over layers,
-RMSNorm, grouped attention) run faster with them (benchmarks/README.md "CPU speed";
+(Eigen) dots (themselves 0.80-0.83x PyTorch's GEMM at the FFN shapes, `benchmarks/bench_cpu_gemm.py`); the
+causal LMs (a scan over layers, RMSNorm, grouped attention) run faster with them (benchmarks/README.md "CPU speed";
 `benchmarks/bench_cpu_options.py` times both choices). So the encoder's programs compile without YNNPACK
 fusions and every other program keeps XLA's defaults.
 
