@@ -37,21 +37,19 @@ def main():
     import dataclasses
 
     from replug_jax.config_files import sibling_config
-    from replug_jax.jobs import lm_eval as eval_run
-    from replug_jax.jobs.setup import read_documents
-    from replug_jax.jobs.lsr import lsr_settings
+    from replug_jax import workspace
     from replug_jax.train.data import training_examples
-    from replug_jax.train.loop import train_lsr
+    from replug_jax.train.loop import LSRSettings, train_lsr
     from replug_jax.train.metrics import read_metrics
 
     config = sibling_config(os.path.join("experiments", "configs", "demo_lsr.py"), "demo_lsr.py")
     config.cache_dir = args.cache_dir or os.path.join(args.workdir, "shared")
     config.lm_cache = ""  # the loop's own fresh cache in each run: every step asks the LM
-    setup = eval_run.prepare(config, args.workdir)
-    examples = training_examples(read_documents(setup.paths["train"]), setup.tokenizer,
+    setup = workspace.prepare(config, args.workdir)
+    examples = training_examples(workspace.read_documents(setup.paths["train"]), setup.tokenizer,
                                  query_tokens=config.train_query_tokens,
                                  continuation_tokens=config.train_continuation_tokens, seed=config.seed)
-    base = dataclasses.replace(lsr_settings(config), steps=args.steps, batch_size=args.batch, k=args.k,
+    base = dataclasses.replace(LSRSettings.from_mapping(config), steps=args.steps, batch_size=args.batch, k=args.k,
                                checkpoint_every=args.steps, refresh_every=args.steps + 1, swap_after=0)
     rows = []
     for pipeline in (False, True):

@@ -43,18 +43,18 @@ def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, load
         if results.get("count") is not None and results.get("max_questions", questions) == questions:
             return results
     from replug_jax import console
-    from replug_jax.jobs.downstream import run_downstream
+    from replug_jax.dispatch import run_job
 
     console.setup(workdir, -1)
     console.phase(f"{lm} on {task}: up to {questions} questions in {workdir}")
     config = task_config(task, lm, questions, os.path.dirname(os.path.dirname(workdir)))
     if lm not in loaded:
-        from replug_jax.jobs.setup import load_job_lm
+        from replug_jax.workspace import load_job_lm
         from replug_jax.models import precision
 
         loaded.clear()  # one LM in memory at a time
         loaded[lm] = load_job_lm(config, precision.resolve(config.dtype))
-    results = run_downstream(config, workdir, lm=loaded[lm])
+    results = run_job(config, workdir, lm=loaded[lm])
     results["max_questions"] = questions
     with open(path, "w") as f:
         json.dump(results, f, indent=1)

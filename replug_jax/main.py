@@ -11,6 +11,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from replug_jax import console, distributed
+from replug_jax.dispatch import run_job as run_named_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory for datastore, embeddings, index and results")
@@ -31,20 +32,7 @@ def run_job(config):
     log_path = console.setup(_WORKDIR.value, verbosity, enabled=lead)
     console.phase(f"{config.job} job, workdir {_WORKDIR.value} (library log: {log_path}; --verbosity=0 shows it here)")
     logging.info("config:\n%s", config)
-    if config.job == "lm_eval":
-        from replug_jax.jobs.lm_eval import run_lm_eval
-
-        run_lm_eval(config, _WORKDIR.value)
-    elif config.job == "lsr":
-        from replug_jax.jobs.lsr import run_lsr
-
-        run_lsr(config, _WORKDIR.value)
-    elif config.job in ("qa", "mmlu"):
-        from replug_jax.jobs.downstream import run_downstream
-
-        run_downstream(config, _WORKDIR.value)
-    else:
-        raise ValueError(f"unknown job {config.job!r} (known: lm_eval, lsr, qa, mmlu)")
+    run_named_job(config, _WORKDIR.value)
     distributed.barrier(f"{config.job} job done")  # several processes leave together
 
 

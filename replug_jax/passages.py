@@ -12,12 +12,28 @@ from typing import Sequence
 
 import numpy as np
 
-DOC_TEMPLATE = "{title}\n{text}\n\n"
+DOC_TEMPLATE = "{title}\n{text}\n\n"  # text windows: the document, then the window's query tokens
+QA_DOC_TEMPLATE = "Knowledge: {passage}\n"  # QA (the paper's Table 5): `question_block` with a passage
+
+
+def passage_text(title: str, text: str) -> str:
+    """A passage on one line, title first (as DPR embeds it and the paper's prompts show it)."""
+    return " ".join(f"{title} {text}".split()) if title else " ".join(text.split())
+
+
+def question_block(question: str, passage: str | None, answer: str | None = None) -> str:
+    """One Table 5 block; without `answer` it ends at "Answer:" (the test question). With a passage it is
+    QA_DOC_TEMPLATE's document followed by the closed-book block."""
+    knowledge = QA_DOC_TEMPLATE.format(passage=passage) if passage is not None else ""
+    end = f" {answer}\n\n" if answer is not None else ""
+    return f"{knowledge}Question: {question}\nAnswer:{end}"
 
 
 def format_docs(datastore, rows: Sequence[int], template: str = DOC_TEMPLATE) -> list[str]:
-    """The datastore rows as LM text, one string per row, in the given order."""
-    return [template.format(title=datastore.titles[r], text=datastore.texts[r]) for r in rows]
+    """The datastore rows as LM text, one string per row, in the given order. The template may name {title},
+    {text} and {passage} (`passage_text` of the two)."""
+    return [template.format(title=datastore.titles[r], text=datastore.texts[r],
+                            passage=passage_text(datastore.titles[r], datastore.texts[r])) for r in rows]
 
 
 def document_passes(datastore, rows: np.ndarray, prefixes: Sequence[str], continuations: Sequence[str],

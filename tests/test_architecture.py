@@ -108,3 +108,26 @@ def test_no_module_uses_another_modules_private_names(tmp_path):
     probe = tmp_path / "probe.py"  # the check itself catches both forms
     probe.write_text("from replug_jax.models import weights as w\nfrom replug_jax.lm.local import _x\nw._take(1)\n")
     assert private_uses(str(probe), known) == ["from replug_jax.lm.local import _x", "replug_jax.models.weights._take"]
+
+
+def job_modules() -> set[str]:
+    """The jobs: modules of replug_jax.jobs that define a `run_...` function."""
+    found = set()
+    for m, p in modules().items():
+        if m.startswith("replug_jax.jobs."):
+            tree = ast.parse(open(p, encoding="utf-8").read())
+            if any(isinstance(n, ast.FunctionDef) and n.name.startswith("run_") for n in tree.body):
+                found.add(m)
+    return found
+
+
+def test_no_job_imports_another_job():
+    """What jobs share lives in modules that are not jobs (replug_jax.workspace, jobs/window_report.py)."""
+    jobs = job_modules()
+    assert {"replug_jax.jobs.lm_eval", "replug_jax.jobs.lsr", "replug_jax.jobs.downstream"} <= jobs
+    g = graph()
+    for job in jobs:
+        assert not (g[job] & jobs) - {job}, f"{job} imports the jobs {sorted((g[job] & jobs) - {job})}"
+    for module, deps in g.items():  # nor does the rest of the package, but for the dispatcher
+        if module not in jobs and module != "replug_jax.dispatch":
+            assert not deps & jobs, f"{module} imports the jobs {sorted(deps & jobs)}"

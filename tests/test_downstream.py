@@ -17,7 +17,7 @@ from replug_jax.data.downstream import MMLU_CATEGORIES, MMLU_SUBJECTS, MCExample
 from replug_jax.evaluate import mmlu, qa
 from replug_jax.evaluate.qa_metrics import normalize_answer
 from replug_jax.jobs import downstream as job
-from replug_jax.jobs import setup as job_setup
+from replug_jax import workspace
 from replug_jax.lm.blackbox import Generation
 from replug_jax.models import precision
 
@@ -589,7 +589,7 @@ def test_answer_bearing_demo_passages(files, smollm2, tmp_path):
     """demo_passages "answer": each demo gets its best-ranked passage that holds its gold answer (here not its
     top-1), falling back to the top-1 when none does; "top1" keeps the top-1."""
     config = qa_config(files)
-    store = job_setup.build_datastore(files["corpus"], smollm2.tokenizer, config.doc_tokens, str(tmp_path))
+    store = workspace.build_datastore(files["corpus"], smollm2.tokenizer, config.doc_tokens, str(tmp_path))
     retriever = job.retrievers_for(config, rj.load_encoder("minilm"), store, str(tmp_path))["replug"]
     demos = [QAExample("d0", "Who is the mayor of Velmora?", ("Lisbon",)),  # only Fenn's passage says Lisbon
              QAExample("d1", "Who is the mayor of Velmora?", ("nobody at all",))]
@@ -630,7 +630,7 @@ def test_sciq_corpus_is_support_paragraphs_plus_wikipedia(smollm2, tmp_path):
 
     config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")
     assert (config.questions, config.corpus, config.job) == ("sciq", "sciq", "qa")
-    store = job.build_corpus(config, smollm2.tokenizer, str(tmp_path))
+    store = workspace.build_corpus(config.corpus, smollm2.tokenizer, config.doc_tokens, str(tmp_path))
     sources = set(store.sources)
     support = data.sciq_support_documents()
     assert {d.id for d in support} <= sources and {d.id for d in wiki.load_wiki_articles()} <= sources

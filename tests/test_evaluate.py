@@ -9,7 +9,7 @@ from ml_collections import config_dict
 import replug_jax as rj
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.jobs import lm_eval as run
-from replug_jax.jobs.setup import read_documents
+from replug_jax.workspace import read_documents
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.passages import format_docs
 from replug_jax.retrieval import build
@@ -235,6 +235,6 @@ def test_every_config_loads_with_the_documented_keys(name):
         for key in ("train_data", "steps", "batch_size", "refresh_every", "learning_rate", "gamma", "beta",
                     "train_query_tokens", "train_continuation_tokens"):
             assert key in c, f"{name} lacks {key}"
-        from replug_jax.jobs.lsr import lsr_settings
+        from replug_jax.train.loop import LSRSettings
 
-        lsr_settings(c)  # every LSR key maps onto LSRSettings
+        LSRSettings.from_mapping(c)  # every LSR key maps onto LSRSettings

@@ -16,7 +16,8 @@ import pytest
 from ml_collections import config_dict
 
 import replug_jax as rj
-from replug_jax.jobs.lsr import load_trained_encoder, lsr_settings, run_lsr
+from replug_jax.jobs.lsr import run_lsr
+from replug_jax.workspace import load_trained_encoder
 from replug_jax.lm.local import LocalLM
 from replug_jax.passages import DOC_TEMPLATE, format_docs
 from replug_jax.retrieval.index import read_meta
@@ -602,7 +603,7 @@ def test_lsr_job_end_to_end(tiny, tmp_path):
         direction="pr_q", lm_score="mean", refresh_every=2, swap_after=1, train_query_tokens=24,
         train_continuation_tokens=16, max_train_examples=16, query_max_tokens=32, doc_max_tokens=56,
         checkpoint_every=2, keep_checkpoints=2, log_every=1))
-    settings = lsr_settings(config)
+    settings = LSRSettings.from_mapping(config)
     assert (settings.steps, settings.lm_score, settings.refresh_every, settings.k) == (2, "mean", 2, 3)
     workdir = str(tmp_path / "job")
     results = run_lsr(config, workdir)

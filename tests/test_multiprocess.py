@@ -125,7 +125,7 @@ def test_device_search_over_two_processes_equals_faiss(tiny_job):
 
 def test_tfds_corpus_read_by_random_access_and_embedded_over_two_processes(tiny_job, tmp_path, monkeypatch):
     """An array_record TFDS dataset written here (no network, no TensorFlow) is the corpus of a 2-process run."""
-    from replug_jax.jobs.setup import read_documents
+    from replug_jax.workspace import read_documents
     from tests import tfds_tiny
 
     base, values = tiny_job

@@ -26,27 +26,31 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax import replug
+from replug_jax.passages import passage_text, question_block  # noqa: F401 (the QA prompt, re-exported)
 from replug_jax.evaluate.qa_metrics import answer_recall, exact_match, normalize_answer
 
 ENSEMBLES = ("replug", "vote")
 METHODS = ("none", "replug", "concat", "vote", "replug_lsr")  # "vote": REPLUG's passes with the "vote" ensemble
 
 
-def passage_text(title: str, text: str) -> str:
-    """A passage on one line, title first (as DPR embeds it and the paper's prompts show it)."""
-    return " ".join(f"{title} {text}".split()) if title else " ".join(text.split())
-
-
-def question_block(question: str, passage: str | None, answer: str | None = None) -> str:
-    """One Table 5 block; without `answer` it ends at "Answer:" (the test question)."""
-    knowledge = f"Knowledge: {passage}\n" if passage is not None else ""
-    end = f" {answer}\n\n" if answer is not None else ""
-    return f"{knowledge}Question: {question}\nAnswer:{end}"
-
-
 def demo_block(demos, demo_passages: Sequence[str | None]) -> str:
     """The few-shot prefix: each demo with its own passage (None: closed book) and its first gold answer."""
     return "".join(question_block(d.question, p, d.answers[0]) for d, p in zip(demos, demo_passages))
+
+
+def method_passes(questions, passages: list[list[str]], scores: np.ndarray, *, method: str,
+                  temperature: float) -> tuple[list[list[str]], list[np.ndarray]]:
+    """Each question's passes under `method` (none: closed book; concat: all passages in one Knowledge line, the
+    best closest to the question; otherwise one pass per passage) and their log λ = log softmax(s / τ)."""
+    if method == "none":
+        return [[question_block(q.question, None)] for q in questions], [np.zeros(1, np.float32)] * len(questions)
+    if method == "concat":
+        contexts = [[question_block(q.question, " ".join(reversed(p)))] for q, p in zip(questions, passages)]
+        return contexts, [np.zeros(1, np.float32)] * len(questions)
+    contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(questions, passages)]
+    valid = np.asarray([[j < len(ps) for j in range(scores.shape[1])] for ps in passages])
+    log_w = np.asarray(replug.ensemble_log_weights(scores, valid, temperature))  # [Q, K]
+    return contexts, [log_w[i, : len(ps)] for i, ps in enumerate(passages)]
 
 
 def answer_questions(lm, questions, passages: list[list[str]], scores: np.ndarray, *, method: str, ensemble: str,
@@ -57,18 +61,9 @@ def answer_questions(lm, questions, passages: list[list[str]], scores: np.ndarra
     if ensemble not in ENSEMBLES:
         raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
     stop = ("\n",)
-    if method == "none":
-        contexts, weights = [[question_block(q.question, None)] for q in questions], [[0.0]] * len(questions)
-    elif method == "concat":
-        contexts = [[question_block(q.question, " ".join(reversed(p)))] for q, p in zip(questions, passages)]
-        weights = [[0.0]] * len(questions)
-    else:
-        contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(questions, passages)]
-        valid = np.asarray([[j < len(ps) for j in range(scores.shape[1])] for ps in passages])
-        log_w = np.asarray(replug.ensemble_log_weights(scores, valid, temperature))  # [Q, K]
-        weights = [log_w[i, : len(ps)] for i, ps in enumerate(passages)]
-        if ensemble == "vote":
-            return _vote(lm, contexts, weights, demo_prefix, max_new_tokens, stop, progress)
+    contexts, weights = method_passes(questions, passages, scores, method=method, temperature=temperature)
+    if method not in ("none", "concat") and ensemble == "vote":
+        return _vote(lm, contexts, weights, demo_prefix, max_new_tokens, stop, progress)
     gens = lm.generate(contexts, weights, max_new_tokens=max_new_tokens, stop=stop, shared_prefix=demo_prefix,
                        progress=progress)
     return [{"prediction": g.text.strip(), "finish_reason": g.finish_reason} for g in gens]

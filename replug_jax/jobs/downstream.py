@@ -13,41 +13,25 @@ Demos drawn from the evaluated set are removed from it before scoring, and the c
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 
 import jax
 import numpy as np
 
-from replug_jax import console, distributed
+from replug_jax import console, distributed, workspace
 from replug_jax.models import precision
 from replug_jax.data import downstream as data
 from replug_jax.data import wiki
-from replug_jax.evaluate import downstream_report, mmlu, qa, qa_metrics
-from replug_jax.jobs import setup
-from replug_jax.jobs.lsr import load_trained_encoder, trained_retriever
+from replug_jax.evaluate import answer_nll, downstream_report, mmlu, qa, qa_metrics
+from replug_jax.passages import passage_text
 from replug_jax.retrieval.retriever import DenseRetriever
+from replug_jax.train.data import check_disjoint_questions
 
 DEMO = "demo"
 JOB_METHODS = {"qa": qa.METHODS, "mmlu": ("none", "replug", "concat", "replug_lsr")}
-
-
-SCIQ_CORPUS = "sciq"  # SciQ's support paragraphs plus gensim's Wikipedia articles as distractor text
-
-
-def build_corpus(config, tokenizer, workdir: str):
-    """The datastore: gensim's articles (with SciQ's support paragraphs for "sciq"), DPR passages (whole), or
-    documents chunked like the LM evaluation."""
-    if config.corpus in (setup.GENSIM_WIKI, SCIQ_CORPUS):
-        documents = wiki.load_wiki_articles()
-        if config.corpus == SCIQ_CORPUS:
-            documents = data.sciq_support_documents(config.get("split", "validation")) + documents
-        path = os.path.join(workdir, "data", "corpus.jsonl")
-        wiki.write_jsonl(documents, path)
-        return setup.build_datastore(path, tokenizer, config.doc_tokens, workdir)
-    if config.corpus.endswith(".tsv"):
-        return data.passages_datastore(data.read_dpr_passages(config.corpus, limit=config.get("max_passages") or None))
-    return setup.build_datastore(config.corpus, tokenizer, config.doc_tokens, workdir)
+TRAIN_QUESTIONS = "train_questions.json"  # written by the LSR job on question-answer pairs
 
 
 def load_sets(config, kind: str):
@@ -87,17 +71,28 @@ def load_sets(config, kind: str):
 
 def retrievers_for(config, encoder, store, workdir):
     """{"replug": dense retriever, "replug_lsr": the LSR-trained one (config.retriever_workdir)}."""
-    index = setup.build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
-                                      embedding_dtype=config.embedding_dtype)
+    index = workspace.build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
+                                        embedding_dtype=config.embedding_dtype)
     out = {"replug": DenseRetriever(encoder, index, store)}
     if "replug_lsr" in config.methods:
-        trained, train_documents = load_trained_encoder(encoder, config.retriever_workdir)
-        out["replug_lsr"] = trained_retriever(encoder, trained, train_documents, store, index, workdir, config)
+        trained, train_documents = workspace.load_trained_encoder(encoder, config.retriever_workdir)
+        out["replug_lsr"] = workspace.trained_retriever(encoder, trained, train_documents, store, index, workdir,
+                                                        metric=config.metric, factory=config.index_factory,
+                                                        embedding_dtype=config.embedding_dtype)
     return out
 
 
+def check_not_trained_on(config, questions) -> None:
+    """With "replug_lsr": refuse evaluated questions that the retriever was trained on (the QA-LSR job's
+    WORKDIR/train_questions.json; a retriever trained on documents has none)."""
+    path = os.path.join(config.get("retriever_workdir") or "", TRAIN_QUESTIONS)
+    if "replug_lsr" in config.methods and os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            check_disjoint_questions(json.load(f), questions)
+
+
 def passages_of(store, rows: np.ndarray) -> list[list[str]]:
-    return [[qa.passage_text(store.titles[r], store.texts[r]) for r in row if r >= 0] for row in rows]
+    return [[passage_text(store.titles[r], store.texts[r]) for r in row if r >= 0] for row in rows]
 
 
 def run_downstream(config, workdir: str, lm=None) -> dict:
@@ -109,17 +104,21 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     if unknown:
         raise ValueError(f"unknown {kind} methods {unknown}; known: {', '.join(JOB_METHODS[kind])}")
     dtype = precision.resolve(config.dtype)
-    encoder = setup.load_job_encoder(config, dtype)
-    lm = lm if lm is not None else setup.load_job_lm(config, dtype)
-    tokenizer = setup.lm_tokenizer(lm, config)
+    encoder = workspace.load_job_encoder(config, dtype)
+    lm = lm if lm is not None else workspace.load_job_lm(config, dtype)
+    tokenizer = workspace.lm_tokenizer(lm, config)
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
     questions, demos, removed = load_sets(config, kind)
     if not questions:
         raise ValueError(f"no questions to evaluate from {config.questions!r}")
+    if kind == "qa":
+        check_not_trained_on(config, questions)
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), {len(demos)} demo candidates")
     shared = config.get("cache_dir") or workdir  # datastore, embeddings and index: shareable by runs
     os.makedirs(shared, exist_ok=True)
-    store = distributed.lead_first(lambda: build_corpus(config, tokenizer, shared))  # one writer of the files
+    store = distributed.lead_first(lambda: workspace.build_corpus(  # one writer of the files
+        config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
+        max_passages=config.get("max_passages") or None))
     if config.k > len(store):
         raise ValueError(f"k={config.k} is larger than the datastore ({len(store)} passages)")
     console.phase(f"datastore: {len(store):,} passages")
@@ -139,7 +138,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     results.update(_metrics(kind, config, questions, demos, predictions))
     results.update({"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                     "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
-                    "lm": config.lm, "lm_mesh": setup.lm_mesh_record(lm), "k": config.k, "shots": config.shots, "temperature": config.temperature,
+                    "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k, "shots": config.shots, "temperature": config.temperature,
                     "methods": list(config.methods), "seconds": time.time() - started,
                     "processes": jax.process_count()})
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
@@ -155,8 +154,11 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> di
     subjects asked zero-shot), per method, and the question count."""
     if kind == "qa":
         scored = {m: qa.summarize([row[m] for row in predictions], config.k) for m in config.methods}
+        nll = {m: float(np.mean([row[m]["answer_nll"] for row in predictions])) for m in config.methods
+               if all("answer_nll" in row[m] for row in predictions)}
         return {"exact_match": {m: s["exact_match"] for m, s in scored.items()},
-                "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()}, "count": len(questions)}
+                "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()},
+                "answer_nll": nll, "count": len(questions)}
     zero_shot = sorted({q.subject for q in questions} - set(mmlu.shots_by_subject(demos))) if config.shots else []
     return {"accuracy": {m: mmlu.accuracy(questions, [row[m] for row in predictions]) for m in config.methods},
             "count": len(questions), "zero_shot_subjects": zero_shot}
@@ -201,6 +203,13 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
                                     demo_prefix=prefix, temperature=config.temperature,
                                     max_new_tokens=config.max_new_tokens, progress=True)
         qa.flag_predictions(questions, preds, None if method == "none" else passages, config.k)
+        if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
+            contexts, log_w = qa.method_passes(questions, passages, scores, method=method,
+                                               temperature=config.temperature)
+            nll = answer_nll.answer_nll(lm, contexts, log_w, [q.answers for q in questions],
+                                        prefix=prefix if config.get("answer_nll_demos", False) else "")
+            for p, value in zip(preds, nll):
+                p["answer_nll"] = float(value)
         for row, p in zip(predictions, preds):
             row[method] = p
     return results, predictions

@@ -1,55 +1,60 @@
-"""The REPLUG LSR job: train the retriever with LM supervision, then evaluate none / REPLUG / REPLUG LSR.
+"""The REPLUG LSR job: train the retriever with LM supervision.
 
-Only this module (and main.py) reads configs; it turns them into `LSRSettings` and plain arguments.
+On text documents (`train_data`: JSONL / .txt / "gensim_wiki"), it then evaluates none / REPLUG / REPLUG LSR
+on held-out windows. On question–answer pairs (`train_data`: "sciq", "nq_open", "trivia_qa" or a JSONL of
+{"question", "answers"}), it trains over the downstream corpus and leaves WORKDIR/retriever.safetensors (and
+WORKDIR/train_questions.json) for the QA job's `replug_lsr` method (`--config.retriever_workdir=WORKDIR`),
+which refuses to evaluate a question that training saw. Only this module (and main.py) reads configs.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import time
 
-import jax
 from absl import logging
 
-from replug_jax import distributed, sharding
-from replug_jax.jobs import lm_eval as eval_run
-from replug_jax.jobs import setup
-from replug_jax.models.weights import load_params, save_params
-from replug_jax.retrieval.retriever import DenseRetriever
-from replug_jax.train.data import check_disjoint, training_examples
+from replug_jax import console, distributed, sharding, workspace
+from replug_jax.data import downstream as downstream_data
+from replug_jax.jobs.window_report import evaluate_and_report
+from replug_jax.models import precision
+from replug_jax.models.weights import save_params
+from replug_jax.passages import QA_DOC_TEMPLATE
+from replug_jax.retrieval import datastore as ds
+from replug_jax.train.data import check_disjoint, qa_training_examples, training_examples
 from replug_jax.train.loop import LSRSettings, train_lsr
 
-
-TRAINED_RETRIEVER = "retriever.safetensors"  # in an LSR workdir: the trained retriever's parameters
-
-
-def load_trained_encoder(encoder, lsr_workdir: str):
-    """(`encoder` with the parameters an LSR job trained (WORKDIR/retriever.safetensors), named "+lsr",
-    whether the documents were trained too: False means the trained encoder embeds queries only and
-    searches an index built by the original `encoder`)."""
-    path = os.path.join(lsr_workdir, TRAINED_RETRIEVER)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no trained retriever (run the LSR job with --workdir {lsr_workdir} first)")
-    params, meta = load_params(path, jax.device_get(encoder.params))
-    if meta.get("encoder") not in (None, encoder.name):
-        raise ValueError(f"{path} was trained from encoder {meta['encoder']!r}, not {encoder.name!r}")
-    return encoder.with_params(params, name=f"{encoder.name}+lsr"), meta.get("train_documents", "true") == "true"
+TRAIN_QUESTIONS = "train_questions.json"  # in a QA-LSR workdir: the ids and texts of the training questions
+QA_SOURCES = ("nq_open", "trivia_qa", "sciq")
 
 
-def trained_retriever(encoder, trained, train_documents: bool, store, index, workdir: str, config) -> DenseRetriever:
-    """The REPLUG LSR retriever: the trained encoder on both sides (an index re-embedded with it in
-    WORKDIR/index_lsr), or, query-side only, the trained query encoder over the original `index`."""
-    if not train_documents:
-        return DenseRetriever(trained, index, store, document_encoder=encoder)
-    index_lsr = setup.build_dense_index(trained, store, workdir, metric=config.metric, factory=config.index_factory,
-                                           embedding_dtype=config.embedding_dtype, name="lsr")
-    return DenseRetriever(trained, index_lsr, store)
+def trains_on_questions(train_data: str) -> bool:
+    """Whether `train_data` names question–answer pairs (a packaged QA set, or a JSONL whose first row has a
+    "question") rather than documents."""
+    if train_data in QA_SOURCES or train_data.startswith("tfds:") and train_data.count(":") == 4:
+        return True
+    if train_data.endswith(".jsonl") and os.path.isfile(train_data):
+        with open(train_data, encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "{}")
+        try:
+            return "question" in json.loads(first)
+        except json.JSONDecodeError:
+            return False
+    return False
 
 
-def lsr_settings(config) -> LSRSettings:
-    names = {f.name for f in LSRSettings.__dataclass_fields__.values()}
-    values = {name: config[name] for name in names if name in config}
-    values["index_factory"] = config.index_factory
-    return LSRSettings(**values)
+def _train_and_save(config, workdir: str, prepared_encoder, lm, store, examples, settings: LSRSettings, index,
+                    meta: dict | None = None) -> dict:
+    """Run the LSR loop in WORKDIR/lsr and save the trained parameters to WORKDIR/retriever.safetensors."""
+    logging.info("LSR: %d training examples, %s", len(examples), settings)
+    trained = train_lsr(prepared_encoder, lm, store, examples, os.path.join(workdir, "lsr"), settings,
+                        initial_index=index)
+    if distributed.is_lead():
+        save_params(trained["params"], os.path.join(workdir, workspace.TRAINED_RETRIEVER),
+                    {"encoder": config.encoder, "train_documents": str(settings.train_documents).lower(),
+                     **(meta or {})})
+    return trained
 
 
 def run_lsr(config, workdir: str) -> dict:
@@ -58,27 +63,73 @@ def run_lsr(config, workdir: str) -> dict:
     if sharding.spans_processes(sharding.job_lm_mesh(config.get("lm_model_parallel", 1))):
         raise ValueError(f"lm_model_parallel={config.lm_model_parallel} spans processes, but LSR training gives each "
                          "process its own examples: use at most one host's devices for the LM's model axis")
-    prepared = eval_run.prepare(config, workdir)  # models, datastore, index
-    train_docs = setup.read_documents(prepared.paths["train"])
+    if trains_on_questions(config.train_data):
+        return run_lsr_on_questions(config, workdir)
+    prepared = workspace.prepare(config, workdir)  # models, datastore, index
+    train_docs = workspace.read_documents(prepared.paths["train"])
     check_disjoint(train_docs, prepared.store)
-    eval_ids = {d.id for d in setup.read_documents(prepared.paths["eval"])}
+    eval_ids = {d.id for d in workspace.read_documents(prepared.paths["eval"])}
     if eval_ids & {d.id for d in train_docs}:
         raise ValueError("training and evaluation documents overlap")
     examples = training_examples(train_docs, prepared.tokenizer, query_tokens=config.train_query_tokens,
                                  continuation_tokens=config.train_continuation_tokens, seed=config.seed,
                                  max_examples=config.get("max_train_examples") or None)
-    settings = lsr_settings(config)
-    logging.info("LSR: %d training examples, %s", len(examples), settings)
-    trained = train_lsr(prepared.encoder, prepared.lm, prepared.store, examples, os.path.join(workdir, "lsr"), settings,
-                        initial_index=prepared.index)
+    settings = LSRSettings.from_mapping(config)
+    trained = _train_and_save(config, workdir, prepared.encoder, prepared.lm, prepared.store, examples, settings,
+                              prepared.index)
     encoder_lsr = prepared.encoder.with_params(trained["params"], name=f"{config.encoder}+lsr")
-    if distributed.is_lead():
-        save_params(trained["params"], os.path.join(workdir, TRAINED_RETRIEVER),
-                    {"encoder": config.encoder, "train_documents": str(settings.train_documents).lower()})
-    retrievers = setup.make_retrievers(config.methods, prepared.encoder, prepared.store, prepared.index, config.seed)
-    retrievers["replug_lsr"] = trained_retriever(prepared.encoder, encoder_lsr, settings.train_documents, prepared.store,
-                                                 prepared.index, workdir, config)
+    retrievers = workspace.make_retrievers(config.methods, prepared.encoder, prepared.store, prepared.index,
+                                           config.seed)
+    retrievers["replug_lsr"] = workspace.trained_retriever(
+        prepared.encoder, encoder_lsr, settings.train_documents, prepared.store, prepared.index, workdir,
+        metric=config.metric, factory=config.index_factory, embedding_dtype=config.embedding_dtype)
     extra = {"lsr": {**dataclasses.asdict(settings), "training_examples": len(examples), **trained["stats"]}}
     tau_lsr = config.get("lsr_temperature") or config.temperature  # both are reported: τ and γ are in the sweep
-    return eval_run.evaluate_and_report(config, workdir, prepared, retrievers, extra, temperatures={"replug_lsr": tau_lsr},
-                                        temperature_sweep=(settings.gamma, config.temperature, tau_lsr))
+    return evaluate_and_report(config, workdir, prepared, retrievers, extra, temperatures={"replug_lsr": tau_lsr},
+                               temperature_sweep=(settings.gamma, config.temperature, tau_lsr))
+
+
+def training_questions(config) -> list:
+    """The QA training pairs: `train_data`'s `train_split`, rows from `train_offset` on (the evaluated
+    questions come first in the packaged sets' order, so an offset past them keeps training disjoint)."""
+    questions = downstream_data.load_qa(config.train_data, config.get("train_split", "validation"))
+    return questions[config.get("train_offset", 0):]
+
+
+def run_lsr_on_questions(config, workdir: str) -> dict:
+    """LSR on question–answer pairs over the downstream corpus; writes the trained retriever, the training
+    questions and WORKDIR/results.json (settings, counts, seconds); the QA job evaluates it."""
+    started = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    shared = config.get("cache_dir") or workdir
+    dtype = precision.resolve(config.dtype)
+    encoder = workspace.load_job_encoder(config, dtype)
+    lm = workspace.load_job_lm(config, dtype)
+    tokenizer = workspace.lm_tokenizer(lm, config)
+    lm = workspace.cached_lm(lm, config)
+    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
+    questions = training_questions(config)
+    examples = qa_training_examples(questions, seed=config.seed, max_examples=config.get("max_train_examples") or None)
+    console.phase(f"training: {len(examples)} question-answer pairs from {config.train_data!r} "
+                  f"(rows {config.get('train_offset', 0)} on)")
+    store: ds.Datastore = distributed.lead_first(lambda: workspace.build_corpus(
+        config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
+        max_passages=config.get("max_passages") or None))
+    index = workspace.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+                                        embedding_dtype=config.embedding_dtype)
+    settings = dataclasses.replace(LSRSettings.from_mapping(config), doc_template=QA_DOC_TEMPLATE)
+    if distributed.is_lead():
+        with ds.atomic_open(os.path.join(workdir, TRAIN_QUESTIONS)) as f:
+            json.dump({"source": config.train_data, "ids": [e.doc_id for e in examples],
+                       "questions": [e.query for e in examples]}, f)
+    trained = _train_and_save(config, workdir, encoder, lm, store, examples, settings, index,
+                              {"train_questions": TRAIN_QUESTIONS})
+    results = {"task": "lsr_qa", "train_data": config.train_data, "training_questions": len(examples),
+               "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder, "lm": config.lm,
+               "lsr": {**dataclasses.asdict(settings), **trained["stats"]}, "seconds": time.time() - started}
+    if distributed.is_lead():
+        with ds.atomic_open(os.path.join(workdir, "results.json")) as f:
+            json.dump(results, f, indent=1)
+        console.phase(f"trained retriever in {os.path.join(workdir, workspace.TRAINED_RETRIEVER)}; evaluate it with "
+                      f"the QA job: --config.methods=...,replug_lsr --config.retriever_workdir={workdir}")
+    return results

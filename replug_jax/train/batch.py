@@ -43,12 +43,13 @@ def make_batch(encoder, datastore, examples, rows: np.ndarray, lm_scores: np.nda
 
 def supervise(cache: LMScoreCache, datastore, examples, rows: np.ndarray, *, lm_score: str = "sum",
               doc_template: str = DOC_TEMPLATE) -> np.ndarray:
-    """ℓ(x, d, y) for every example and retrieved row: [B, K] (0 where no document).
+    """ℓ(x, d, y) for every example and retrieved row: [B, K] (0 where no document); the LM reads
+    `doc_template`'s document, then x (`TrainExample.lm_prefix`), and scores y.
 
     lm_score "sum": Σ_t log p(y_t | d ∘ x, y_<t); "mean": divided by the continuation's token count."""
     if lm_score not in LM_SCORES:
         raise ValueError(f"lm_score must be one of {LM_SCORES}, got {lm_score!r}")
-    contexts, continuations, where = document_passes(datastore, rows, [e.query for e in examples],
+    contexts, continuations, where = document_passes(datastore, rows, [e.lm_prefix for e in examples],
                                                      [e.continuation for e in examples], doc_template)
     sums, counts = cache.score(contexts, continuations)
     scores = np.zeros(rows.shape, np.float32)

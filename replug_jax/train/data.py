@@ -1,9 +1,15 @@
-"""REPLUG LSR training queries (§5.2): sequences of query + continuation tokens from training documents.
+"""REPLUG LSR training queries: text windows of training documents (§5.2), or question–answer pairs.
 
-Each example is a window of `query_tokens + continuation_tokens` LM tokens of a training
-document: the first part is the query x (what is retrieved for), the second the
-continuation y (what the LM scores). Training documents must be disjoint from the
-datastore's, or retrieval becomes trivial (the passage that contains y is retrieved).
+Text windows: each example is a window of `query_tokens + continuation_tokens` LM tokens of a training
+document: the first part is the query x (what is retrieved for), the second the continuation y (what the
+LM scores). Training documents must be disjoint from the datastore's, or retrieval becomes trivial (the
+passage that contains y is retrieved).
+
+Question–answer pairs (`qa_training_examples`): the retriever embeds the question (as the QA evaluation
+retrieves), x is the question as the QA prompt presents it without demos ("Question: ...\nAnswer:"), after
+the document as `passages.QA_DOC_TEMPLATE` writes it, and y is the gold answer with its leading space. So
+ℓ_k = log p(y | d_k ∘ x) is the score of exactly the pass the QA evaluation builds. Training questions must
+be disjoint from the evaluated ones (`check_disjoint_questions`).
 """
 from __future__ import annotations
 
@@ -12,14 +18,50 @@ import hashlib
 
 import numpy as np
 
+from replug_jax.answers import normalize_answer
 from replug_jax.models.tokenizer import TextTokenizer, token_starts
+from replug_jax.passages import question_block
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainExample:
-    doc_id: str
-    query: str  # x: query_tokens tokens
-    continuation: str  # y: the next continuation_tokens tokens
+    doc_id: str  # its source: datastore rows of this source are never retrieved for it
+    query: str  # what the retriever embeds (text windows: also x, query_tokens tokens)
+    continuation: str  # y: what the LM scores (the next continuation_tokens tokens, or the gold answer)
+    prompt: str | None = None  # x as the LM reads it after the document, when it is not the query itself
+
+    @property
+    def lm_prefix(self) -> str:
+        """x: the text between the document and y in the LM's pass."""
+        return self.query if self.prompt is None else self.prompt
+
+
+def qa_training_examples(questions, *, seed: int = 0, max_examples: int | None = None) -> list[TrainExample]:
+    """One example per question (`QAExample`s, in the order given, then shuffled with `seed`): query the
+    question, x its closed-book QA block, y its first gold answer with a leading space."""
+    examples = [TrainExample(q.id, q.question, f" {q.answers[0]}", prompt=question_block(q.question, None))
+                for q in questions if q.answers and q.answers[0].strip()]
+    if not examples:
+        raise ValueError("no training question with a gold answer")
+    order = np.random.default_rng(seed).permutation(len(examples))
+    examples = [examples[i] for i in order]
+    return examples[:max_examples] if max_examples else examples
+
+
+def question_key(question: str) -> str:
+    """A question's identity across sources and ids: its normalised text."""
+    return normalize_answer(question)
+
+
+def check_disjoint_questions(trained_on, evaluated) -> None:
+    """Refuse evaluated questions that training saw (by id or by normalised question text).
+
+    trained_on: {"ids": [...], "questions": [...]} as the LSR job records it; evaluated: `QAExample`s."""
+    ids, texts = set(trained_on.get("ids", ())), {question_key(q) for q in trained_on.get("questions", ())}
+    seen = [q.id for q in evaluated if q.id in ids or question_key(q.question) in texts]
+    if seen:
+        raise ValueError(f"{len(seen)} evaluated questions were LSR training questions (e.g. {seen[:3]}): "
+                         "evaluate on questions the retriever was not trained on")
 
 
 def training_examples(documents, tokenizer: TextTokenizer, *, query_tokens: int = 128, continuation_tokens: int = 128,

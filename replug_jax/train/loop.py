@@ -101,8 +101,13 @@ class LSRSettings:
             raise ValueError(f"LSRSettings: clip_norm must be positive or None, got {self.clip_norm}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"LSRSettings: warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
-        if "{text}" not in self.doc_template:
-            raise ValueError("LSRSettings: doc_template must contain {text}")
+        if "{text}" not in self.doc_template and "{passage}" not in self.doc_template:
+            raise ValueError("LSRSettings: doc_template must contain {text} or {passage}")
+
+    @classmethod
+    def from_mapping(cls, values) -> "LSRSettings":
+        """The settings a config (or dict) names; the others keep their defaults."""
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
 
     def index_versions_to_keep(self) -> int:
         """Saved index versions to keep so that every kept checkpoint finds the index it names.

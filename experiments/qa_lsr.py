@@ -1,0 +1,119 @@
+"""REPLUG LSR against REPLUG on held-out SciQ questions: train the retriever on QA pairs, evaluate, tabulate.
+
+    python experiments/qa_lsr.py --lm smollm2 --questions 200 --workdir runs/qa_lsr/smollm2
+    python experiments/qa_lsr.py --lm qwen2.5-coder-0.5b --questions 200 --workdir runs/qa_lsr/qwen05b
+    # transfer: the retriever trained with SmolLM2's scores, evaluated with the 0.5B reader
+    python experiments/qa_lsr.py --lm qwen2.5-coder-0.5b --questions 200 --workdir runs/qa_lsr/qwen05b_from_smollm2 \
+        --trained runs/qa_lsr/smollm2/lsr
+
+1. Training (skipped with --trained, or when WORKDIR/lsr/retriever.safetensors exists): the LSR job of
+   experiments/configs/qa_lsr.py on SciQ rows from `train_offset` on, supervised by --lm.
+2. The QA job of experiments/configs/sciq.py on the first --questions held-out questions (after the demos),
+   at τ = 1 (none, REPLUG, concat, REPLUG LSR) and at τ = γ (REPLUG, REPLUG LSR): a gain that a sharper λ
+   alone gives is not an LSR gain. Both runs share one LM-score cache, so the answer likelihoods of the
+   second cost no LM call.
+3. WORKDIR/table.json and table.md: exact match, answer NLL (nats per answer), answer recall@k per method and
+   τ, with training steps, LM passes and minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from replug_jax import console
+from replug_jax.dispatch import run_job
+from replug_jax.config_files import sibling_config
+
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def config_for(name: str, args, workdir: str):
+    config = sibling_config(os.path.join(CONFIGS, name), name)
+    config.lm = args.lm
+    config.cache_dir = args.cache_dir or os.path.join(args.workdir, "shared")  # datastore, embeddings, index
+    config.lm_cache = os.path.join(args.workdir, "lm_cache.sqlite")
+    return config
+
+
+def run_once(config, workdir: str) -> dict:
+    """results.json of a job run in `workdir`, running it when absent."""
+    path = os.path.join(workdir, "results.json")
+    if not os.path.isfile(path):
+        console.setup(workdir, -1)
+        run_job(config, workdir)
+    with open(path) as f:
+        return json.load(f)
+
+
+def evaluate(args, trained: str, temperature: float, methods: tuple) -> dict:
+    config = config_for("sciq.py", args, "")
+    config.max_questions = args.questions
+    config.methods = methods
+    config.retriever_workdir = trained
+    config.temperature = temperature
+    return run_once(config, os.path.join(args.workdir, f"qa_tau{temperature:g}"))
+
+
+def table(train: dict | None, runs: dict[float, dict]) -> tuple[list[dict], str]:
+    rows = []
+    for tau, res in runs.items():
+        for method in res["methods"]:
+            if method == "none" and tau != 1.0:
+                continue
+            rows.append({"method": method, "tau": tau if method in ("replug", "replug_lsr") else None,
+                         "exact_match": res["exact_match"][method], "answer_nll": res["answer_nll"].get(method),
+                         "answer_recall": res["answer_recall"][method], "questions": res["count"],
+                         "minutes": res["seconds"] / 60})
+    lines = ["| method | τ | EM % | answer NLL (nats) | answer recall@k % |", "|---|---|---|---|---|"]
+    for r in rows:
+        recall = "" if r["answer_recall"] is None else f"{r['answer_recall']:.1f}"
+        lines.append(f"| {r['method']} | {'' if r['tau'] is None else r['tau']} | {r['exact_match']:.1f} | "
+                     f"{r['answer_nll']:.3f} | {recall} |")
+    if train:
+        lsr = train["lsr"]
+        lines.append(f"\nLSR: {lsr['steps']} steps × batch {lsr['batch_size']} × k {lsr['k']} "
+                     f"({train['training_questions']} training questions), {lsr.get('cache_misses', 0)} LM passes, "
+                     f"{train['seconds'] / 60:.1f} min; γ {lsr['gamma']}, β {lsr['beta']}, {lsr['direction']}, "
+                     f"ℓ {lsr['lm_score']}, train_documents {lsr['train_documents']}")
+    lines.append(f"Evaluation: {next(iter(runs.values()))['count']} held-out questions; minutes per run: "
+                 + ", ".join(f"τ={t:g} {r['seconds'] / 60:.1f}" for t, r in runs.items()))
+    return rows, "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lm", default="smollm2")
+    ap.add_argument("--questions", type=int, default=200)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--trained", default="", help="an LSR workdir to evaluate instead of training with --lm")
+    ap.add_argument("--cache_dir", default="", help="datastore, embeddings and index (default WORKDIR/shared); "
+                    "runs with LMs of one tokenizer can share it")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a qa_lsr.py training key (e.g. --set steps=80); values are Python literals")
+    args = ap.parse_args()
+    started = time.time()
+    train = None
+    trained = args.trained
+    if not trained:
+        config = config_for("qa_lsr.py", args, "")
+        for item in args.set:
+            key, value = item.split("=", 1)
+            config[key] = type(config[key])(value) if not isinstance(config[key], bool) else value == "True"
+        trained = os.path.join(args.workdir, "lsr")
+        train = run_once(config, trained)
+    gamma = json.load(open(os.path.join(trained, "results.json")))["lsr"]["gamma"]
+    runs = {1.0: evaluate(args, trained, 1.0, ("none", "replug", "concat", "replug_lsr"))}
+    runs[gamma] = evaluate(args, trained, gamma, ("replug", "replug_lsr"))
+    rows, text = table(train, runs)
+    text = f"SciQ, LM {args.lm}, retriever trained in {trained}\n\n{text}\nTotal {(time.time() - started) / 60:.1f} min"
+    with open(os.path.join(args.workdir, "table.json"), "w") as f:
+        json.dump({"lm": args.lm, "trained": trained, "rows": rows, "training": train}, f, indent=1)
+    with open(os.path.join(args.workdir, "table.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The held-out-window evaluation that the LM-evaluation and LSR jobs both end with (not a job itself):
+score every method on the held-out windows, write results.json, results.md and the plot."""
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+import jax
+from absl import logging
+
+from replug_jax import distributed, workspace
+from replug_jax.evaluate import lm as lm_eval
+from replug_jax.evaluate import report
+
+
+def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, retrievers: dict,
+                        extra: dict | None = None, temperatures: dict | None = None, temperature_sweep=()) -> dict:
+    """Score every method on the held-out windows; write results.json, results.md and the plot.
+
+    temperatures: per-retriever τ overriding config.temperature (bm25: config.bm25_temperature);
+    temperature_sweep: τ values reported besides config.temperature_sweep."""
+    windows = workspace.make_windows(prepared.paths["eval"], prepared.tokenizer, config)
+    logging.info("datastore %d chunks; %d evaluation windows", len(prepared.store), len(windows))
+    results = lm_eval.evaluate_lm(
+        prepared.lm, windows, prepared.store, retrievers, k=config.get("eval_k") or config.k,
+        k_sweep=tuple(config.k_sweep), sweep_retrievers=("replug", "replug_lsr", "random"),
+        concat_retriever="replug" if "concat" in config.methods else None, temperature=config.temperature,
+        temperatures={"bm25": config.bm25_temperature, **(temperatures or {})},
+        temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})))
+    results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(prepared.lm),
+                    "datastore_chunks": len(prepared.store),
+                    "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
+                    "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
+                    "metric": config.metric, "seconds": time.time() - prepared.started,
+                    "processes": jax.process_count(),
+                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **(extra or {})})
+    if hasattr(prepared.lm, "stats"):  # several processes: one entry per process, each for its own share
+        stats = distributed.allgather_json(prepared.lm.stats())
+        results["lm_requests"] = stats[0] if len(stats) == 1 else stats
+    if distributed.is_lead():  # several processes: one writer
+        print(report.write_results(results, workdir))
+        print(f"results in {os.path.join(workdir, 'results.json')}")
+    return results

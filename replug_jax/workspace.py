@@ -1,0 +1,278 @@
+"""A job's workspace: what every job prepares before its own work, in one module that is not a job.
+
+The documents and the data split, the datastore, its dense index, the encoder, the black-box LM, the
+retrievers and an LSR-trained retriever, each built in (or reused from) the workdir. The LM-evaluation,
+LSR and downstream jobs (`replug_jax/jobs/`), the experiments and the benchmarks all build them here, so no
+job imports another. As the Flax examples' input pipeline serves their `train.py`, the functions at the top
+take plain arguments and the few at the bottom (`prepare`, `load_job_encoder`, ...) take the job's config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import time
+
+import jax
+
+import replug_jax as rj
+from replug_jax import console, distributed, sharding
+from replug_jax.data import downstream as downstream_data
+from replug_jax.data import wiki
+from replug_jax.evaluate.windows import document_windows
+from replug_jax.lm.cache import CachedLM
+from replug_jax.models import precision
+from replug_jax.models.weights import load_params
+from replug_jax.models.tokenizer import TextTokenizer
+from replug_jax.retrieval import build
+from replug_jax.retrieval import datastore as ds
+from replug_jax.retrieval.bm25 import BM25Index
+from replug_jax.retrieval.device_index import DeviceIndex
+from replug_jax.retrieval.index import DenseIndex
+from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever
+
+GENSIM_WIKI = "gensim_wiki"  # the offline demo corpus: gensim's Wikipedia articles
+SCIQ_CORPUS = "sciq"  # SciQ's support paragraphs plus gensim's Wikipedia articles as distractor text
+WIKI_SPLITS = ("by_article", "related")
+TRAINED_RETRIEVER = "retriever.safetensors"  # in an LSR workdir: the trained retriever's parameters
+
+
+def read_documents(source: str) -> list[ds.Document]:
+    """Documents from a JSONL file, a .txt file, a directory of .txt files, or "tfds:NAME:SPLIT[:TEXT_KEY[:TITLE_KEY]]"
+    (an array_record TFDS dataset under $TFDS_DATA_DIR, or downloaded by TFDS)."""
+    if not source:
+        raise ValueError("no document source given (set --config.corpus / --config.eval_data)")
+    if source.startswith("tfds:"):  # tfds:NAME:SPLIT[:TEXT_KEY[:TITLE_KEY]], prepared under $TFDS_DATA_DIR
+        name, split, *keys = source.split(":")[1:]
+        return list(ds.read_tfds(name, split, text_key=keys[0] if keys else "text",
+                                 title_key=keys[1] if len(keys) > 1 else None,
+                                 data_dir=os.environ.get("TFDS_DATA_DIR") or None))
+    if os.path.isdir(source):
+        paths = sorted(glob.glob(os.path.join(source, "*.txt")))
+        if not paths:
+            raise ValueError(f"{source}: directory has no .txt files")
+        return list(ds.read_text_files(paths))
+    if not os.path.isfile(source):
+        raise ValueError(f"{source}: no such file")
+    if source.endswith(".txt"):
+        return list(ds.read_text_files([source]))
+    return list(ds.read_jsonl(source))
+
+
+def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) -> ds.Datastore:
+    """Chunk the corpus into `doc_tokens`-token passages; reuse WORKDIR/datastore.jsonl if built from the same input."""
+    path = os.path.join(workdir, "datastore.jsonl")
+    stamp_path = path + ".source.json"
+    stamp = {"corpus": corpus_path, "doc_tokens": doc_tokens, "tokenizer_vocab": tokenizer.vocab_size}
+    if os.path.isfile(corpus_path):  # a changed file is re-chunked; a directory or TFDS source is trusted by name
+        stamp.update(corpus=os.path.abspath(corpus_path), size=os.path.getsize(corpus_path),
+                     mtime_ns=os.stat(corpus_path).st_mtime_ns)
+    if os.path.isfile(path) and os.path.isfile(stamp_path):
+        with open(stamp_path) as f:
+            if json.load(f) == stamp:
+                return ds.Datastore.load(path)
+    store = ds.chunk_documents(read_documents(corpus_path), tokenizer, chunk_tokens=doc_tokens)
+    store.save(path)
+    with ds.atomic_open(stamp_path) as f:
+        json.dump(stamp, f)
+    return store
+
+
+def build_dense_index(encoder, store: ds.Datastore, workdir: str, *, metric: str, factory: str,
+                      embedding_dtype: str, name: str = "dense", backend: str = "faiss",
+                      device_dtype: str = "float32") -> DenseIndex | DeviceIndex:
+    """WORKDIR/index_{name} through `retrieval.build.build_index` (FAISS, or exact search on the devices), with
+    one console line saying what it is and whether it was reused."""
+    index, reused = build.build_index(encoder, store, workdir, name=name, metric=metric, factory=factory,
+                                      embedding_dtype=embedding_dtype, backend=backend, device_dtype=device_dtype)
+    if isinstance(index, DeviceIndex):
+        console.phase(f"index {name}: {index.count:,} vectors on {index.mesh.devices.size} devices "
+                      f"({device_dtype}), {metric}, exact search")
+    else:
+        console.phase(f"index {name}: {index.count:,} vectors, {metric}, {factory} "
+                      f"({'reused' if reused else 'embedded and built'})")
+    return index
+
+
+def make_retrievers(methods, encoder, store: ds.Datastore, index: DenseIndex, seed: int) -> dict:
+    """{"replug": dense retriever, and "random" / "bm25" when `methods` names them}."""
+    retrievers = {"replug": DenseRetriever(encoder, index, store)}
+    if "random" in methods:
+        retrievers["random"] = RandomRetriever(store, seed=seed)
+    if "bm25" in methods:
+        retrievers["bm25"] = BM25Retriever(BM25Index.build(store.texts), store)
+    return retrievers
+
+
+def load_job_encoder(config, dtype):
+    """The job's retriever encoder (unit embeddings for the cosine metric), in the config's dtypes."""
+    return rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size, normalize=config.metric == "cosine",
+                           dtype=dtype, param_dtype=precision.weights_option(config.get("param_dtype")))
+
+
+def load_job_lm(config, dtype):
+    """The job's black-box LM: a local model, or a server URL whose tokenizer is `config.lm_tokenizer`
+    (then HTTPLM sends token-id prompts, the contract's rule)."""
+    remote = config.lm.startswith(("http://", "https://"))
+    if remote:
+        options = {"tokenizer": config.lm_tokenizer} if config.get("lm_tokenizer") else {}
+    else:
+        options = {"mesh": sharding.job_lm_mesh(config.get("lm_model_parallel", 1)),
+                   "param_dtype": precision.weights_option(config.get("param_dtype"))}
+    return rj.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
+                      dtype=dtype, **options)
+
+
+def lm_mesh_record(lm) -> dict | None:
+    """results.json's "lm_mesh": {"data": D, "model": M} of a local LM (None for a server)."""
+    mesh = getattr(lm, "mesh", None)
+    return sharding.mesh_shape(mesh) if mesh is not None else None
+
+
+def lm_tokenizer(lm, config):
+    """The tokenizer that cuts passages and windows: the LM's own, or config.lm_tokenizer for a remote LM."""
+    if isinstance(getattr(lm, "tokenizer", None), TextTokenizer):  # (a server's /tokenize cannot cut text)
+        return lm.tokenizer
+    if config.get("lm_tokenizer"):
+        return rj.load_tokenizer(config.lm_tokenizer)
+    raise ValueError(f"LM {config.lm!r} has no local tokenizer to cut passages and windows: set --config.lm_tokenizer")
+
+
+def demo_split(workdir: str, eval_fraction: float, train_fraction: float, seed: int, how: str = "by_article",
+               held_out_fraction: float = 0.5) -> dict[str, str]:
+    """Split gensim's Wikipedia articles into WORKDIR/data/{datastore,eval,train}.jsonl.
+
+    how "by_article": whole articles go to one part (`wiki.split_articles`); "related": the datastore also
+    holds the opening part of each eval and train article (`wiki.split_related`)."""
+    articles = wiki.load_wiki_articles()
+    if how == "by_article":
+        parts = wiki.split_articles(articles, eval_fraction=eval_fraction, train_fraction=train_fraction, seed=seed)
+    elif how == "related":
+        parts = wiki.split_related(articles, eval_fraction=eval_fraction, train_fraction=train_fraction,
+                                   held_out_fraction=held_out_fraction, seed=seed)
+    else:
+        raise ValueError(f"wiki_split must be one of {WIKI_SPLITS}, got {how!r}")
+    paths = {}
+    for name, docs in parts.items():
+        paths[name] = os.path.join(workdir, "data", f"{name}.jsonl")
+        wiki.write_jsonl(docs, paths[name])
+    return paths
+
+
+def corpus_documents_file(corpus: str, workdir: str, split: str = "validation") -> str:
+    """The file of documents that `corpus` names: a path as given, or the offline corpora written to
+    WORKDIR/data/corpus.jsonl ("gensim_wiki": gensim's articles; "sciq": SciQ's support paragraphs of `split`
+    followed by gensim's articles)."""
+    if corpus not in (GENSIM_WIKI, SCIQ_CORPUS):
+        return corpus
+    documents = wiki.load_wiki_articles()
+    if corpus == SCIQ_CORPUS:
+        documents = downstream_data.sciq_support_documents(split) + documents
+    path = os.path.join(workdir, "data", "corpus.jsonl")
+    wiki.write_jsonl(documents, path)
+    return path
+
+
+def build_corpus(corpus: str, tokenizer, doc_tokens: int, workdir: str, *, split: str = "validation",
+                 max_passages: int | None = None) -> ds.Datastore:
+    """The downstream jobs' datastore: the offline corpora (`corpus_documents_file`) or documents chunked into
+    `doc_tokens`-token passages, or DPR's passages (a .tsv, kept whole)."""
+    if corpus.endswith(".tsv"):
+        return downstream_data.passages_datastore(downstream_data.read_dpr_passages(corpus, limit=max_passages))
+    return build_datastore(corpus_documents_file(corpus, workdir, split), tokenizer, doc_tokens, workdir)
+
+
+def data_paths(config, workdir: str) -> dict[str, str]:
+    """{"datastore": ..., "eval": ..., "train": ...} paths, materialising the demo split if asked for."""
+    if GENSIM_WIKI in (config.corpus, config.eval_data):
+        split = demo_split(workdir, config.get("eval_fraction", 0.1), config.get("train_fraction", 0.1), config.seed,
+                           config.get("wiki_split", "by_article"), config.get("held_out_fraction", 0.5))
+    else:
+        split = {}
+    resolve = lambda value, part: split[part] if value == GENSIM_WIKI else value
+    paths = {"datastore": resolve(config.corpus, "datastore"), "eval": resolve(config.eval_data, "eval")}
+    if config.get("train_data"):
+        paths["train"] = resolve(config.train_data, "train")
+    return paths
+
+
+def make_windows(eval_path: str, tokenizer, config) -> list:
+    """The held-out evaluation windows of the documents in `eval_path` (config: their sizes and counts)."""
+    docs = read_documents(eval_path)[: config.max_eval_docs]
+    windows = []
+    for doc in docs:
+        windows += document_windows(doc.id, doc.text, tokenizer, stride_tokens=config.stride_tokens,
+                                    query_tokens=config.query_tokens, context_tokens=config.context_tokens,
+                                    max_windows=config.max_windows_per_doc or None)
+    if not windows:
+        raise ValueError(f"{eval_path}: no evaluation windows (empty held-out documents?)")
+    return windows
+
+
+@dataclasses.dataclass
+class Workspace:
+    """What every job builds first: data paths, models, the datastore and its dense index."""
+
+    paths: dict
+    encoder: object
+    lm: object
+    tokenizer: object
+    store: ds.Datastore
+    index: DenseIndex
+    started: float
+
+
+def cached_lm(lm, config):
+    """`lm` behind the persistent score cache `config.lm_cache` (one file per process), or `lm` itself."""
+    if not config.get("lm_cache"):
+        return lm
+    return CachedLM(lm, distributed.per_process_path(config.lm_cache))  # one file per process (shared file systems)
+
+
+def prepare(config, workdir: str) -> Workspace:
+    """Load the models and build (or reuse) the datastore, embeddings and index in `workdir`."""
+    started = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    shared = config.get("cache_dir") or workdir  # data split, datastore, embeddings and index: shareable by runs
+    dtype = precision.resolve(config.dtype)
+    paths = distributed.lead_first(lambda: data_paths(config, shared))  # one writer of the data split
+    console.phase(f"data: corpus {paths['datastore']}, held-out {paths['eval']}")
+    encoder = load_job_encoder(config, dtype)
+    lm = load_job_lm(config, dtype)
+    tokenizer = lm_tokenizer(lm, config)
+    kind = type(lm).__name__
+    lm = cached_lm(lm, config)
+    if isinstance(lm, CachedLM):
+        kind += f", scores cached in {lm.path}"
+    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({kind})")
+    store = distributed.lead_first(lambda: build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared))
+    console.phase(f"datastore: {len(store):,} passages of up to {config.doc_tokens} LM tokens")
+    index = build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+                              embedding_dtype=config.embedding_dtype, backend=config.get("index_backend", "faiss"),
+                              device_dtype=config.get("device_index_dtype", "float32"))
+    return Workspace(paths, encoder, lm, tokenizer, store, index, started)
+
+
+def load_trained_encoder(encoder, lsr_workdir: str):
+    """(`encoder` with the parameters an LSR job trained (WORKDIR/retriever.safetensors), named "+lsr",
+    whether the documents were trained too: False means the trained encoder embeds queries only and
+    searches an index built by the original `encoder`)."""
+    path = os.path.join(lsr_workdir, TRAINED_RETRIEVER)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no trained retriever (run the LSR job with --workdir {lsr_workdir} first)")
+    params, meta = load_params(path, jax.device_get(encoder.params))
+    if meta.get("encoder") not in (None, encoder.name):
+        raise ValueError(f"{path} was trained from encoder {meta['encoder']!r}, not {encoder.name!r}")
+    return encoder.with_params(params, name=f"{encoder.name}+lsr"), meta.get("train_documents", "true") == "true"
+
+
+def trained_retriever(encoder, trained, train_documents: bool, store, index, workdir: str, *, metric: str,
+                      factory: str, embedding_dtype: str) -> DenseRetriever:
+    """The REPLUG LSR retriever: the trained encoder on both sides (an index re-embedded with it in
+    WORKDIR/index_lsr), or, query-side only, the trained query encoder over the original `index`."""
+    if not train_documents:
+        return DenseRetriever(trained, index, store, document_encoder=encoder)
+    index_lsr = build_dense_index(trained, store, workdir, metric=metric, factory=factory,
+                                  embedding_dtype=embedding_dtype, name="lsr")
+    return DenseRetriever(trained, index_lsr, store)
