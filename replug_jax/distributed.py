@@ -50,34 +50,82 @@ def initialize(multihost: bool = False) -> bool:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of different processes
         jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index,
                                    heartbeat_timeout_seconds=HEARTBEAT_S)
-        _open_host_store("127.0.0.1")
+        _open_host_store(lambda: "127.0.0.1")  # one machine: loopback only
         return True
     if multihost:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts (TPU and GPU ignore it)
         jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_S)
-        _open_host_store(socket.gethostbyname(socket.gethostname()))
+        _open_host_store(reachable_address)
         return True
     return False
 
 
+ENV_STORE_HOST = "REPLUG_JAX_HOST_STORE_HOST"  # the address process 0 serves the host store on (multihost)
 _store_client = None
+_store = None  # process 0's server
 
 
-def _open_host_store(lead_host: str) -> None:
-    """Process 0 serves the host store (host_store.py); its address reaches the others in one device broadcast
-    (the only collective at start-up, before any other JAX work)."""
-    global _store_client
+def reachable_address() -> str:
+    """The address of this host that its peers reach it by: $REPLUG_JAX_HOST_STORE_HOST, or the first address
+    that is not loopback among those its host name and full name resolve to (IPv4 before IPv6). Debian and
+    SLURM hosts often map their name to 127.0.1.1: then the variable must say the address on the shared network."""
+    import ipaddress
+
+    if os.environ.get(ENV_STORE_HOST):
+        return os.environ[ENV_STORE_HOST]
+    found = []
+    for name in dict.fromkeys((socket.gethostname(), socket.getfqdn())):
+        try:
+            found += [info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)]
+        except OSError:
+            continue
+    usable = [a for a in dict.fromkeys(found) if not ipaddress.ip_address(a.split("%")[0]).is_loopback]
+    if not usable:
+        raise RuntimeError(f"this host's name {socket.gethostname()!r} resolves only to {found or 'nothing'}, which its "
+                           f"peers cannot reach: set {ENV_STORE_HOST} to this host's address on the network they share")
+    return sorted(usable, key=lambda a: ":" in a)[0]
+
+
+ADDRESS_CHARS = 128  # the broadcast record's size: '{"host", "port", "secret"}' as JSON, as code points
+
+
+def encode_address(record: dict):
+    """The host store's address and secret as a fixed-size int32 array (what one device broadcast carries)."""
     import numpy as np
+
+    text = json.dumps(record, separators=(",", ":"))
+    if len(text) > ADDRESS_CHARS:
+        raise ValueError(f"host store address too long to broadcast: {text!r}")
+    return np.array([ord(c) for c in text] + [0] * (ADDRESS_CHARS - len(text)), np.int32)
+
+
+def decode_address(array) -> dict:
+    return json.loads("".join(chr(int(c)) for c in array if c))
+
+
+def _open_host_store(lead_host) -> None:
+    """Process 0 serves the host store (host_store.py) on `lead_host()` with a random secret; address, port and
+    secret reach the others in one device broadcast (the only collective at start-up, before other JAX work)."""
+    global _store_client, _store
     from jax.experimental import multihost_utils
 
     from replug_jax import host_store
 
-    port = host_store.HostStore().port if is_lead() else 0  # the server lives as long as the process
-    ip = [int(part) for part in lead_host.split(".")] if is_lead() else [0, 0, 0, 0]
-    address = np.asarray(multihost_utils.broadcast_one_to_all(np.array(ip + [port], np.int32)))
-    _store_client = host_store.HostStoreClient(".".join(str(int(x)) for x in address[:4]), int(address[4]))
+    record = {"host": "", "port": 0, "secret": ""}
+    if is_lead():
+        record = {"host": lead_host(), "secret": host_store.new_secret()}
+        _store = host_store.HostStore(record["host"], secret=record["secret"], readers=process_count())
+        record["port"] = _store.port  # the server lives as long as the process
+    record = decode_address(multihost_utils.broadcast_one_to_all(encode_address(record)))
+    _store_client = host_store.HostStoreClient(record["host"], record["port"], record["secret"])
 
 
 # --- helpers every job uses; with one process they cost nothing and need no collective ---------------------------
+
+
+def _joined() -> bool:
+    """Whether this process joined others (`initialize` opened the host store)."""
+    return _store_client is not None
 
 
 def process_index() -> int:
@@ -185,10 +233,11 @@ def allgather_json(value) -> list:
 
 
 def allgather_text(key: str, text: str) -> list[str]:
-    """Every process's `text` under `key` (one key per call), through the host store; waits up to TIMEOUT_MS."""
+    """Every process's `text` under `key` (one key per call), through the host store: one set and one gather
+    per process (the store frees the keys once all have them); waits up to TIMEOUT_MS."""
     client = _client()
-    client.key_value_set(f"{key}/{process_index()}", text)
-    return [client.blocking_key_value_get(f"{key}/{p}", TIMEOUT_MS) for p in range(process_count())]
+    client.set(f"{key}/{process_index()}", text)
+    return client.gather(key, process_count(), TIMEOUT_MS / 1000)
 
 
 def lead_value(value):
@@ -206,13 +255,32 @@ def lead_first(fn):
     return fn()
 
 
+def all_succeed(what: str, fn):
+    """fn() on every process, then agree on the outcome: if it raised on any process, every process raises a
+    RuntimeError naming that process and its error, so none waits at a later barrier for a peer that failed.
+    With one process it is fn()."""
+    error, failure = None, None
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001 (reported to every peer, then raised)
+        out, error, failure = None, f"{type(e).__name__}: {e}", e
+    if process_count() > 1:
+        failed = [(i, text) for i, text in enumerate(allgather_json(error)) if text is not None]
+        if failed:
+            raise RuntimeError(f"{what} failed on process {failed[0][0]}: {failed[0][1]}") from failure
+    elif failure is not None:
+        raise failure
+    return out
+
+
 def fail_fast(fn, *args, **kwargs):
-    """fn(*args, **kwargs); with several processes an exception kills this process at once (after printing
-    it), so the launcher stops the others instead of jax.distributed's shutdown waiting 5 minutes for them."""
+    """fn(*args, **kwargs); with several processes (launched, or the hosts of a slice) an exception kills this
+    process at once (after printing it): its peers are stopped by the launcher or by the coordination service's
+    heartbeat, instead of jax.distributed's shutdown waiting 5 minutes for peers that wait 24 h at a barrier."""
     try:
         return fn(*args, **kwargs)
     except BaseException:
-        if launched() and process_count() > 1:
+        if _joined() and process_count() > 1:
             import traceback
 
             traceback.print_exc()

@@ -28,13 +28,14 @@ def mmlu_table(results: dict) -> str:
 
 
 def qa_table(results: dict) -> str:
-    em, recall = results["exact_match"], results["answer_recall"]
+    em, recall, nll = results["exact_match"], results["answer_recall"], results.get("answer_nll", {})
     lines = [f"Open-domain QA ({results['questions_source']}), {results['count']} questions, {results['shots']}-shot, "
-             f"k = {results['k']}, ensemble = {results['ensemble']}", "",
-             f"| method | exact match | answer recall@{results['k']} |", "|---|---:|---:|"]
+             f"k = {results['k']}, τ = {results['temperature']:g}, ensemble = {results['ensemble']}", "",
+             f"| method | exact match | answer NLL (nats) | answer recall@{results['k']} |", "|---|---:|---:|---:|"]
     for m in _ordered(em):
         r = f"{recall[m]:.1f}" if recall.get(m) is not None else "—"
-        lines.append(f"| {m} | {em[m]:.1f} | {r} |")
+        n = f"{nll[m]:.3f}" if nll.get(m) is not None else "—"
+        lines.append(f"| {m} | {em[m]:.1f} | {n} | {r} |")
     return "\n".join(lines) + "\n"
 
 

@@ -47,11 +47,15 @@ def build_dense_index(encoder, datastore: Datastore, folder: str, *, metric: str
     path = embeddings_path or folder.rstrip("/") + ".embeddings.npy"
     embeddings = embed_corpus_split(encoder, datastore.texts, path, dtype=embedding_dtype, block_size=block_size,
                                     progress=progress)
-    if distributed.is_lead():
-        index = DenseIndex.build(embeddings, metric=metric, factory=factory, meta={**(note or {}), **meta})
-        index.save(folder)
+
+    def build_and_save():
+        built = DenseIndex.build(embeddings, metric=metric, factory=factory, meta={**(note or {}), **meta})
+        built.save(folder)
+        return built
+
+    index = distributed.all_succeed(f"building the index at {folder}",
+                                    lambda: build_and_save() if distributed.is_lead() else None)
     del embeddings
-    distributed.barrier(f"index saved at {folder}")
     if not distributed.is_lead():
         index = DenseIndex.load(folder, expected=expected)
     if delete_embeddings and distributed.is_lead():

@@ -82,12 +82,11 @@ def embed_corpus_split(encoder, texts: Sequence[str], path: str, dtype: str = "f
     if distributed.lead_value(_rows_done(path, want)) != n:
         index = distributed.process_index()
         rows = distributed.share(n, index, count)
-        embed_corpus(encoder, texts[rows.start : rows.stop], shard_path(path, index, count), dtype=dtype,
-                     block_size=block_size, progress=progress)
-        distributed.barrier(f"embedded {path}")
-        if distributed.is_lead():
-            _merge_shards(path, want, count, block_size)
-        distributed.barrier(f"merged {path}")
+        distributed.all_succeed(f"embedding {path}", lambda: embed_corpus(  # a failed share stops every process
+            encoder, texts[rows.start : rows.stop], shard_path(path, index, count), dtype=dtype,
+            block_size=block_size, progress=progress))
+        distributed.all_succeed(f"merging {path}",
+                                lambda: _merge_shards(path, want, count, block_size) if distributed.is_lead() else None)
     return np.load(path, mmap_mode="r")
 
 
