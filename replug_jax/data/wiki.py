@@ -251,19 +251,26 @@ def _cut_at_paragraph(text: str, fraction: float) -> tuple[str, str]:
 
 
 def write_jsonl(docs: Iterable[Document], path: str) -> int:
-    """Write {"id", "title", "text"} lines (read back by `retrieval.datastore.read_jsonl`), atomically.
+    """Write {"id", "title", "text"} lines (read back by `retrieval.datastore.read_jsonl`), atomically; a file
+    that already holds exactly these lines is left alone (its modification time too, so what was built from it
+    is reused).
 
-    Returns the number of documents written.
+    Returns the number of documents.
     """
+    lines = [json.dumps({"id": doc.id, "title": doc.title, "text": doc.text}, ensure_ascii=False) + "\n"
+             for doc in docs]
+    data = "".join(lines).encode("utf-8")
+    if os.path.isfile(path) and os.path.getsize(path) == len(data):
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return len(lines)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    count = 0
+    count = len(lines)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for doc in docs:
-                f.write(json.dumps({"id": doc.id, "title": doc.title, "text": doc.text}, ensure_ascii=False) + "\n")
-                count += 1
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

