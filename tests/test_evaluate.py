@@ -228,6 +228,14 @@ def test_every_config_loads_with_the_documented_keys(name):
 
         assert c.ensemble in ("replug", "vote") and set(c.methods) <= set(JOB_METHODS[c.job])
         return
+    if c.job == "lsr" and c.train_data in ("sciq", "nq_open", "trivia_qa"):  # LSR on question-answer pairs
+        from replug_jax.train.loop import LSRSettings
+
+        for key in ("corpus", "encoder", "lm", "k", "train_split", "train_offset", "steps", "batch_size", "gamma",
+                    "beta", "lm_score", "direction", "train_documents", "doc_tokens", "max_passages"):
+            assert key in c, f"{name} lacks {key}"
+        LSRSettings.from_mapping(c)
+        return
     for key in ("corpus", "eval_data", "encoder", "lm", "k", "doc_tokens", "query_tokens", "stride_tokens", "max_eval_docs"):
         assert key in c, f"{name} lacks {key}"
     assert (c.get("eval_k") or c.k) <= max(c.k_sweep) and c.job in ("lm_eval", "lsr")
@@ -238,3 +246,26 @@ def test_every_config_loads_with_the_documented_keys(name):
         from replug_jax.train.loop import LSRSettings
 
         LSRSettings.from_mapping(c)  # every LSR key maps onto LSRSettings
+
+
+def test_every_config_key_the_readmes_name_exists():
+    """README = code: each `--config.KEY` / `config.KEY` in the READMEs is a key of some config, and every key
+    listed in the README's configs table is a key of the config that row names."""
+    import re
+
+    from replug_jax.config_files import sibling_config
+
+    root = os.path.dirname(CONFIGS.rstrip("/").rsplit("/", 1)[0])
+    configs = {n: sibling_config(os.path.join(CONFIGS, n), n) for n in os.listdir(CONFIGS) if n.endswith(".py")}
+    known = set().union(*(set(c.keys()) for c in configs.values()))
+    for readme in ("README.md", "experiments/README.md", "benchmarks/README.md"):
+        text = open(os.path.join(root, readme), encoding="utf-8").read()
+        named = set(re.findall(r"(?<![\w.])-?-?config\.([a-z_]+)", text)) - {"json"}
+        assert named <= known, f"{readme} names config keys no config has: {sorted(named - known)}"
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    rows = re.findall(r"^\| `experiments/configs/([a-z_0-9]+\.py)` \| (.*) \|$", readme, flags=re.M)
+    assert rows
+    for name, text in rows:
+        listed = {k for k in re.findall(r"`([a-z_]+)`", text) if not k.startswith(("cosine", "ip", "faiss", "device",
+                                                                                        "auto"))}
+        assert listed <= set(configs[name].keys()), f"{name} lacks {sorted(listed - set(configs[name].keys()))}"

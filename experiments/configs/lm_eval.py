@@ -42,6 +42,9 @@ def get_config():
     c.lm_cache = ""  # SQLite file of LM scores shared by runs ("": evaluation uncached, LSR caches in WORKDIR/lsr)
     c.wiki_split = "by_article"  # gensim_wiki only: "related" also puts the opening of held-out articles in the datastore
     c.held_out_fraction = 0.5  # wiki_split="related": the share of each eval/train article that is held out
+    c.index_backend = "faiss"  # or "device": exact search on the devices (the corpus embeddings split over them)
+    c.device_index_dtype = "float32"  # index_backend="device": the embeddings' dtype on the devices ("bfloat16")
+    c.multihost = False  # True on TPU VM hosts: jax.distributed.initialize() finds the other hosts
     c.dtype = "auto"  # compute dtype: "auto" = bfloat16 on TPU/GPU, float32 on CPU; or "float32", "bfloat16"
     c.param_dtype = "auto"  # weights of the LM and the encoder: "auto" = as dtype (LSR trains the retriever in float32)
     return c

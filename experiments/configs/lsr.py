@@ -40,5 +40,4 @@ def get_config():
     c.keep_checkpoints = 3
     c.log_every = 10
     c.methods = ("replug", "random")
-    c.multihost = False
     return c

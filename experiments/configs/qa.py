@@ -42,6 +42,9 @@ def get_config():
     c.lm_model_parallel = 1  # devices holding one copy of the LM's weights between them (the "model" mesh axis)
     c.encoder_batch_size = 32
     c.seed = 0
+    c.answer_nll = True  # also report the gold answer's NLL under each method's mixture ("vote" has none)
+    c.answer_nll_demos = False  # its passes with the demo block (True) or zero-shot as LSR scores them (False)
+    c.multihost = False  # True on TPU VM hosts: jax.distributed.initialize() finds the other hosts
     c.dtype = "auto"  # compute dtype: "auto" = bfloat16 on TPU/GPU, float32 on CPU; or "float32", "bfloat16"
     c.param_dtype = "auto"  # weights of the LM and the encoder: "auto" = as dtype (LSR trains the retriever in float32)
     return c
