@@ -1,5 +1,6 @@
 """A child of `replug_jax.launch` in tests/test_lm_mesh.py: an LM whose model axis spans both processes (what a
-2-host TPU slice does), every process scoring the same pairs in lockstep; process 0 writes the scores.
+2-host TPU slice does), every process scoring the same pairs and generating for the same questions in lockstep;
+process 0 writes the scores and generations.
 
     python tests/lm_mesh_child.py MODEL_DIR OUT.json MODEL_PARALLEL
 """
@@ -17,7 +18,7 @@ import jax  # noqa: E402
 
 import replug_jax as rj  # noqa: E402
 from replug_jax import sharding  # noqa: E402
-from tests.test_lm_mesh import CONTEXTS, CONTINUATIONS  # noqa: E402
+from tests.test_lm_mesh import CONTEXTS, CONTINUATIONS, GEN_CONTEXTS, GEN_WEIGHTS  # noqa: E402
 
 model_dir, out, model_parallel = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mesh = sharding.lm_mesh(model_parallel, jax.devices())  # every device of every process
@@ -25,7 +26,9 @@ lm = rj.load_lm(model_dir, batch_size=8, mesh=mesh)
 split = lm.params["layers"]["q_proj"]["kernel"]
 assert not split.is_fully_addressable and split.sharding.spec[-1] == "model", split.sharding
 scores = lm.score(CONTEXTS, CONTINUATIONS)
+gens = lm.generate(GEN_CONTEXTS, GEN_WEIGHTS, max_new_tokens=6, stop=())  # the rows split over a spanning data axis
 if distributed.is_lead():
     with open(out, "w") as f:
-        json.dump({"mesh": sharding.mesh_shape(mesh), "scores": [s.tolist() for s in scores]}, f)
+        json.dump({"mesh": sharding.mesh_shape(mesh), "scores": [s.tolist() for s in scores],
+                   "generations": [{"ids": g.token_ids, "logprobs": g.logprobs} for g in gens]}, f)
 print(f"process {jax.process_index()}: scored {len(scores)} pairs on a {sharding.mesh_shape(mesh)} mesh", flush=True)

@@ -227,7 +227,8 @@ def test_lazy_tensor_reads_bfloat16_slices_and_transposes(tmp_path):
 @pytest.mark.parametrize("model_parallel", [4, 2])
 def test_model_axis_spanning_two_processes_scores_as_one_device(tiny_dir, reference, tmp_path, model_parallel):
     """2 processes × 2 devices on one global LM mesh, every process scoring the same pairs in lockstep: (1, 4), the
-    model axis spans both processes (a 2-host slice); (2, 2), each process one data row. Scores equal one device's."""
+    model axis spans both processes (a 2-host slice); (2, 2), each process one data row (the data axis spans the
+    processes). Scores and ensembled generations equal one device's."""
     import json
     import os
     import subprocess
@@ -243,3 +244,6 @@ def test_model_axis_spanning_two_processes_scores_as_one_device(tiny_dir, refere
     assert got["mesh"] == {"data": 4 // model_parallel, "model": model_parallel}
     for a, b in zip(got["scores"], reference[0]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert [g["ids"] for g in got["generations"]] == [g.token_ids for g in reference[1]]
+    for a, b in zip(got["generations"], reference[1]):
+        np.testing.assert_allclose(a["logprobs"], b.logprobs, rtol=1e-5, atol=1e-6)

@@ -309,16 +309,25 @@ def test_qa_and_mmlu_over_two_processes_equal_one(tiny_job, tmp_path):
         one = downstream.run_downstream(config_dict.ConfigDict(values), str(tmp_path / f"{kind}_one"))
         # each process its share of the questions (model axis 1), or every question in lockstep on an LM whose
         # model axis spans both processes' devices (4 = 2 processes x 2 devices)
-        for model_parallel, mesh in ((1, {"data": 2, "model": 1}), (4, {"data": 1, "model": 4})):
+        # (2, 2) over 4 processes of 1 device (qa only, as 4 hosts would): both axes span processes, a call's
+        # rows are split over hosts and come back whole to each
+        layouts = [(1, {"data": 2, "model": 1}, 2), (4, {"data": 1, "model": 4}, 2)]
+        for model_parallel, mesh, processes in layouts + ([(2, {"data": 2, "model": 2}, 4)] if kind == "qa" else []):
             run = f"{kind}_two_m{model_parallel}"
             config = write_config(tmp_path / f"{run}.py", {**values, "lm_model_parallel": model_parallel})
-            out = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(tmp_path / run))
+            out = launch(processes, 4 // processes, "-m", "replug_jax.main", "--config", config, "--workdir",
+                         str(tmp_path / run))
             assert "[process 0] " in out and "[process 1] " in out
             two = json.load(open(tmp_path / run / "results.json"))
-            assert two["processes"] == 2 and one["processes"] == 1 and two["count"] == one["count"] > 2
+            assert two["processes"] == processes and one["processes"] == 1 and two["count"] == one["count"] > 2
             assert two["lm_mesh"] == mesh, run
             metric = "exact_match" if kind == "qa" else "accuracy"
             assert two[metric] == one[metric], run
             if kind == "qa":
                 assert two["answer_recall"] == one["answer_recall"]
-            assert rows(run) == rows(f"{kind}_one"), run  # every question's prediction, in order
+            got, want = rows(run), rows(f"{kind}_one")
+            if kind == "qa":  # likelihoods from other shardings of the LM: equal to float32 rounding
+                nll = lambda rs: [r[m].pop("answer_nll") for r in rs for m in values["methods"] if m != "vote"]
+                assert nll(got) == pytest.approx(nll(want), rel=1e-5), run
+                assert two["answer_nll"] == pytest.approx(one["answer_nll"], rel=1e-5), run
+            assert got == want, run  # every question's prediction, in order

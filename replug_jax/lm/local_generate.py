@@ -135,15 +135,19 @@ class LocalGenerator:
         fn = self._function(slots, steps)
         split = sharding.batch_sharding(lm.mesh)
         ids, mask, w = jax.device_put((ids, mask, w), split)
-        tokens, lps, counts = fn(lm.params, prefix_ids, prefix_mask, ids, mask, w, stop_mask, np.int32(limit))
-        return np.asarray(tokens)[:b], np.asarray(lps)[:b], np.asarray(counts)[:b]
+        tokens, lps, counts = (np.asarray(sharding.local_copy(x)) for x in
+                               fn(lm.params, prefix_ids, prefix_mask, ids, mask, w, stop_mask, np.int32(limit)))
+        return tokens[:b], lps[:b], counts[:b]
 
     def _function(self, slots: int, steps: int):
         key = (slots, steps)
         if key not in self._jitted:
             lm = self.lm
+            # a mesh spanning processes: every process decodes the same questions in lockstep and gets every row
+            # back (the rows are split over "data", which may span the processes), replicated
+            out = sharding.replicated(lm.mesh) if sharding.spans_processes(lm.mesh) else None
             self._jitted[key] = jax.jit(functools.partial(_run, config=lm.config, dtype=lm.dtype, slots=slots,
-                                                          steps=steps, mesh=lm.mesh))
+                                                          steps=steps, mesh=lm.mesh), out_shardings=out)
         return self._jitted[key]
 
     def _stop_mask(self, stop: tuple) -> np.ndarray:
