@@ -99,15 +99,20 @@ def test_lm_eval_over_two_processes_equals_one(tiny_job):
     e1, e2 = np.load(base / "one" / "embeddings_dense.npy"), np.load(base / "two" / "embeddings_dense.npy")
     assert e1.shape == e2.shape and np.abs(e1 - e2).max() <= 1e-5
     assert not [f for f in os.listdir(base / "two") if ".part-" in f]  # the shards were merged and removed
-    # a second 2-process run reuses the index (process 0 decides); with lm_model_parallel=4 (uncached) the LM's
-    # model axis spans both processes, which then score every window in lockstep: the same numbers again
-    config = write_config(base / "config_m4.py", {**values, "lm_model_parallel": 4, "lm_cache": ""})
-    again = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(base / "two"))
-    assert "(reused)" in again
+    # a second 2-process run reuses the index (process 0 decides); with lm_model_parallel=4 the LM's model axis
+    # spans both processes, which then score every window in lockstep, with the split run's caches: each holds
+    # only its own share, so hits and misses are decided together (every process scores the union of the misses,
+    # which is every pair) instead of diverging into different collective calls. The same numbers, in bounded time
+    config = write_config(base / "config_m4.py", {**values, "lm_model_parallel": 4,
+                                                  "lm_cache": str(base / "two" / "lm.sqlite")})
+    started = time.time()
+    again = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(base / "two"), timeout=300)
+    assert "(reused)" in again and time.time() - started < 300
     lockstep = json.load(open(base / "two" / "results.json"))
     assert two["lm_mesh"] == {"data": 2, "model": 1} and lockstep["lm_mesh"] == {"data": 1, "model": 4}
     for method, value in two["perplexity"].items():
         assert lockstep["perplexity"][method] == pytest.approx(value, rel=1e-5), method
+    assert [p["cache_misses"] for p in lockstep["lm_requests"]] == [one["lm_requests"]["cache_misses"]] * 2
 
 
 def test_device_search_over_two_processes_equals_faiss(tiny_job):

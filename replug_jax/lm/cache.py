@@ -9,6 +9,10 @@ safe against a crash mid-write and shareable by runs that follow each other. Key
 LM's name and fingerprint (weights, dtype, window, tokenizer; or server, model and prompt format),
 the context and the continuation. Everything else (name,
 tokenizer, count_tokens, generate, ...) is the wrapped LM's.
+
+An LM whose mesh spans processes scores in lockstep: every process must make the same calls. Each process's
+cache may hold other pairs (its own file, filled by an earlier split run), so hits and misses are decided
+together: the processes check that they were asked the same pairs, then all score the union of their misses.
 """
 from __future__ import annotations
 
@@ -63,6 +67,8 @@ class CachedLM:
             if k not in found:
                 first.setdefault(k, i)
         missing = list(first.values())
+        if self._lockstep():
+            missing = self._agreed_misses(keys, missing)
         if missing:
             lps = self.lm.score([contexts[i] for i in missing], [continuations[i] for i in missing], progress=progress)
             new = {keys[i]: np.asarray(x, np.float32) for i, x in zip(missing, lps)}
@@ -75,6 +81,27 @@ class CachedLM:
             self.misses += len(missing)
             self.hits += len(keys) - len(missing)
         return [found[k].copy() for k in keys]
+
+    def _lockstep(self) -> bool:
+        """Whether the wrapped LM's calls are collective over several processes (its mesh spans them)."""
+        mesh = getattr(self.lm, "mesh", None)
+        if mesh is None:
+            return False
+        from replug_jax import sharding
+
+        return sharding.spans_processes(mesh)
+
+    @staticmethod
+    def _agreed_misses(keys: list[str], missing: list[int]) -> list[int]:
+        """The union of every process's misses (positions in `keys`), after checking that every process was
+        asked the same pairs (a divergence would feed different inputs to one collective program)."""
+        from replug_jax import distributed
+
+        digest = hashlib.sha256("".join(keys).encode()).hexdigest()
+        reports = distributed.allgather_json({"pairs": digest, "missing": missing})
+        if len({r["pairs"] for r in reports}) > 1:
+            raise RuntimeError("processes scoring in lockstep were asked different pairs: their jobs diverged")
+        return sorted(set().union(*(r["missing"] for r in reports)))
 
     def cache_stats(self) -> dict:
         total = self.hits + self.misses
