@@ -182,7 +182,3 @@ class ShardedBatchFn:
         over every process's devices (the LSR train state) are taken from this process's own copy."""
         return jax.device_put(jax.tree.map(local_copy, params), self.param_shardings)
 
-    def compiled_shapes(self) -> int:
-        """How many distinct shapes have been compiled (for tests of 'compiles once')."""
-        return self.jitted._cache_size()
-

@@ -146,3 +146,9 @@ def save_gguf(model, path: str, arch: str = "qwen2") -> None:
             continue
         w.add_tensor(name, array)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+
+
+def compiled_programs(jitted) -> int:
+    """How many executables a `jax.jit` function holds (1 when it compiled once). JAX exposes this only through a
+    private method: tests use it, the library never does."""
+    return jitted._cache_size()

@@ -464,3 +464,26 @@ def test_serve_refuses_a_public_address_without_a_key(tiny, capsys):
     with pytest.raises(SystemExit):
         serve.main(["--lm", tiny[0], "--host", "0.0.0.0"])
     assert "require a key with --api-key-env" in capsys.readouterr().err
+
+
+def test_http_fingerprint_is_the_cache_key_of_what_changes_a_score(tiny, tiny_server, tmp_path):
+    """HTTPLM's fingerprint (the LM-score cache key): stable for the same server, model and tokenizer; different
+    for another server URL, window or tokenizer; a CachedLM over it answers a second run from disk."""
+    from replug_jax.lm.cache import CachedLM
+
+    same = [rj.load_lm(tiny_server.url, tokenizer=tiny[1].tokenizer) for _ in range(2)]
+    assert same[0].fingerprint() == same[1].fingerprint()
+    other_window = rj.load_lm(tiny_server.url, tokenizer=tiny[1].tokenizer, max_length=64)
+    assert other_window.fingerprint() != same[0].fingerprint()
+    with BackgroundServer(tiny[1]) as second:
+        assert rj.load_lm(second.url, tokenizer=tiny[1].tokenizer).fingerprint() != same[0].fingerprint()
+    text_prompts = rj.load_lm(tiny_server.url)  # no local tokenizer: the server's /tokenize builds the prompts
+    assert text_prompts.fingerprint() != same[0].fingerprint()
+    path = str(tmp_path / "cache.sqlite")
+    first = CachedLM(same[0], path)
+    want = first.score(["Hello"], [" world"])
+    first.close()
+    again = CachedLM(same[1], path)
+    assert_close(again.score(["Hello"], [" world"]), want)
+    assert (again.hits, again.misses) == (1, 0)
+    again.close()

@@ -9,6 +9,7 @@ import replug_jax as rj
 from replug_jax.models import causal_lm, encoder, weights
 
 from tests import hf_tiny
+from tests.hf_tiny import compiled_programs
 
 RNG = np.random.default_rng(0)
 
@@ -203,9 +204,9 @@ def test_local_lm_end_to_end_matches_torch_and_compiles_once(tmp_path):
         expected = hf_tiny.torch_logprobs(ref, ctx_ids + cont_ids)[len(ctx_ids) - 1:]
         np.testing.assert_allclose(got, expected, atol=1e-5)
     # everything above fit one length bucket: one compilation, reused by a second call
-    assert lm._batch_fn.compiled_shapes() == 1
+    assert compiled_programs(lm._batch_fn.jitted) == 1
     lm.score(["other text of another length"], [" yes"])
-    assert lm._batch_fn.compiled_shapes() == 1
+    assert compiled_programs(lm._batch_fn.jitted) == 1
 
 
 def test_one_token_continuations_of_one_context_share_a_forward_row(tmp_path):
@@ -238,7 +239,7 @@ def test_encoder_batches_compile_once_per_bucket(tmp_path):
     E = enc.embed(texts)
     assert E.shape == (15, 32)
     np.testing.assert_allclose(np.linalg.norm(E, axis=-1), 1.0, atol=1e-5)
-    assert enc._batch_fn.compiled_shapes() == 1
+    assert compiled_programs(enc._batch_fn.jitted) == 1
     # order and batching do not change an embedding
     np.testing.assert_allclose(enc.embed(texts[:1])[0], E[0], atol=1e-6)
 

@@ -11,6 +11,7 @@ from replug_jax.models.weights import load_bert_dir
 from replug_jax.sharding import data_mesh
 from replug_jax.train import step as ts
 from tests import hf_tiny
+from tests.hf_tiny import compiled_programs
 
 B, K, LQ, LD = 8, 3, 6, 10
 GAMMA, BETA = 0.1, 0.5
@@ -71,7 +72,7 @@ def test_learns_and_compiles_once(setup):
     for seed in (1, 2, 3):  # new values, same shapes: no recompilation
         state, metrics = train_step(state, make_batch(seed))
     assert int(state["step"]) == 9
-    assert ts.compiled_count(train_step) == 1
+    assert compiled_programs(train_step.jitted) == 1
     assert set(metrics) == {"loss", "entropy_pr", "entropy_q", "top1_agreement", "grad_norm", "learning_rate"}
     assert 0 <= float(metrics["top1_agreement"]) <= 1
     assert 0 < float(metrics["entropy_q"]) <= np.log(K) + 1e-6
@@ -88,7 +89,7 @@ def test_donation(setup):
         train_step(state, make_batch(4))  # the old state is gone (jaxlib itself would segfault here)
     assert not new_state["params"]["word_embeddings"]["embedding"].is_deleted()
     assert isinstance(params["word_embeddings"]["embedding"], np.ndarray)  # the caller's params were copied
-    assert ts.compiled_count(train_step) == 1
+    assert compiled_programs(train_step.jitted) == 1
 
 
 def grad_capture() -> optax.GradientTransformation:

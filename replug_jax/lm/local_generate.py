@@ -89,10 +89,6 @@ class LocalGenerator:
         self._stop_masks: dict[tuple, np.ndarray] = {}
         self._jitted: dict[tuple, object] = {}
 
-    def compiled_shapes(self) -> int:
-        """How many distinct shapes the decode function has compiled (for 'compiles once per bucket')."""
-        return sum(f._cache_size() for f in self._jitted.values())
-
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
                  progress: bool = False) -> list[Generation]:
         weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]

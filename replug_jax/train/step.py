@@ -11,7 +11,7 @@ sides of the score s(d, x) = <E(d), E(x)> (cosine with `normalize=True`):
 `train_step.jitted = jax.jit(step, donate_argnums=(0,), in_shardings=(replicated, batch
 over "data"), out_shardings=(replicated, replicated))`: parameters are replicated, the batch
 axis is split over the 1-D device mesh, and the gradient all-reduce is inserted by XLA.
-All batch arrays have fixed shapes, so the step compiles once (`compiled_count`). The old
+All batch arrays have fixed shapes, so the step compiles once (tests count `train_step.jitted`'s executables). The old
 state's buffers are donated: do not touch a state after passing it to the step (copy
 what a background thread needs to host first, e.g. with `jax.device_get`); `train_step`
 checks for a donated state and raises, since jaxlib 0.10.2 segfaults on one with several
@@ -37,7 +37,7 @@ from replug_jax.models.encoder import BertConfig
 from replug_jax.sharding import batch_sharding, global_mesh, replicated
 
 __all__ = ["TrainBatch", "BATCH_KEYS", "QUERY_SIDE_KEYS", "make_schedule", "make_optimizer", "current_learning_rate", "init_train_state",
-           "place_state", "shard_batch", "retrieval_scores", "make_loss_fn", "make_train_step", "compiled_count"]
+           "place_state", "shard_batch", "retrieval_scores", "make_loss_fn", "make_train_step"]
 
 
 class TrainBatch(TypedDict):
@@ -205,10 +205,5 @@ def make_train_step(config: BertConfig, optimizer: optax.GradientTransformation,
             raise RuntimeError("this train state was donated to an earlier step: pass the state that step returned")
         return jitted(state, shard_batch(batch, mesh))
 
-    train_step.jitted = jitted  # the jax.jit object itself (`.lower`, `._cache_size`)
+    train_step.jitted = jitted  # the jax.jit object itself (`.lower`; tests count its executables)
     return train_step
-
-
-def compiled_count(train_step) -> int:
-    """How many executables the jitted step holds (1 when it compiled once)."""
-    return getattr(train_step, "jitted", train_step)._cache_size()
