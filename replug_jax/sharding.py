@@ -92,8 +92,10 @@ def length_bucket(length: int, multiple: int, cap: int, per_octave: int | None =
     """Padded sequence length for `length` tokens: a multiple of `multiple`, at most `cap`.
 
     With `per_octave`, the step grows with the length: a multiple of the larger of `multiple` and 1/per_octave of
-    the power of two at or below `length`, so long rows pad at most 1/per_octave and every doubling of the length
-    has at most `per_octave` buckets (e.g. 8: steps of 32 for 256-511 tokens, 64 for 512-1023, 128 beyond)."""
+    the power of two at or below `length`: every doubling of the length has at most `per_octave` buckets, and rows
+    pad at most 1/per_octave once that share exceeds `multiple` (e.g. multiple 32, per_octave 8: steps of 32 up to
+    511 tokens, 64 for 512-1023, 128 for 1024-2047, 256 for 2048-4095, ...; below 256 tokens the fixed 32 governs,
+    so a short row pads up to 31 tokens, more than 1/8 of it). A bucket past `cap` is cut to `cap`."""
     if length > cap:
         raise ValueError(f"sequence of {length} tokens exceeds the maximum length {cap}")
     if per_octave:

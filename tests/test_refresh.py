@@ -217,9 +217,10 @@ def test_close_does_not_hang_on_a_build_blocked_outside_the_embedding(setup, mon
     """A build stuck where cancellation cannot reach it (several processes: a barrier whose peer left) is left to
     the process, with a warning: close() returns within its timeout."""
     enc, store, params, _, _ = setup
-    release, embed = threading.Event(), enc.embed
+    release, entered, embed = threading.Event(), threading.Event(), enc.embed
 
     def stuck(*args, **kwargs):  # past the cancellation check, blocked as at a barrier
+        entered.set()
         release.wait(120)
         return embed(*args, **kwargs)
 
@@ -227,10 +228,13 @@ def test_close_does_not_hang_on_a_build_blocked_outside_the_embedding(setup, mon
     r.request(params["p0"], step=0, version=0, wait=True)
     monkeypatch.setattr(enc, "embed", stuck)
     r.request(params["p1"], step=1, version=1)
+    build = r._pending["thread"]
+    assert entered.wait(60), "the build never reached the embedding"  # close only once it is blocked there
     closer = threading.Thread(target=r.close, kwargs={"timeout": 1})
     with caplog.at_level(logging.WARNING):
         closer.start()
         closer.join(30)
     release.set()
+    build.join(60)  # no build thread left running JAX work when the interpreter exits
     assert not closer.is_alive(), "close() hung on the blocked build"
-    assert "did not stop within 1s" in caplog.text and r.pending is None
+    assert "did not stop within 1s" in caplog.text and r.pending is None and not build.is_alive()
