@@ -131,3 +131,19 @@ def test_no_job_imports_another_job():
     for module, deps in g.items():  # nor does the rest of the package, but for the dispatcher
         if module not in jobs and module != "replug_jax.dispatch":
             assert not deps & jobs, f"{module} imports the jobs {sorted(deps & jobs)}"
+
+
+def test_every_test_the_readmes_name_exists():
+    """README claims point at tests that exist: each tests/FILE.py[::TEST] and each test_NAME they mention."""
+    import re
+
+    root = os.path.dirname(PACKAGE)
+    files = {f[:-3] for f in os.listdir(os.path.join(root, "tests")) if f.endswith(".py")}
+    functions = {m for f in files for m in re.findall(r"^def (test_\w+)", open(os.path.join(root, "tests", f + ".py"),
+                                                                              encoding="utf-8").read(), flags=re.M)}
+    for readme in ("README.md", "experiments/README.md", "benchmarks/README.md"):
+        text = open(os.path.join(root, readme), encoding="utf-8").read()
+        for name in set(re.findall(r"\b(test_\w+)", text)):
+            assert name in files or name in functions, f"{readme} names {name}, which no test file or test is"
+        for path, test in re.findall(r"tests/(\w+)\.py(?:::(\w+))?", text):
+            assert path in files and (not test or test in functions), f"{readme} names tests/{path}.py::{test}"
