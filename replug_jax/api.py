@@ -60,7 +60,7 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
     else:  # streamed: each device's slices read from the safetensors files
         config, lazy = weights.lazy_causal_lm_dir(source.path)
         tok = tokenizer.from_hf_dir(source.path)
-    params = streamed.place(lazy, partition.param_shardings(lazy, mesh), precision.weight_dtype(dtype, param_dtype))
+    params = streamed.place(lazy, partition.param_shardings(lazy, mesh, config), precision.weight_dtype(dtype, param_dtype))
     return LocalLM(config, params, tok, name=name, max_length=max_length, batch_size=batch_size, dtype=dtype,
                    param_dtype=param_dtype, mesh=mesh)  # the mesh above: model_parallel is in it
 

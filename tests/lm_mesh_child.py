@@ -23,7 +23,7 @@ from tests.test_lm_mesh import CONTEXTS, CONTINUATIONS, GEN_CONTEXTS, GEN_WEIGHT
 model_dir, out, model_parallel = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mesh = sharding.lm_mesh(model_parallel, jax.devices())  # every device of every process
 lm = rj.load_lm(model_dir, batch_size=8, mesh=mesh)
-split = lm.params["layers"]["q_proj"]["kernel"]
+split = lm.params["layers"]["up_proj"]["kernel"]  # the MLP columns (6 query heads split over 2 only)
 assert not split.is_fully_addressable and split.sharding.spec[-1] == "model", split.sharding
 scores = lm.score(CONTEXTS, CONTINUATIONS)
 gens = lm.generate(GEN_CONTEXTS, GEN_WEIGHTS, max_new_tokens=6, stop=())  # the rows split over a spanning data axis

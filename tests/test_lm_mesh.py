@@ -51,29 +51,33 @@ def test_lm_mesh_shape_and_errors():
         sharding.lm_mesh(3)
 
 
-@pytest.mark.parametrize("model", [4, 8])
+@pytest.mark.parametrize("model", [2, 4, 8])
 def test_every_weight_is_split_as_the_table_says(model):
     """On a (8/M, M) mesh: the spec and the per-device shard shape of every parameter of a tiny Llama whose
-    vocabulary, KV heads and MLP width do not all divide the model axis (those dimensions stay whole)."""
+    vocabulary, heads, KV heads and MLP width do not all divide the model axis (those dimensions stay whole).
+    Attention splits by whole heads: 6 query heads over 2 shards, but not over 4 or 8 (48 columns would divide,
+    cutting heads in half); 3 KV heads never (their 24 columns divide by 2, 4 and 8)."""
     config = odd_config()
     params = causal_lm.init_params(config)
     mesh = sharding.lm_mesh(model)
     lm = LocalLM(config, params, _byte_tokenizer(), batch_size=8, mesh=mesh)
     m = "model"
-    mlp = 100 % model == 0  # 100 is split over 4, not over 8
-    expected = {  # path -> (spec, shard shape); 262 and 100 are not multiples of 4 or 8, 24 = 3 KV heads · 8 is;
-        # the blocks' weights are stacked [2 layers, ...], the layer axis never split
-        "embed_tokens/embedding": (P(None, None), (262, 48)),
-        "layers/q_proj/kernel": (P(None, None, m), (2, 48, 48 // model)),
-        "layers/k_proj/kernel": (P(None, None, m), (2, 48, 24 // model)),
-        "layers/v_proj/kernel": (P(None, None, m), (2, 48, 24 // model)),
-        "layers/o_proj/kernel": (P(None, m, None), (2, 48 // model, 48)),
+    mlp = 100 % model == 0  # 100 is split over 2 and 4, not over 8
+    q = 6 % model == 0  # whole query heads per shard: over 2 only
+    vocab = 262 % model == 0
+    expected = {  # path -> (spec, shard shape); the blocks' weights are stacked [2 layers, ...], the layer axis
+        # never split
+        "embed_tokens/embedding": (P(m if vocab else None, None), (262 // model if vocab else 262, 48)),
+        "layers/q_proj/kernel": (P(None, None, m if q else None), (2, 48, 48 // model if q else 48)),
+        "layers/k_proj/kernel": (P(None, None, None), (2, 48, 24)),
+        "layers/v_proj/kernel": (P(None, None, None), (2, 48, 24)),
+        "layers/o_proj/kernel": (P(None, m if q else None, None), (2, 48 // model if q else 48, 48)),
         "layers/gate_proj/kernel": (P(None, None, m if mlp else None), (2, 48, 100 // model if mlp else 100)),
         "layers/up_proj/kernel": (P(None, None, m if mlp else None), (2, 48, 100 // model if mlp else 100)),
         "layers/down_proj/kernel": (P(None, m if mlp else None, None), (2, 100 // model if mlp else 100, 48)),
         "layers/input_norm/scale": (P(None, None), (2, 48)),
         "final_norm/scale": (P(None), (48,)),
-        "lm_head/kernel": (P(None, None), (48, 262)),
+        "lm_head/kernel": (P(None, m if vocab else None), (48, 262 // model if vocab else 262)),
     }
     got = {partition.param_path(path): x for path, x in jax.tree_util.tree_flatten_with_path(lm.params)[0]}
     assert set(got) >= set(expected)
@@ -82,7 +86,8 @@ def test_every_weight_is_split_as_the_table_says(model):
         assert x.sharding.spec == spec, path
         assert {s.data.shape for s in x.addressable_shards} == {shard}, path
     # a vocabulary the axis divides is split: the 260-token Qwen2 with 2 KV heads
-    assert partition.param_specs({"embed_tokens": {"embedding": jnp.zeros((260, 48))}}, sharding.lm_mesh(4)) == \
+    assert partition.param_specs({"embed_tokens": {"embedding": jnp.zeros((260, 48))}}, sharding.lm_mesh(4),
+                                 config) == \
         {"embed_tokens": {"embedding": P(m, None)}}
     rows = "data" if model < 8 else None  # a 1-way axis is left out of the spec
     assert partition.kv_cache_spec(3, mesh) == P(None, rows, None, None, None)  # 3 heads: not split
@@ -90,9 +95,9 @@ def test_every_weight_is_split_as_the_table_says(model):
 
 
 def test_qwen2_biases_and_vocabulary_split_over_four():
-    config = dataclasses.replace(odd_config(), arch="qwen2", qkv_bias=True, vocab_size=264, num_kv_heads=2,
-                                 intermediate_size=96)
-    specs = partition.param_specs(causal_lm.init_params(config), sharding.lm_mesh(4))
+    config = dataclasses.replace(odd_config(), arch="qwen2", qkv_bias=True, vocab_size=264, num_heads=8,
+                                 num_kv_heads=4, intermediate_size=96)
+    specs = partition.param_specs(causal_lm.init_params(config), sharding.lm_mesh(4), config)
     assert specs["layers"]["q_proj"]["bias"] == P(None, "model") and specs["layers"]["k_proj"]["bias"] == P(None, "model")
     assert specs["embed_tokens"]["embedding"] == P("model", None) and specs["lm_head"]["kernel"] == P(None, "model")
     assert specs["layers"]["down_proj"]["kernel"] == P(None, "model", None)
@@ -111,9 +116,12 @@ def test_scores_and_generation_equal_the_one_device_run(tiny_dir, reference, sha
     assert [g.token_ids for g in out] == [g.token_ids for g in gens]
     for a, b in zip(out, gens):
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-6)
-    if model > 1:  # the weights really are split
+    if model > 1:  # the weights really are split: the MLP's columns, and q's by whole heads where they divide
+        up = lm.params["layers"]["up_proj"]["kernel"]  # [layers, D, F]
+        assert up.addressable_shards[0].data.shape == (up.shape[0], up.shape[1], up.shape[2] // model)
         q = lm.params["layers"]["q_proj"]["kernel"]  # [layers, D, H·Dh]
-        assert q.addressable_shards[0].data.shape == (q.shape[0], q.shape[1], q.shape[2] // model)
+        split = lm.config.num_heads % model == 0
+        assert q.addressable_shards[0].data.shape[2] == q.shape[2] // (model if split else 1)
 
 
 def test_odd_model_on_every_mesh_scores_as_on_one_device():
@@ -180,8 +188,8 @@ def test_streamed_loading_reads_each_devices_slice_once_and_never_a_split_tensor
     config, lazy = weights.lazy_causal_lm_dir(str(tmp_path), reads)
     assert reads == []  # nothing read before placing
     mesh = sharding.lm_mesh(4)
-    specs = partition.param_specs(lazy, mesh)
-    placed = streamed.place(lazy, partition.param_shardings(lazy, mesh), np.float32)
+    specs = partition.param_specs(lazy, mesh, config)
+    placed = streamed.place(lazy, partition.param_shardings(lazy, mesh, config), np.float32)
     flat_whole = dict((partition.param_path(p), x) for p, x in jax.tree_util.tree_flatten_with_path(whole)[0])
     flat_placed = dict((partition.param_path(p), x) for p, x in jax.tree_util.tree_flatten_with_path(placed)[0])
     flat_specs = dict((partition.param_path(p), x) for p, x in
@@ -247,3 +255,31 @@ def test_model_axis_spanning_two_processes_scores_as_one_device(tiny_dir, refere
     assert [g["ids"] for g in got["generations"]] == [g.token_ids for g in reference[1]]
     for a, b in zip(got["generations"], reference[1]):
         np.testing.assert_allclose(a["logprobs"], b.logprobs, rtol=1e-5, atol=1e-6)
+
+
+def _collectives(config, model: int, monkeypatch=None, heads=None) -> dict:
+    """Collective ops in the compiled scoring program of a tiny `config` LM on a (8/M, M) mesh; `heads` overrides
+    the head counts partitioning sees (e.g. one "head" per column: splits by columns alone, as before heads)."""
+    import re
+
+    if heads is not None:
+        real = partition.param_specs
+        monkeypatch.setattr(partition, "param_specs", lambda params, mesh, _: real(params, mesh, heads))
+    lm = LocalLM(config, causal_lm.init_params(config), _byte_tokenizer(), batch_size=8, mesh=sharding.lm_mesh(model))
+    ids, where = np.zeros((8, 32), np.int32), np.zeros((8, 32), np.int32)
+    args = jax.device_put((ids, ids, where, where), sharding.batch_sharding(lm.mesh))
+    text = lm._batch_fn.jitted.lower(lm.params, *args).compile().as_text()
+    return {op: len(re.findall(rf"= \S+ {op}(-start)?\(", text))
+            for op in ("all-reduce", "all-gather", "all-to-all", "collective-permute")}
+
+
+def test_attention_split_by_heads_needs_no_resharding(monkeypatch):
+    """6 heads and 3 KV heads (8 wide) on 2 model shards: q and o split by heads, k and v whole. The compiled
+    scoring program then gathers less than one whose k/v columns are cut in the middle of a head (24 columns
+    over 2 shards: 1.5 heads each), and never permutes or exchanges all-to-all."""
+    config = odd_config()
+    by_heads = _collectives(config, 2)
+    by_columns = _collectives(config, 2, monkeypatch, heads=dataclasses.replace(config, num_heads=48, num_kv_heads=24))
+    assert by_heads["all-to-all"] == by_heads["collective-permute"] == 0
+    assert by_heads["all-gather"] < by_columns["all-gather"], (by_heads, by_columns)
+    assert by_heads["all-reduce"] >= 2  # the attention and MLP outputs of the (scanned) block

@@ -47,7 +47,7 @@ class LocalLM:
         batch_size = sharding.round_up(batch_size, sharding.data_size(mesh))
         fn = functools.partial(self._logprob_fn, config=config, dtype=dtype)
         self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh, num_inputs=4,
-                                                 param_shardings=partition.param_shardings(params, mesh),
+                                                 param_shardings=partition.param_shardings(params, mesh, config),
                                                  compiler_options=xla_cpu.options(xla_cpu.LM_SCORING, mesh))
         self._generator = None
 

@@ -42,7 +42,7 @@ def shard_bytes(shape: tuple[int, ...], itemsize: int, spec, mesh) -> int:
 def weight_bytes_per_device(config: causal_lm.CausalLMConfig, mesh, dtype=jnp.bfloat16) -> int:
     """One device's bytes of the LM's weights on `mesh` (the most any device holds: shards are equal)."""
     shapes = param_shapes(config, dtype)
-    specs = partition.param_specs(shapes, mesh)
+    specs = partition.param_specs(shapes, mesh, config)
     specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
     return sum(shard_bytes(s.shape, s.dtype.itemsize, spec, mesh) for s, spec in zip(jax.tree.leaves(shapes), specs))
 
