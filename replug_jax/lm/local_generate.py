@@ -110,12 +110,15 @@ class LocalGenerator:
         # small call does not pay for filler questions and the shapes stay few
         per_call = min(self.questions_per_batch,
                        sharding.round_up(1 << (len(rows) - 1).bit_length(), sharding.data_size(lm.mesh)))
-        for start in tqdm(range(0, len(rows), per_call), disable=not progress, desc="generate"):
+        bar = tqdm(total=len(rows), disable=not progress, desc="generate", unit="question")
+        for start in range(0, len(rows), per_call):
             idx = order[start : start + per_call]
             tokens, lps, counts = self._batch([rows[i] for i in idx], weights[idx], prefix_ids, prefix_mask, stop_mask,
                                               max_new_tokens, steps, per_call)
             for j, i in enumerate(idx):
                 out[i] = self._to_generation(tokens[j, : counts[j]], lps[j, : counts[j]], stop, max_new_tokens)
+            bar.update(len(idx))
+        bar.close()
         return out  # type: ignore[return-value]
 
     def _batch(self, rows, weights, prefix_ids, prefix_mask, stop_mask, limit, steps, n):
