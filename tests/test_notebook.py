@@ -80,6 +80,7 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
         assert math.isclose(ppl, math.exp(-mixed.mean()), rel_tol=1e-5), k
     assert math.isclose(by_k[1], math.exp(-doc_lps[0].mean()), rel_tol=1e-5)  # one document: its own perplexity
     assert math.isclose(by_k[8], ppl_replug, rel_tol=1e-6)  # the k sweep re-mixes the same top-8 passes
+    assert math.isclose(summary["ppl_rag"], ppl_replug, rel_tol=1e-5)  # rj.REPLUG gives the notebook's own number
     # SmolLM2-135M on Wikipedia prose: a perplexity in the tens, not a broken model or tokenizer (~vocab size)
     assert ppl_none < 200 and ppl_replug < 200
     print(f"quickstart.ipynb: {elapsed:.0f} s; perplexity {ppl_none:.2f} without retrieval, {ppl_replug:.2f} with REPLUG")
