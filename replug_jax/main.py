@@ -3,24 +3,31 @@
 Single values are overridden on the command line (`--config.k=4`). The config's `job`
 names what runs; the work itself lives in importable modules. The console shows one line per
 phase, progress bars and the results; library logging goes to WORKDIR/log.txt (`--verbosity=0`
-shows it on the console too).
+shows it on the console too). `--help` lists the configs (with `--config`, that config's keys).
+A user error (a missing file, an unknown key or name) prints one line and exits 2; `--debug` (or
+REPLUG_JAX_DEBUG=1) shows its traceback.
 """
 from __future__ import annotations
+
+import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from replug_jax import console, distributed
+from replug_jax import command_line, console, distributed
 from replug_jax.dispatch import run_job as run_named_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory for datastore, embeddings, index and results")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.DEFINE_bool("debug", False, "show the traceback of a user error (or set REPLUG_JAX_DEBUG=1)")
+USAGE = "usage: python -m replug_jax.main --config CONFIG.py --workdir DIR [--config.KEY=VALUE ...] [--debug]"
 
 
 def main(argv):
     del argv
-    distributed.fail_fast(run_job, _CONFIG.value)
+    with command_line.user_errors_as_one_line(debug=flags.FLAGS.debug):
+        distributed.fail_fast(run_job, _CONFIG.value)
 
 
 def run_job(config):
@@ -36,5 +43,25 @@ def run_job(config):
     distributed.barrier(f"{config.job} job done")  # several processes leave together
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with `--help` listing the configs (and a config's keys) and a bad flag or config key
+    reported in one line (exit 2)."""
+    if any(a in ("-h", "--help", "--helpshort") for a in argv[1:]):
+        print(command_line.help_text(argv, USAGE))
+        sys.exit(0)
+    debug = "--debug" in argv or command_line.debug_requested()
+    with command_line.user_errors_as_one_line(debug=debug, usage=USAGE, also=(flags.Error, AttributeError,
+                                                                              KeyError, TypeError)):
+        try:
+            rest = flags.FLAGS(argv)
+        except AttributeError as e:  # ml_collections: an override of a key the config does not have
+            raise ValueError(f"unknown config key {command_line.one_line(e)}") from e
+        missing = [f"--{name}" for name in ("config", "workdir") if flags.FLAGS[name].value is None]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
+        return rest
+
+
 if __name__ == "__main__":
-    app.run(main)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app.run(main, flags_parser=parse_flags)

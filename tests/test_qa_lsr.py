@@ -15,7 +15,7 @@ from replug_jax.jobs import downstream, lsr
 from replug_jax.passages import QA_DOC_TEMPLATE, passage_text, question_block
 from replug_jax.retrieval.datastore import Datastore
 from replug_jax.train.batch import supervise
-from replug_jax.train.data import check_disjoint_questions, qa_training_examples
+from replug_jax.train.data import check_disjoint_questions, qa_training_examples, trains_on_questions
 from replug_jax.train.lm_cache import LMScoreCache
 
 from tests import hf_tiny
@@ -142,8 +142,8 @@ def _qa_config(tiny_qa, questions, retriever_workdir, **overrides):
 
 
 def test_qa_lsr_job_then_qa_job(tiny_qa, tmp_path):
-    assert lsr.trains_on_questions(tiny_qa["train"]) and lsr.trains_on_questions("sciq")
-    assert not lsr.trains_on_questions(tiny_qa["corpus"]) and not lsr.trains_on_questions("gensim_wiki")
+    assert trains_on_questions(tiny_qa["train"]) and trains_on_questions("sciq")
+    assert not trains_on_questions(tiny_qa["corpus"]) and not trains_on_questions("gensim_wiki")
     workdir = str(tmp_path / "lsr")
     trained = lsr.run_lsr(_config(tiny_qa), workdir)
     assert trained["training_questions"] == 16 and trained["lsr"]["doc_template"] == QA_DOC_TEMPLATE

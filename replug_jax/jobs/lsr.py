@@ -22,26 +22,10 @@ from replug_jax.models import precision
 from replug_jax.models.weights import save_params
 from replug_jax.passages import QA_DOC_TEMPLATE
 from replug_jax.retrieval import datastore as ds
-from replug_jax.train.data import check_disjoint, qa_training_examples, training_examples
+from replug_jax.train.data import check_disjoint, qa_training_examples, trains_on_questions, training_examples
 from replug_jax.train.loop import LSRSettings, train_lsr
 
 TRAIN_QUESTIONS = "train_questions.json"  # in a QA-LSR workdir: the ids and texts of the training questions
-QA_SOURCES = ("nq_open", "trivia_qa", "sciq")
-
-
-def trains_on_questions(train_data: str) -> bool:
-    """Whether `train_data` names question–answer pairs (a packaged QA set, or a JSONL whose first row has a
-    "question") rather than documents."""
-    if train_data in QA_SOURCES or train_data.startswith("tfds:") and train_data.count(":") == 4:
-        return True
-    if train_data.endswith(".jsonl") and os.path.isfile(train_data):
-        with open(train_data, encoding="utf-8") as f:
-            first = next((line for line in f if line.strip()), "{}")
-        try:
-            return "question" in json.loads(first)
-        except json.JSONDecodeError:
-            return False
-    return False
 
 
 def _train_and_save(config, workdir: str, prepared_encoder, lm, store, examples, settings: LSRSettings, index,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import os
 
 import numpy as np
 
@@ -34,6 +36,24 @@ class TrainExample:
     def lm_prefix(self) -> str:
         """x: the text between the document and y in the LM's pass."""
         return self.query if self.prompt is None else self.prompt
+
+
+QA_SOURCES = ("nq_open", "trivia_qa", "sciq")  # packaged question-answer sets LSR can train on
+
+
+def trains_on_questions(train_data: str) -> bool:
+    """Whether `train_data` names question–answer pairs (a packaged QA set, or a JSONL whose first row has a
+    "question") rather than documents."""
+    if train_data in QA_SOURCES or train_data.startswith("tfds:") and train_data.count(":") == 4:
+        return True
+    if train_data.endswith(".jsonl") and os.path.isfile(train_data):
+        with open(train_data, encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "{}")
+        try:
+            return "question" in json.loads(first)
+        except json.JSONDecodeError:
+            return False
+    return False
 
 
 def qa_training_examples(questions, *, seed: int = 0, max_examples: int | None = None) -> list[TrainExample]:

@@ -1,0 +1,73 @@
+"""What a person at the command line sees: one-line errors for their mistakes, `--help` that lists the configs
+and a config's keys with their defaults."""
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import sys
+
+from replug_jax.models.registry import ModelNotFound
+from replug_jax.retrieval.index import IndexRefused
+
+DEBUG_ENV = "REPLUG_JAX_DEBUG"
+# what a user's input causes: a bad value, a missing file, an unknown model, an index built for something else
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ModelNotFound, IndexRefused)
+
+
+def debug_requested() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (ml_collections wraps its hints in quotes and newlines)."""
+    text = str(error)
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    text = text.replace("\\n", " ").replace("\\'", "'").replace("\n", " ")
+    return " ".join(text.split())
+
+
+@contextlib.contextmanager
+def user_errors_as_one_line(debug: bool = False, usage: str = "", also: tuple = ()):
+    """Inside: a user error (USER_ERRORS, plus `also`) prints `error: <message>` (and `usage`) on stderr and
+    exits 2, unless `debug` or $REPLUG_JAX_DEBUG is set (then it propagates with its traceback)."""
+    try:
+        yield
+    except USER_ERRORS + tuple(also) as e:
+        if debug or debug_requested():
+            raise
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        print(usage or f"(--debug or {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        sys.exit(2)
+
+
+def config_dir() -> str:
+    """experiments/configs of the working directory, else of the repository the package was installed from."""
+    here = os.path.join("experiments", "configs")
+    if os.path.isdir(here):
+        return here
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")
+
+
+def help_text(argv: list[str], usage: str) -> str:
+    """The usage line, the configs (file and the first line of its docstring) and, with --config, its keys."""
+    import ast
+
+    lines = [usage, "", f"configs ({config_dir()}):"]
+    for path in sorted(glob.glob(os.path.join(config_dir(), "*.py"))):
+        doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
+        lines.append(f"  {os.path.basename(path):22s} {doc.splitlines()[0] if doc else ''}")
+    chosen = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if chosen is None and "--config" in argv[:-1]:
+        chosen = argv[argv.index("--config") + 1]
+    if chosen:
+        from replug_jax.config_files import sibling_config
+
+        config = sibling_config(os.path.abspath(chosen), os.path.basename(chosen))
+        lines += ["", f"keys of {chosen} (override with --config.KEY=VALUE):"]
+        lines += [f"  {key} = {value!r}" for key, value in sorted(config.items())]
+    else:
+        lines += ["", "--help --config CONFIG.py lists that config's keys and defaults"]
+    lines += ["", "other flags: --workdir DIR (required), --debug (tracebacks), --verbosity=0 (library log here)"]
+    return "\n".join(lines)

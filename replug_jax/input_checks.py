@@ -1,0 +1,81 @@
+"""A job's inputs checked in its first second, before any model loads or any corpus is embedded.
+
+`check_job_inputs(config)` raises `InputError` (a ValueError) naming the config key, what is wrong and what
+would work: files that do not exist, unknown model names, unknown methods or data sets, a missing trained
+retriever. What can only be known later (a hub id without a network, a malformed line deep in a file) is still
+reported where it is found. main.py prints an InputError as one line and exits 2.
+"""
+from __future__ import annotations
+
+import os
+
+from replug_jax.models import registry, split_gguf
+
+DOCUMENT_NAMES = ("gensim_wiki",)  # offline corpora known by name
+CORPUS_NAMES = DOCUMENT_NAMES + ("sciq",)
+QA_NAMES = ("nq_open", "trivia_qa", "sciq", "demo")
+MC_NAMES = ("mmlu", "sciq")
+
+
+class InputError(ValueError):
+    """A user's input the job cannot run with (reported as one line)."""
+
+
+def _check_path_or_name(key: str, value: str, names: tuple[str, ...]) -> None:
+    if not value:
+        raise InputError(f"--config.{key} is empty: give a file or one of {', '.join(names)}")
+    if value in names or value.startswith(("tfds:", "gs://")) or value.endswith(".tsv") and os.path.isfile(value):
+        return
+    if not os.path.exists(os.path.expanduser(value)):
+        raise InputError(f"--config.{key}={value!r}: no such file or directory (or give one of {', '.join(names)})")
+
+
+def check_model(key: str, name: str) -> None:
+    """A model name the registry knows, an installed reader, a local path, or a hub id ('org/name')."""
+    if name.startswith(("http://", "https://")) or os.path.exists(os.path.expanduser(name)):
+        return
+    if name in split_gguf.READERS:
+        try:
+            split_gguf.part_paths(split_gguf.READERS[name])
+        except split_gguf.SplitModelError as e:
+            raise InputError(f"--config.{key}={name!r}: {e}") from None
+        return
+    if name in registry.PACKAGED or name in registry.HUB_ALIASES or "/" in name.strip("/"):
+        return
+    known = sorted(registry.PACKAGED) + sorted(split_gguf.READERS) + sorted(registry.HUB_ALIASES)
+    raise InputError(f"--config.{key}={name!r}: unknown model; use one of {', '.join(known)}, a local path, a "
+                     "hub id 'org/name' or a server URL")
+
+
+def check_job_inputs(config) -> None:
+    """Everything about `config` that can be checked without loading a model (see the module docstring)."""
+    from replug_jax.dispatch import JOBS
+
+    if config.job not in JOBS:
+        raise InputError(f"--config.job={config.job!r}: unknown job; use one of {', '.join(JOBS)}")
+    check_model("lm", config.lm)
+    check_model("encoder", config.encoder)
+    if config.job == "lsr":
+        _check_path_or_name("train_data", config.train_data, DOCUMENT_NAMES + QA_NAMES[:3])
+        if _trains_on_questions(config):
+            _check_path_or_name("corpus", config.corpus, CORPUS_NAMES)
+    if config.job == "lm_eval" or config.job == "lsr" and not _trains_on_questions(config):
+        _check_path_or_name("corpus", config.corpus, DOCUMENT_NAMES)
+        _check_path_or_name("eval_data", config.eval_data, DOCUMENT_NAMES)
+    if config.job in ("qa", "mmlu"):
+        _check_path_or_name("corpus", config.corpus, CORPUS_NAMES)
+        names = QA_NAMES if config.job == "qa" else MC_NAMES
+        _check_path_or_name("questions", config.questions, names)
+        if config.get("demos"):
+            _check_path_or_name("demos", config.demos, names)
+        if "replug_lsr" in config.methods:
+            path = os.path.join(config.get("retriever_workdir") or "", "retriever.safetensors")
+            if not os.path.isfile(path):
+                raise InputError(f"--config.methods has replug_lsr but {path} does not exist: set "
+                                 "--config.retriever_workdir to an LSR job's workdir")
+
+
+def _trains_on_questions(config) -> bool:
+    from replug_jax.train.data import trains_on_questions
+
+    return trains_on_questions(config.train_data)
