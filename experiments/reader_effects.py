@@ -124,12 +124,20 @@ def main():
     ap.add_argument("--workdir", default="runs/reader_effects")
     ap.add_argument("--rerun", action="store_true", help="run again even where results.json exists")
     args = ap.parse_args()
+    unknown = [t for t in args.tasks.split(",") if t not in TASKS]
+    if unknown:  # every name checked before the first task runs
+        ap.error(f"unknown task(s) {', '.join(map(repr, unknown))}; known: {', '.join(TASKS)}")
+    from replug_jax.input_checks import InputError, check_model
+
+    for lm in args.lms.split(","):
+        try:
+            check_model("lm", lm)
+        except InputError as e:
+            ap.error(f"--lms: {e}")
     started = time.time()
     loaded = {}
     for lm in args.lms.split(","):
         for task in args.tasks.split(","):
-            if task not in TASKS:
-                raise SystemExit(f"unknown task {task!r}; known: {', '.join(TASKS)}")
             run_task(task, lm, args.questions, os.path.join(args.workdir, lm, task), args.rerun, loaded)
     rows = finished_rows(args.workdir, args.lms.split(","))
     with open(os.path.join(args.workdir, "effects.json"), "w") as f:
