@@ -37,7 +37,7 @@ demo-readers: reader-0.5b  # none / REPLUG / concat / vote with the 0.5B Qwen2 r
 		--workdir runs/demo_readers
 
 test: install-test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 clean:
 	rm -rf $(VENV) runs

@@ -1,7 +1,7 @@
 """Which job a config names, and running it: what main.py and the experiment scripts call (not a job itself)."""
 from __future__ import annotations
 
-JOBS = ("lm_eval", "lsr", "qa", "mmlu")
+from replug_jax.jobs import JOBS  # noqa: F401 (re-exported)
 
 
 def run_job(config, workdir: str, **options) -> dict:

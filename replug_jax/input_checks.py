@@ -49,7 +49,7 @@ def check_model(key: str, name: str) -> None:
 
 def check_job_inputs(config) -> None:
     """Everything about `config` that can be checked without loading a model (see the module docstring)."""
-    from replug_jax.dispatch import JOBS
+    from replug_jax.jobs import JOBS
 
     if config.job not in JOBS:
         raise InputError(f"--config.job={config.job!r}: unknown job; use one of {', '.join(JOBS)}")

@@ -4,3 +4,5 @@ The one-way architecture: jobs -> workspace, evaluate, train -> retrieval, lm, m
 workspace (what every job prepares) and main.py read configs; no job imports another; `train/` never
 imports `evaluate/`. `replug_jax.dispatch.run_job` runs the job a config names.
 """
+
+JOBS = ("lm_eval", "lsr", "qa", "mmlu")  # what `config.job` may name
