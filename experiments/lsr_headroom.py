@@ -42,8 +42,9 @@ def mixture_perplexity(logprobs: np.ndarray, lengths: list[int], pick) -> float:
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation (0 where either side has no spread)."""
     ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
-    return float(np.corrcoef(ra, rb)[0, 1])
+    return float(np.corrcoef(ra, rb)[0, 1]) if np.std(ra) and np.std(rb) else 0.0
 
 
 def main():
@@ -94,9 +95,14 @@ def main():
         "oracle_best_1": mixture_perplexity(logprobs, lengths, lambda w: np.argsort(-ell[w])[:1]),
         "spearman_score_vs_ell": float(np.mean([spearman(scores[w], ell[w]) for w in range(len(windows))])),
     }
+    report(out, args.out)
+
+
+def report(out: dict, path: str | None) -> None:
+    """Print the measurements as JSON, and write them to `path` if given."""
     print(json.dumps(out, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
+    if path:
+        with open(path, "w") as f:
             json.dump(out, f, indent=1)
 
 

@@ -15,7 +15,6 @@ and how often the retriever's top-1 is the LM's best passage (top-1 accuracy of 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import numpy as np
@@ -29,17 +28,14 @@ from replug_jax.lm.cache import CachedLM
 from replug_jax.passages import passage_text
 from replug_jax.retrieval.retriever import DenseRetriever
 
+from lsr_headroom import report, spearman  # experiments/: the script's own folder
+
 
 def mixture_nll(per_pass: list[np.ndarray], chosen, log_w=None) -> float:
     """−log p(answer) under the per-token mixture of the chosen passes (uniform weights unless `log_w`)."""
     lps = np.stack([per_pass[i] for i in chosen])[None].astype(np.float32)  # [1, k, T]
     w = np.zeros((1, len(chosen)), np.float32) if log_w is None else np.asarray(log_w, np.float32)[None]
     return -float(np.sum(replug.ensemble_logprobs(lps, w, np.ones_like(w, bool), 1.0)))
-
-
-def spearman(a, b) -> float:
-    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
-    return float(np.corrcoef(ra, rb)[0, 1]) if np.std(ra) and np.std(rb) else 0.0
 
 
 def main():
@@ -96,10 +92,7 @@ def main():
         }
         out[name] = {key: float(v) for key, v in stats.items()}
     out["lm_cache"] = lm.cache_stats()
-    print(json.dumps(out, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    report(out, args.out)
 
 
 if __name__ == "__main__":

@@ -48,12 +48,24 @@ def run_once(config, workdir: str) -> dict:
 
 
 def evaluate(args, trained: str, temperature: float, methods: tuple) -> dict:
+    """The QA job at τ = `temperature`; with --baseline, only replug_lsr runs and the other methods' results
+    come from the baseline workdir's run at the same τ (same questions, demos, LM and datastore)."""
     config = config_for("sciq.py", args, "")
     config.max_questions = args.questions
-    config.methods = methods
+    config.methods = ("replug_lsr",) if args.baseline else methods
     config.retriever_workdir = trained
     config.temperature = temperature
-    return run_once(config, os.path.join(args.workdir, f"qa_tau{temperature:g}"))
+    results = run_once(config, os.path.join(args.workdir, f"qa_tau{temperature:g}"))
+    if args.baseline:
+        with open(os.path.join(args.baseline, f"qa_tau{temperature:g}", "results.json")) as f:
+            base = json.load(f)
+        if (base["count"], base["lm"], base["k"], base["shots"]) != (results["count"], results["lm"], results["k"],
+                                                                     results["shots"]):
+            raise ValueError(f"--baseline {args.baseline} evaluated another setting")
+        for key in ("exact_match", "answer_nll", "answer_recall"):
+            results[key] = {**{m: base[key][m] for m in methods if m != "replug_lsr"}, **results[key]}
+        results["methods"] = list(methods)
+    return results
 
 
 def table(train: dict | None, runs: dict[float, dict]) -> tuple[list[dict], str]:
@@ -90,6 +102,8 @@ def main():
     ap.add_argument("--trained", default="", help="an LSR workdir to evaluate instead of training with --lm")
     ap.add_argument("--cache_dir", default="", help="datastore, embeddings and index (default WORKDIR/shared); "
                     "runs with LMs of one tokenizer can share it")
+    ap.add_argument("--baseline", default="", help="an earlier WORKDIR of this script (same LM and questions): "
+                    "reuse its none / REPLUG / concat results, evaluate only REPLUG LSR")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a qa_lsr.py training key (e.g. --set steps=80); values are Python literals")
     args = ap.parse_args()
