@@ -97,6 +97,9 @@ def table(root: str = ROOT) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(f"usage: python experiments/lsr_grid.py run [CELL ...] | table\n\n{__doc__}")
+        sys.exit(0)
     if len(sys.argv) < 2 or sys.argv[1] not in ("run", "table"):
         sys.exit(__doc__)
     if sys.argv[1] == "run":

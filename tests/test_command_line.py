@@ -67,3 +67,10 @@ def test_input_checks_cover_every_job(tmp_path):
     lsr.train_data = str(tmp_path / "missing.jsonl")
     with pytest.raises(input_checks.InputError, match="train_data"):
         input_checks.check_job_inputs(lsr)
+
+
+@pytest.mark.parametrize("script", sorted(f for f in os.listdir(os.path.join(ROOT, "experiments")) if f.endswith(".py")))
+def test_experiment_scripts_import_and_explain_themselves(script):
+    done = subprocess.run([sys.executable, os.path.join("experiments", script), "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
