@@ -33,7 +33,7 @@ def config_for(name: str, args, workdir: str):
     config = sibling_config(os.path.join(CONFIGS, name), name)
     config.lm = args.lm
     config.cache_dir = args.cache_dir or os.path.join(args.workdir, "shared")  # datastore, embeddings, index
-    config.lm_cache = os.path.join(args.workdir, "lm_cache.sqlite")
+    config.lm_cache = args.lm_cache or os.path.join(args.workdir, "lm_cache.sqlite")
     return config
 
 
@@ -102,6 +102,8 @@ def main():
     ap.add_argument("--trained", default="", help="an LSR workdir to evaluate instead of training with --lm")
     ap.add_argument("--cache_dir", default="", help="datastore, embeddings and index (default WORKDIR/shared); "
                     "runs with LMs of one tokenizer can share it")
+    ap.add_argument("--lm_cache", default="", help="the LM-score cache file (default WORKDIR/lm_cache.sqlite); "
+                    "runs with one LM can share it")
     ap.add_argument("--baseline", default="", help="an earlier WORKDIR of this script (same LM and questions): "
                     "reuse its none / REPLUG / concat results, evaluate only REPLUG LSR")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
