@@ -24,8 +24,11 @@ class InputError(ValueError):
 def _check_path_or_name(key: str, value: str, names: tuple[str, ...]) -> None:
     if not value:
         raise InputError(f"--config.{key} is empty: give a file or one of {', '.join(names)}")
-    if value in names or value.startswith(("tfds:", "gs://")) or value.endswith(".tsv") and os.path.isfile(value):
+    if value in names or value.startswith("tfds:") or value.endswith(".tsv") and os.path.isfile(value):
         return
+    if "://" in value:
+        raise InputError(f"--config.{key}={value!r}: inputs are read from local or shared file systems (or "
+                         "tfds:NAME:SPLIT with $TFDS_DATA_DIR on a bucket); copy it to a local path")
     if not os.path.exists(os.path.expanduser(value)):
         raise InputError(f"--config.{key}={value!r}: no such file or directory (or give one of {', '.join(names)})")
 
@@ -53,6 +56,10 @@ def check_job_inputs(config) -> None:
 
     if config.job not in JOBS:
         raise InputError(f"--config.job={config.job!r}: unknown job; use one of {', '.join(JOBS)}")
+    for key in ("cache_dir", "lm_cache"):
+        if "://" in str(config.get(key) or ""):
+            raise InputError(f"--config.{key}={config[key]!r}: must be a local path (SQLite, memory-mapped files); "
+                             "a bucket workdir is staged locally by itself")
     check_model("lm", config.lm)
     check_model("encoder", config.encoder)
     if config.job == "lsr":

@@ -15,7 +15,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from replug_jax import command_line, console, distributed
+from replug_jax import command_line, console, distributed, workdirs
 from replug_jax.dispatch import run_job as run_named_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
@@ -36,11 +36,18 @@ def run_job(config):
     if distributed.initialize(config.get("multihost", False)):
         lead = distributed.is_lead()
     verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else -1
-    log_path = console.setup(_WORKDIR.value, verbosity, enabled=lead)
-    console.phase(f"{config.job} job, workdir {_WORKDIR.value} (library log: {log_path}; --verbosity=0 shows it here)")
-    logging.info("config:\n%s", config)
-    run_named_job(config, _WORKDIR.value)
-    distributed.barrier(f"{config.job} job done")  # several processes leave together
+    staging = workdirs.staged(_WORKDIR.value)  # a bucket workdir: checked and pulled before any work
+    workdir = staging.local if staging else _WORKDIR.value
+    try:
+        log_path = console.setup(workdir, verbosity, enabled=lead)
+        staged = f", staged in {workdir}" if staging else ""
+        console.phase(f"{config.job} job, workdir {_WORKDIR.value}{staged} (library log: {log_path}; "
+                      "--verbosity=0 shows it here)")
+        logging.info("config:\n%s", config)
+        run_named_job(config, workdir)
+        distributed.barrier(f"{config.job} job done")  # several processes leave together
+    finally:
+        workdirs.finish(staging)  # pushed back to the bucket, failed or not
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -39,7 +39,7 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
-from replug_jax import console, distributed, lsr, sharding
+from replug_jax import console, distributed, lsr, sharding, workdirs
 from replug_jax.models import precision
 from replug_jax.passages import DOC_TEMPLATE
 from replug_jax.retrieval.refresh import IndexRefresher
@@ -246,6 +246,7 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
                 if upcoming is not None:  # the next step's rows came from this step's input parameters: keep them
                     meta["next_rows"] = sum(distributed.allgather_json(upcoming.result().rows.tolist()), [])
                 checkpoints.save(step, state, meta)
+                workdirs.sync()  # a bucket workdir gets the checkpoint now, not only at the end
                 pending_checkpoint = False
         final_params = jax.device_get(state["params"])
         if lead and os.path.isfile(logger.path):

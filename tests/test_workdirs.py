@@ -1,0 +1,116 @@
+"""Bucket workdirs: a stand-in for gs:// (fsspec's in-memory file system behind etils.epath, the layer gcsfs
+plugs into) holds the job's files after a run; a second run on a fresh machine pulls them and reuses them; an
+unreachable bucket is refused at start in one line, with no local folder named "gs:"."""
+import json
+import os
+import subprocess
+import sys
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+from ml_collections import config_dict
+
+from replug_jax import dispatch, workdirs
+
+from tests import hf_tiny
+from tests.lsr_tiny_run import documents
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class FakeBucket(MemoryFileSystem):
+    """gs:// served from memory (what gcsfs would be on a TPU VM)."""
+
+    protocol = ("gs", "gcs")
+
+    def __init__(self, *args, finalize_on_close=None, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+@pytest.fixture
+def bucket(monkeypatch):
+    import importlib
+
+    backend = importlib.import_module("etils.epath.backend")
+
+    for name in ("gs", "gcs"):
+        fsspec.register_implementation(name, FakeBucket, clobber=True)
+    backend.fsspec_backend._get_filesystem.cache_clear()
+    MemoryFileSystem.store.clear()
+    yield
+    MemoryFileSystem.store.clear()  # (the stand-in stays registered in this process: nothing else opens gs://)
+
+
+def test_staging_pulls_pushes_changes_only(bucket, tmp_path):
+    from etils import epath
+
+    remote = epath.Path("gs://bucket/run")
+    (remote / "sub").mkdir(parents=True, exist_ok=True)
+    (remote / "sub" / "old.txt").write_text("from an earlier VM")
+    staging = workdirs.Staging("gs://bucket/run", local=str(tmp_path / "stage"))
+    staging.check()
+    assert staging.pull() == 1 and open(tmp_path / "stage" / "sub" / "old.txt").read() == "from an earlier VM"
+    (tmp_path / "stage" / "new.json").write_text("{}")
+    assert staging.push() == 1 and (remote / "new.json").read_text() == "{}"
+    assert staging.push() == 0  # nothing changed: nothing sent
+    (tmp_path / "stage" / "new.json").write_text('{"a": 1}')
+    assert staging.push() == 1 and (remote / "new.json").read_text() == '{"a": 1}'
+
+
+def test_an_lm_eval_job_in_a_bucket_workdir_leaves_its_files_there_and_resumes(bucket, tmp_path, monkeypatch):
+    from etils import epath
+
+    models = tmp_path / "models"
+    hf_tiny.tiny_bert(str(models / "enc"))
+    hf_tiny.tiny_gpt2(str(models / "lm"), positions=256)
+    for name, docs in (("corpus", documents("c", 6, seed=1)), ("heldout", documents("h", 2, seed=3))):
+        with open(tmp_path / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n" for d in docs)
+    config = config_dict.ConfigDict(dict(
+        job="lm_eval", corpus=str(tmp_path / "corpus.jsonl"), eval_data=str(tmp_path / "heldout.jsonl"),
+        encoder=str(models / "enc"), lm=str(models / "lm"), k=2, k_sweep=(1, 2), temperature=1.0,
+        bm25_temperature=1.0, doc_tokens=24, query_tokens=16, context_tokens=16, stride_tokens=24, max_eval_docs=2,
+        max_windows_per_doc=2, methods=("replug",), metric="cosine", index_factory="Flat", embedding_dtype="float32",
+        lm_batch_size=8, lm_max_length=0, encoder_batch_size=8, seed=0, dtype="float32"))
+    first = None
+    for vm in ("first", "second"):  # the second VM starts with an empty staging directory
+        monkeypatch.setenv(workdirs.ENV_STAGING, str(tmp_path / vm))
+        staging = workdirs.staged("gs://bucket/runs/demo")
+        if vm == "second":  # pulled before any work: the first VM's index, embeddings and results
+            assert {"index_dense", "datastore.jsonl", "results.json"} <= set(os.listdir(staging.local))
+        try:
+            results = dispatch.run_job(config, staging.local)
+        finally:
+            workdirs.finish(staging)
+        remote = epath.Path("gs://bucket/runs/demo")
+        saved = json.loads((remote / "results.json").read_text())
+        assert saved["perplexity"] == pytest.approx(results["perplexity"])
+        first = first if vm == "second" else saved
+        assert saved["perplexity"] == pytest.approx(first["perplexity"])
+        assert (remote / "index_dense").is_dir() and (remote / "datastore.jsonl").exists()
+    assert not os.path.exists(os.path.join(ROOT, "gs:"))
+
+
+def test_an_unreachable_bucket_is_refused_at_start_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "replug_jax.main", "--config", "experiments/configs/demo.py",
+                           "--workdir", "gs://no-such-bucket/run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", workdirs.ENV_STAGING: str(tmp_path / "s")})
+    assert done.returncode == 2 and "error: --workdir gs://no-such-bucket/run: cannot write there" in done.stderr
+    assert "Traceback" not in done.stderr and not os.path.exists(os.path.join(ROOT, "gs:"))
+
+
+def test_sync_pushes_the_active_staging_mid_job(bucket, tmp_path, monkeypatch):
+    """What the LSR loop calls after each checkpoint: the bucket has the checkpoint before the job ends."""
+    from etils import epath
+
+    monkeypatch.setenv(workdirs.ENV_STAGING, str(tmp_path))
+    staging = workdirs.staged("gs://bucket/lsr")
+    os.makedirs(os.path.join(staging.local, "lsr", "checkpoints", "20"))
+    with open(os.path.join(staging.local, "lsr", "checkpoints", "20", "state"), "w") as f:
+        f.write("step 20")
+    workdirs.sync()
+    assert epath.Path("gs://bucket/lsr/lsr/checkpoints/20/state").read_text() == "step 20"
+    workdirs.finish(staging)
+    workdirs.sync()  # no active staging: nothing to do
