@@ -74,3 +74,18 @@ def test_experiment_scripts_import_and_explain_themselves(script):
     done = subprocess.run([sys.executable, os.path.join("experiments", script), "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_readmes_tpu_commands_name_configs_and_keys_that_exist():
+    """Every `replug_jax.main` command in the README's TPU section names an existing config and its keys."""
+    import re
+
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text[text.index("## On TPU VMs"):text.index("## The demo:")]
+    commands = re.findall(r"replug_jax\.main (.*?)(?:'|\n```)", section.replace("\\\n", " "), flags=re.S)
+    assert len(commands) == 2
+    for command in commands:
+        config_path = re.search(r"--config (\S+\.py)", command)[1]
+        config = sibling_config(os.path.join(ROOT, config_path), os.path.basename(config_path))
+        keys = re.findall(r"--config\.([a-z_]+)=", command)
+        assert keys and all(k in config for k in keys), (config_path, [k for k in keys if k not in config])

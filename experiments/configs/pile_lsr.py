@@ -1,7 +1,8 @@
 """REPLUG LSR with the paper's hyperparameters (§5.2): Pile training queries, Contriever init.
 
-    # on each host of a TPU VM slice (multi-host: jax.distributed.initialize(), process 0 logs):
-    python -m replug_jax.main --config experiments/configs/pile_lsr.py --workdir gs://bucket/runs/pile_lsr \
+    # on each host of a TPU VM slice (multi-host: jax.distributed.initialize(), process 0 logs; several hosts
+    # share one file system for the workdir; a one-host VM may use --workdir gs://BUCKET/runs/pile_lsr):
+    python -m replug_jax.main --config experiments/configs/pile_lsr.py --workdir /mnt/nfs/runs/pile_lsr \
         --config.train_data=/data/pile/train_queries.jsonl --config.corpus=/data/pile/train_corpus.jsonl \
         --config.eval_data=/data/pile/test.jsonl --config.lm=http://lm-host:8000/v1 --config.lm_tokenizer=gpt2
 
