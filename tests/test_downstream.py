@@ -661,3 +661,17 @@ def test_unknown_methods_are_refused(files, smollm2, tmp_path):
         run_job(mmlu_config(files, methods=("none", "vote")), tmp_path, RecordingLM(smollm2))
     with pytest.raises(ValueError, match=r"unknown qa methods \['replgu'\]"):
         run_job(qa_config(files, methods=("replgu",)), tmp_path, RecordingLM(smollm2))
+
+
+def test_reports_label_what_ran():
+    """Multiple choice outside MMLU's subjects is not printed as MMLU; QA tables say τ."""
+    from replug_jax.evaluate import downstream_report
+
+    acc = {"none": {"micro": 40.0, "macro": 40.0, "per_subject": {"sciq": 40.0}, "per_category": {}}}
+    table = downstream_report.mmlu_table({"accuracy": acc, "questions_source": "sciq", "count": 10, "shots": 4,
+                                          "k": 4})
+    assert table.startswith("Multiple choice (sciq), 10 questions") and "| none | 40.0 |" in table
+    assert "MMLU" not in table and "Humanities" not in table
+    mmlu = {"none": {"micro": 50.0, "macro": 50.0, "per_subject": {"astronomy": 50.0},
+                     "per_category": {"STEM": {"macro": 50.0}}}}
+    assert downstream_report.mmlu_table({"accuracy": mmlu, "count": 2, "shots": 5, "k": 4}).startswith("MMLU, 2")

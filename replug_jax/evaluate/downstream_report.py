@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from replug_jax.data.downstream import MMLU_CATEGORIES
 from replug_jax.evaluate.report import METHOD_ORDER
 
 CATEGORIES = ("Humanities", "Social Sciences", "STEM", "Other")
@@ -16,6 +17,11 @@ def _ordered(methods):
 
 def mmlu_table(results: dict) -> str:
     acc = results["accuracy"]
+    subjects = {s for m in acc for s in acc[m].get("per_subject", {})}
+    if not subjects & set(MMLU_CATEGORIES):  # not MMLU's subjects (SciQ's "sciq", ...): one accuracy per method
+        lines = [f"Multiple choice ({results.get('questions_source')}), {results['count']} questions, "
+                 f"{results['shots']}-shot, k = {results['k']}", "", "| method | accuracy |", "|---|---:|"]
+        return "\n".join(lines + [f"| {m} | {acc[m]['micro']:.1f} |" for m in _ordered(acc)]) + "\n"
     lines = [f"MMLU, {results['count']} questions, {results['shots']}-shot, k = {results['k']} "
              "(category columns: macro-average over their subjects; All (macro): over subjects, as the paper's "
              "Table 2; All (micro): over questions)", "",

@@ -193,7 +193,9 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in questions]
     for method in config.methods:
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
-        console.phase(f"qa {method}: {len(questions)} questions, k={config.k}, ensemble={ensemble}")
+        mixing = f", ensemble={ensemble}" if method not in ("none", "concat") else ""  # one pass: nothing to mix
+        console.phase(f"qa {method}: {len(questions)} questions" + (f", k={config.k}" if method != "none" else "")
+                      + mixing)
         retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
         scores, rows = retriever.retrieve([q.question for q in questions], config.k)
         passages = passages_of(store, rows)
