@@ -7,12 +7,16 @@ import glob
 import os
 import sys
 
-from replug_jax.models.registry import ModelNotFound
-from replug_jax.retrieval.index import IndexRefused
-
 DEBUG_ENV = "REPLUG_JAX_DEBUG"
-# what a user's input causes: a bad value, a missing file, an unknown model, an index built for something else
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ModelNotFound, IndexRefused)
+
+
+def user_errors() -> tuple:
+    """What a user's input causes: a bad value, a missing file, an unknown model, an index built for something
+    else. (Imported when needed: FAISS must load after the job's log file is set up, which records its loader.)"""
+    from replug_jax.models.registry import ModelNotFound
+    from replug_jax.retrieval.index import IndexRefused
+
+    return ValueError, FileNotFoundError, NotADirectoryError, ModelNotFound, IndexRefused
 
 
 def debug_requested() -> bool:
@@ -30,12 +34,12 @@ def one_line(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def user_errors_as_one_line(debug: bool = False, usage: str = "", also: tuple = ()):
-    """Inside: a user error (USER_ERRORS, plus `also`) prints `error: <message>` (and `usage`) on stderr and
+    """Inside: a user error (`user_errors()`, plus `also`) prints `error: <message>` (and `usage`) on stderr and
     exits 2, unless `debug` or $REPLUG_JAX_DEBUG is set (then it propagates with its traceback)."""
     try:
         yield
-    except USER_ERRORS + tuple(also) as e:
-        if debug or debug_requested():
+    except Exception as e:  # noqa: BLE001 (sorted below: only a user's mistake becomes one line)
+        if debug or debug_requested() or not isinstance(e, user_errors() + tuple(also)):
             raise
         print(f"error: {one_line(e)}", file=sys.stderr)
         print(usage or f"(--debug or {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
