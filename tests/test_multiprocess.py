@@ -179,6 +179,11 @@ def two_process_params(workdir):
     return [saved[f"arr_{i}"] for i in range(len(saved.files))]
 
 
+# 2 processes x 2 devices against 8 devices of one process: after an index refresh the losses agree to 1e-5 on
+# AVX2 hosts and to 1.1e-5 on an AVX-512 host (XLA's CPU code rounds the two layouts' reductions differently)
+LOSS_RTOL = 3e-5
+
+
 @pytest.mark.parametrize("pipeline,sides", [(False, "query"), (True, "query"), (False, "both")],
                          ids=["query-side", "query-side-pipelined", "both-sides-refreshing"])
 def test_lsr_over_two_processes_equals_one(lsr_models, tmp_path, pipeline, sides):
@@ -191,7 +196,7 @@ def test_lsr_over_two_processes_equals_one(lsr_models, tmp_path, pipeline, sides
     got = losses(tmp_path / "two")
     assert sorted(got) == sorted(want_losses) == list(range(1, 8))
     for step, loss in want_losses.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+        assert got[step] == pytest.approx(loss, rel=LOSS_RTOL, abs=1e-6), step
     for a, b in zip(two_process_params(tmp_path / "two"), want_params):
         np.testing.assert_allclose(a, b, atol=1e-5)
     asked = [json.load(open(tmp_path / "two" / f"lm_pairs.{i}.json"))["pairs"] for i in range(2)]
@@ -220,7 +225,7 @@ def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path, pipe
     launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", flag, sides)
     got = losses(tmp_path / "two")
     for step, loss in want_losses.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+        assert got[step] == pytest.approx(loss, rel=LOSS_RTOL, abs=1e-6), step
     for a, b in zip(two_process_params(tmp_path / "two"), want_params):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
@@ -231,7 +236,8 @@ def test_lsr_refuses_a_model_axis_spanning_processes(tiny_job, tmp_path):
 
     base, values = tiny_job
     lsr = sibling_config(os.path.join(ROOT, "experiments", "configs", "lsr.py"), "lsr.py").to_dict()
-    config = write_config(tmp_path / "lsr.py", {**lsr, **values, "job": "lsr", "lm_model_parallel": 4})
+    config = write_config(tmp_path / "lsr.py", {**lsr, **values, "job": "lsr", "lm_model_parallel": 4,
+                                                "train_data": values["eval_data"]})  # (inputs that exist)
     done = launch(2, 2, "-m", "replug_jax.main", "--config", config, "--workdir", str(tmp_path / "run"), check=False)
     assert done.returncode != 0
     assert "lm_model_parallel=4 spans processes" in done.stdout + done.stderr

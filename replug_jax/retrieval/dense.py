@@ -75,20 +75,23 @@ class DenseEncoder:
                             length_multiple=self.length_multiple, dtype=self.dtype, param_dtype=self.param_dtype,
                             mesh=self.mesh)
 
-    def embed(self, texts: list[str], progress: bool = False, params=None) -> np.ndarray:
-        """Embeddings [N, D] float32 (unit rows if `normalize`); `params` overrides the weights (no recompile)."""
+    def embed(self, texts: list[str], progress=False, params=None) -> np.ndarray:
+        """Embeddings [N, D] float32 (unit rows if `normalize`); `params` overrides the weights (no recompile).
+        `progress`: True for a bar of its own, or a callable told the rows each batch embedded."""
         if isinstance(texts, str):
             raise TypeError("embed takes a list of texts, not a single string")
         return self.embed_token_rows(self.tokenize(list(texts)), progress=progress, params=params)
 
-    def embed_token_rows(self, rows: list[list[int]], progress: bool = False, params=None) -> np.ndarray:
-        """Embeddings of already-tokenised rows (with special tokens): [N, D] float32."""
+    def embed_token_rows(self, rows: list[list[int]], progress=False, params=None) -> np.ndarray:
+        """Embeddings of already-tokenised rows (with special tokens): [N, D] float32 (`progress` as `embed`)."""
         out = np.zeros((len(rows), self.dim), dtype=np.float32)
         params = None if params is None else self._batch_fn.place_params(params)
         batches = sharding.bucketed_batches(rows, self._batch_fn.batch_size, self.length_multiple, self.max_length,
-                                            self.config.pad_token_id, progress, desc="embed")
+                                            self.config.pad_token_id, progress is True, desc="embed")
         for idx, ids, mask in batches:
             out[idx] = self._batch_fn(ids, mask, params=params)
+            if callable(progress):
+                progress(len(idx))
         return out
 
     def fingerprint(self, params=None) -> str:

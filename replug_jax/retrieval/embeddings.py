@@ -14,6 +14,7 @@ into `path`. The work folder must be one file system for all processes (a TPU VM
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from typing import Sequence
@@ -24,7 +25,6 @@ from replug_jax import distributed
 from replug_jax.retrieval.datastore import atomic_open, hash_strings
 
 DTYPES = ("float32", "float16")
-PROGRESS_ROWS = 256  # rows embedded per encoder call (and progress-bar step) within a block
 
 
 def sidecar_path(path: str) -> str:
@@ -56,13 +56,14 @@ def embed_corpus(encoder, texts: Sequence[str], path: str, dtype: str = "float32
     with tqdm(total=n, initial=done, disable=not progress, desc="embed corpus", unit="rows") as bar:
         for start in range(done, n, block_size):
             stop = min(start + block_size, n)
-            for a in range(start, stop, PROGRESS_ROWS):  # the bar moves every few seconds, not once a block
-                b = min(a + PROGRESS_ROWS, stop)
-                part = np.asarray(encoder.embed(list(texts[a:b])))  # [b - a, D] float32
-                if part.shape != (b - a, d):
-                    raise ValueError(f"encoder returned shape {part.shape} for {b - a} texts of dimension {d}")
-                out[a:b] = part.astype(dtype)
-                bar.update(b - a)
+            before = bar.n
+            # an encoder that reports its batches (DenseEncoder) moves the bar every batch, not once a block
+            reports = "progress" in inspect.signature(encoder.embed).parameters
+            block = np.asarray(encoder.embed(list(texts[start:stop]), **({"progress": bar.update} if reports else {})))
+            if block.shape != (stop - start, d):
+                raise ValueError(f"encoder returned shape {block.shape} for {stop - start} texts of dimension {d}")
+            out[start:stop] = block.astype(dtype)  # [b, D]
+            bar.update(stop - start - (bar.n - before))
             out.flush()  # the data reaches the file before the sidecar says it did
             _write_sidecar(path, want, stop)
     del out

@@ -67,7 +67,7 @@ class _BoundEncoder:
     def fingerprint(self) -> str:
         return self._fingerprint
 
-    def embed(self, texts, progress: bool = False) -> np.ndarray:
+    def embed(self, texts, progress=False) -> np.ndarray:
         if self.stop.is_set():
             raise _Cancelled("refresher closed during the build")
         return self.encoder.embed(texts, progress=progress, params=self.params)
