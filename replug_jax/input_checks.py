@@ -39,7 +39,7 @@ def check_model(key: str, name: str) -> None:
         return
     if name in split_gguf.READERS:
         try:
-            split_gguf.part_paths(split_gguf.READERS[name])
+            split_gguf.check_available(split_gguf.READERS[name])
         except split_gguf.SplitModelError as e:
             raise InputError(f"--config.{key}={name!r}: {e}") from None
         return

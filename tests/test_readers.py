@@ -161,4 +161,27 @@ def test_every_reader_wheel_is_pinned_by_its_hash():
     both = open(os.path.join(ROOT, "requirements-readers.txt")).read()
     assert all(f"-r {spec.requirements_file}" in both for spec in split_gguf.READERS.values())
     make = open(os.path.join(ROOT, "Makefile")).read()
-    assert "--only-binary :all: --require-hashes" in make and "demo-readers: reader-0.5b" in make
+    assert "--only-binary :all: --require-hashes" in make and "|| $(MAKE) reader-0.5b" in make
+
+
+def test_an_assembled_reader_needs_its_parts_no_more(tmp_path, monkeypatch):
+    """Once assembled (and checksummed), the part packages can be uninstalled: the job's input check and the
+    registry use the file in the cache alone, so the model is kept once."""
+    import shutil
+
+    from replug_jax import input_checks
+
+    monkeypatch.setenv("REPLUG_JAX_CACHE", str(tmp_path / "cache_root"))
+    spec = fake_parts(tmp_path, monkeypatch)
+    monkeypatch.setitem(split_gguf.READERS, spec.name, spec)
+    input_checks.check_model("lm", "fake")  # the parts are installed
+    path = split_gguf.assemble(spec, progress=False)  # into $REPLUG_JAX_CACHE/models
+    shutil.rmtree(tmp_path / "site")  # pip uninstall of the parts
+    importlib.invalidate_caches()
+    with pytest.raises(split_gguf.SplitModelError):
+        split_gguf.part_paths(spec)
+    input_checks.check_model("lm", "fake")  # the assembled file alone suffices
+    assert registry.resolve("fake").path == path
+    os.remove(path)  # neither: refused, naming what to install
+    with pytest.raises(input_checks.InputError, match="part packages are missing"):
+        input_checks.check_model("lm", "fake")

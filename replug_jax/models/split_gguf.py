@@ -91,6 +91,13 @@ def _is_assembled(spec: SplitGGUF, path: str) -> bool:
         return f.read().strip() == spec.sha256
 
 
+def check_available(spec: SplitGGUF, folder: str | None = None) -> None:
+    """Nothing when `spec` can be used: assembled already (the part packages may then be uninstalled: the
+    checksummed file is used alone), or every part installed; SplitModelError naming what to install otherwise."""
+    if not _is_assembled(spec, os.path.join(folder or cache_dir(), spec.filename)):
+        part_paths(spec)
+
+
 def assemble(spec: SplitGGUF, folder: str | None = None, progress: bool = True) -> str:
     """The assembled, checksummed GGUF file of `spec` (built from its part packages on first use)."""
     folder = folder or cache_dir()
