@@ -63,7 +63,9 @@ def check_job_inputs(config) -> None:
     check_model("lm", config.lm)
     check_model("encoder", config.encoder)
     if config.job == "lsr":
-        _check_path_or_name("train_data", config.train_data, DOCUMENT_NAMES + QA_NAMES[:3])
+        from replug_jax.train.data import QA_SOURCES
+
+        _check_path_or_name("train_data", config.train_data, DOCUMENT_NAMES + QA_SOURCES)
         if _trains_on_questions(config):
             _check_path_or_name("corpus", config.corpus, CORPUS_NAMES)
     if config.job == "lm_eval" or config.job == "lsr" and not _trains_on_questions(config):

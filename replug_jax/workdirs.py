@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 
 ENV_STAGING = "REPLUG_JAX_STAGING_DIR"
 _active: "Staging | None" = None  # the job's staging, for `sync` from inside a job (LSR checkpoints)
@@ -100,9 +99,6 @@ class Staging:
     def _state(path: str) -> tuple[int, int]:
         st = os.stat(path)
         return st.st_size, st.st_mtime_ns
-
-    def remove_local(self) -> None:
-        shutil.rmtree(self.local, ignore_errors=True)
 
 
 def staged(workdir: str) -> Staging | None:

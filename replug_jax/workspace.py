@@ -36,6 +36,7 @@ GENSIM_WIKI = "gensim_wiki"  # the offline demo corpus: gensim's Wikipedia artic
 SCIQ_CORPUS = "sciq"  # SciQ's support paragraphs plus gensim's Wikipedia articles as distractor text
 WIKI_SPLITS = ("by_article", "related")
 TRAINED_RETRIEVER = "retriever.safetensors"  # in an LSR workdir: the trained retriever's parameters
+TRAIN_QUESTIONS = "train_questions.json"  # in a QA-LSR workdir: the ids and texts of the training questions
 
 
 def read_documents(source: str) -> list[ds.Document]:

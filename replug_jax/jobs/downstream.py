@@ -31,7 +31,6 @@ from replug_jax.train.data import check_disjoint_questions
 
 DEMO = "demo"
 JOB_METHODS = {"qa": qa.METHODS, "mmlu": ("none", "replug", "concat", "replug_lsr")}
-TRAIN_QUESTIONS = "train_questions.json"  # written by the LSR job on question-answer pairs
 
 
 def load_sets(config, kind: str):
@@ -85,7 +84,7 @@ def retrievers_for(config, encoder, store, workdir):
 def check_not_trained_on(config, questions) -> None:
     """With "replug_lsr": refuse evaluated questions that the retriever was trained on (the QA-LSR job's
     WORKDIR/train_questions.json; a retriever trained on documents has none)."""
-    path = os.path.join(config.get("retriever_workdir") or "", TRAIN_QUESTIONS)
+    path = os.path.join(config.get("retriever_workdir") or "", workspace.TRAIN_QUESTIONS)
     if "replug_lsr" in config.methods and os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             check_disjoint_questions(json.load(f), questions)

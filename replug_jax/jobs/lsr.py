@@ -25,7 +25,7 @@ from replug_jax.retrieval import datastore as ds
 from replug_jax.train.data import check_disjoint, qa_training_examples, trains_on_questions, training_examples
 from replug_jax.train.loop import LSRSettings, train_lsr
 
-TRAIN_QUESTIONS = "train_questions.json"  # in a QA-LSR workdir: the ids and texts of the training questions
+TRAIN_QUESTIONS = workspace.TRAIN_QUESTIONS
 
 
 def _train_and_save(config, workdir: str, prepared_encoder, lm, store, examples, settings: LSRSettings, index,
