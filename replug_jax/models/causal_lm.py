@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from replug_jax.models import layers
+from replug_jax.models import layers, precision
 
 
 STACKED_LAYERS = "layers"  # the params key of the blocks' stacked weights: {"layers": {"q_proj": {"kernel": [L, D, HDh]}}}
@@ -221,7 +221,8 @@ def _cached_positions_and_bias(cache, attention_mask, window=None):
 
 def logits(params, config: CausalLMConfig, input_ids, attention_mask, dtype=jnp.float32):
     """Next-token logits [B, L, V] float32 for ids and mask [B, L] (left or right padding)."""
-    return CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask)
+    with precision.matmuls(dtype):
+        return CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask)
 
 
 def token_logprobs(params, config: CausalLMConfig, input_ids, attention_mask, dtype=jnp.float32):
@@ -245,7 +246,8 @@ def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, targe
     if predict_from is None:
         predict_from = target_positions - 1
     predict_from = jnp.maximum(predict_from, 0)
-    logits_ = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, predict_from)  # [B, T, V]
+    with precision.matmuls(dtype):
+        logits_ = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, predict_from)  # [B, T, V]
     targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
     return jnp.where(scored, layers.gather_logprobs(logits_, targets), 0.0)
 
@@ -265,7 +267,8 @@ def extend(params, config: CausalLMConfig, cache: dict, input_ids, attention_mas
     never attended to."""
     width = attention_mask.shape[1]
     last = (width - 1 - jnp.argmax(attention_mask[:, ::-1] > 0, axis=-1)).astype(jnp.int32)[:, None]  # [B, 1]
-    out, cache = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, last, cache)
+    with precision.matmuls(dtype):
+        out, cache = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, last, cache)
     return out[:, 0], cache
 
 

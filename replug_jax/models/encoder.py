@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from replug_jax.models import layers
+from replug_jax.models import layers, precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +107,8 @@ def embed(params, config: BertConfig, input_ids, attention_mask, normalize: bool
 
     With `normalize`, rows have unit L2 norm, so inner products are cosine similarities.
     """
-    states = BertEncoder(config, dtype).apply({"params": params}, input_ids, attention_mask)
+    with precision.matmuls(dtype):
+        states = BertEncoder(config, dtype).apply({"params": params}, input_ids, attention_mask)
     pooled = mean_pool(states, attention_mask)
     return l2_normalize(pooled) if normalize else pooled
 

@@ -6,6 +6,8 @@ log-sum-exp run in float32 (models/layers.py, replug.py); the retriever's LSR tr
 """
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 
@@ -42,3 +44,12 @@ def cast_floating(params, dtype):
         return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype else x
 
     return jax.tree.map(cast, params)
+
+
+def matmuls(dtype):
+    """The context a model is traced in: float32 compute gets true float32 matmuls ("highest"), where accelerators
+    otherwise cut float32 short (TF32 on GPU: |Δ log p| up to 2.3e-3 at SmolLM2's shape on an H100, against 3e-6
+    with this; bf16 passes on TPU). Other compute dtypes are traced as the caller's settings say."""
+    if jnp.dtype(dtype) == jnp.float32:
+        return jax.default_matmul_precision("highest")
+    return contextlib.nullcontext()

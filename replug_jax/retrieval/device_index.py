@@ -36,7 +36,8 @@ def _top_depth(queries, matrix, *, depth: int, count: int, per_device: int, mesh
     """(scores [Q, depth] float32, rows [Q, depth] int32) of queries [Q, D] against matrix [N_pad, D]."""
 
     def local(q, m):  # q [Q, D] (all queries), m [per_device, D] (this device's rows)
-        scores = jnp.dot(q.astype(m.dtype), m.T, preferred_element_type=jnp.float32)  # [Q, per_device]
+        scores = jnp.dot(q.astype(m.dtype), m.T, preferred_element_type=jnp.float32,  # [Q, per_device]
+                         precision=jax.lax.Precision.HIGHEST)  # a float32 matrix searched exactly (not TF32 on GPU)
         first = jax.lax.axis_index(sharding.DATA_AXIS) * per_device
         rows = first + jnp.arange(per_device, dtype=jnp.int32)
         scores = jnp.where(rows[None, :] < count, scores, -jnp.inf)  # pad rows never win

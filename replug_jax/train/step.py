@@ -64,6 +64,10 @@ BATCH_KEYS = tuple(TrainBatch.__annotations__)
 QUERY_SIDE_KEYS = ("query_ids", "query_mask", "doc_embeddings", "doc_valid", "lm_scores")  # doc_embeddings [B, K, D]
 
 
+# the similarities in true float32 whatever the accelerator would do by default (TF32 on GPU: ~1e-3 in a cosine,
+# 1e-2 in a score over γ = 0.1); a [B, K, D] product, cheap
+EXACT = jax.lax.Precision.HIGHEST
+
 def make_schedule(learning_rate: float, total_steps: int, warmup_fraction: float = 0.1,
                   decay: str = "linear") -> optax.Schedule:
     """Learning rate per step: linear warmup from 0 over the first `warmup_fraction` of
@@ -152,7 +156,7 @@ def retrieval_scores(params, config: BertConfig, batch, normalize: bool = True, 
     if "doc_embeddings" in batch:  # query-side only: the documents are the index's (frozen) vectors
         valid = jnp.asarray(batch["doc_valid"], bool) & q_has[:, None]  # [B, K]
         d = jnp.where(valid[..., None], jnp.asarray(batch["doc_embeddings"], jnp.float32), 0.0)  # [B, K, D]
-        return jnp.einsum("bkd,bd->bk", d, q.astype(jnp.float32)), valid
+        return jnp.einsum("bkd,bd->bk", d, q.astype(jnp.float32), precision=EXACT), valid
     b, k, ld = batch["doc_ids"].shape
     d_ids = jnp.asarray(batch["doc_ids"]).reshape(b * k, ld)  # [B*K, Ld]
     d_mask = jnp.asarray(batch["doc_mask_tokens"]).reshape(b * k, ld)  # [B*K, Ld]
@@ -160,7 +164,7 @@ def retrieval_scores(params, config: BertConfig, batch, normalize: bool = True, 
     d_ids = jnp.where(valid[:, None], d_ids, config.pad_token_id)
     d_mask = _with_a_token(jnp.where(valid[:, None], d_mask, 0), valid)
     d = encoder.embed(params, config, d_ids, d_mask, normalize, dtype).reshape(b, k, -1)  # [B, K, D]
-    scores = jnp.einsum("bkd,bd->bk", d, q, preferred_element_type=jnp.float32)  # [B, K]
+    scores = jnp.einsum("bkd,bd->bk", d, q, preferred_element_type=jnp.float32, precision=EXACT)  # [B, K]
     return scores, valid.reshape(b, k)
 
 
