@@ -165,3 +165,31 @@ def test_qa_lsr_job_then_qa_job(tiny_qa, tmp_path):
 
     with pytest.raises(ValueError, match="were LSR training questions"):  # evaluated ∩ trained is refused
         downstream.run_downstream(_qa_config(tiny_qa, tiny_qa["all"], workdir), str(tmp_path / "qa_all"))
+
+
+def test_pool_metrics_of_the_pools_experiment_equal_a_hand_computation():
+    """experiments/qa_lsr_pools.py: REPLUG's answer NLL over the top k by the scores, top-1 accuracy, Spearman and
+    the oracle, on two pools worked by hand."""
+    import importlib.util
+    import math
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "qa_lsr_pools.py")
+    spec = importlib.util.spec_from_file_location("qa_lsr_pools", path)
+    pools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pools)
+    scores = np.array([[0.9, 0.1, 0.5], [0.2, 0.3, 0.1]])
+    ell = np.array([[-2.0, -1.0, -5.0], [-4.0, -3.0, -6.0]])
+    got = pools.pool_metrics(scores, ell, k=2, taus=(1.0, 0.5))
+    assert got["top1_accuracy"] == 0.5  # pool 0: best score is passage 0, best ℓ passage 1; pool 1: both passage 1
+    assert got["spearman"] == pytest.approx((-0.5 + 1.0) / 2)  # ranks (2,0,1) vs (1,2,0): -0.5; identical: 1
+
+    def nll(s, e, tau):  # the top 2 by score, λ = softmax(s / τ) over them, -log Σ λ p(y | d)
+        top = sorted(range(3), key=lambda i: -s[i])[:2]
+        z = sum(math.exp(s[i] / tau) for i in top)
+        return -math.log(sum(math.exp(s[i] / tau) / z * math.exp(e[i]) for i in top))
+
+    for tau in (1.0, 0.5):
+        want = np.mean([nll(scores[n], ell[n], tau) for n in range(2)])
+        assert got[f"nll_tau{tau:g}"] == pytest.approx(want, rel=1e-12)
+    oracle = np.mean([-math.log((math.exp(-1) + math.exp(-2)) / 2), -math.log((math.exp(-3) + math.exp(-4)) / 2)])
+    assert pools.oracle_nll(ell, 2) == pytest.approx(oracle, rel=1e-12)

@@ -1,0 +1,160 @@
+"""What can the retriever learn from the LM on QA pairs? LSR on fixed candidate pools, measured on held-out questions.
+
+    python experiments/qa_lsr_pools.py --workdir runs/qa_lsr/pools --lm_cache runs/qa_lsr/smollm2/lm_cache.sqlite
+
+Each question's pool is its top `--depth` passages under the initial retriever; the LM scores every pool once
+(ℓ_k = log p(y | d_k ∘ x), zero-shot as LSR training scores them, through the shared cache). Training then runs
+the project's jitted LSR step (query side only: the documents' index vectors are fixed) for `--epochs` over
+the training pools without another LM call, so learning rates, γ and the KL direction can be compared in
+minutes. After each epoch, on training and held-out pools: top-1 accuracy (the retriever's best passage is the
+LM's best), Spearman(score, ℓ), and the answer NLL of REPLUG's mixture over the top `--k` by the new scores at
+τ = 1 and τ = γ (λ = softmax(s / τ)), against the same at the initial parameters and the oracle (the k passages
+of highest ℓ). Held-out questions are sciq.py's evaluated ones (rows after the demos); training ones come from
+`train_offset` on, as in experiments/configs/qa_lsr.py. Writes WORKDIR/pools.json and a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from replug_jax import workspace  # noqa: E402
+from replug_jax.config_files import sibling_config  # noqa: E402
+from replug_jax.data.downstream import load_qa  # noqa: E402
+from replug_jax.passages import QA_DOC_TEMPLATE  # noqa: E402
+from replug_jax import sharding  # noqa: E402
+from replug_jax.train import step as train_step_lib  # noqa: E402
+from replug_jax.train.batch import FrozenDocumentVectors, make_batch, supervise  # noqa: E402
+from replug_jax.train.data import qa_training_examples  # noqa: E402
+from replug_jax.train.lm_cache import LMScoreCache  # noqa: E402
+
+
+def logsumexp(x, axis=-1):
+    m = x.max(axis=axis, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))).squeeze(axis)
+
+
+def spearman(a, b) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1]) if np.std(ra) and np.std(rb) else 0.0
+
+
+def pool_metrics(scores: np.ndarray, ell: np.ndarray, k: int, taus) -> dict:
+    """scores, ell: [N, depth]. REPLUG's answer NLL over the top k by `scores`, top-1 accuracy and Spearman."""
+    top = np.argsort(-scores, axis=1)[:, :k]  # [N, k]
+    s_top, ell_top = np.take_along_axis(scores, top, 1), np.take_along_axis(ell, top, 1)
+    out = {"top1_accuracy": float(np.mean(scores.argmax(1) == ell.argmax(1))),
+           "spearman": float(np.mean([spearman(s, e) for s, e in zip(scores, ell)]))}
+    for tau in taus:
+        log_lam = s_top / tau - logsumexp(s_top / tau)[:, None]
+        out[f"nll_tau{tau:g}"] = float(-logsumexp(log_lam + ell_top).mean())
+    return out
+
+
+def oracle_nll(ell: np.ndarray, k: int) -> float:
+    best = -np.sort(-ell, axis=1)[:, :k]
+    return float(-(logsumexp(best) - np.log(k)).mean())
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--lm_cache", default="", help="the shared LM-score cache (SQLite) of earlier runs")
+    p.add_argument("--cache_dir", default="", help="datastore and index shared with earlier runs")
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--train_questions", type=int, default=0, help="0: all from train_offset on")
+    p.add_argument("--heldout", type=int, default=200)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--learning_rates", default="1e-5,1e-4,1e-3")
+    p.add_argument("--gamma", type=float, default=0.1)
+    p.add_argument("--beta", type=float, default=1.0)
+    p.add_argument("--direction", default="q_pr")
+    args = p.parse_args(argv)
+
+    config = sibling_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "x"), "qa_lsr.py")
+    config.lm_cache = args.lm_cache
+    os.makedirs(args.workdir, exist_ok=True)
+    shared = args.cache_dir or os.path.join(args.workdir, "shared")
+    encoder = workspace.load_job_encoder(config, None)
+    lm = workspace.cached_lm(workspace.load_job_lm(config, None), config)
+    tokenizer = workspace.lm_tokenizer(lm, config)
+    store = workspace.build_corpus(config.corpus, tokenizer, config.doc_tokens, shared, split=config.split)
+    index = workspace.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+                                        embedding_dtype=config.embedding_dtype)
+    questions = load_qa(config.train_data, config.train_split)
+    first_evaluated = config.shots  # sciq.py: the first `shots` rows are the demos, the evaluated ones follow
+    sets = {"train": qa_training_examples(questions[config.train_offset:], seed=config.seed,
+                                          max_examples=args.train_questions or None),
+            "heldout": qa_training_examples(questions[first_evaluated:first_evaluated + args.heldout], seed=0)}
+    cache = LMScoreCache(os.path.join(args.workdir, "lm_cache.sqlite"), lm)
+    vectors = FrozenDocumentVectors(index)
+    pools = {}
+    for name, examples in sets.items():
+        scores, rows = index.search(encoder.embed([e.query for e in examples], progress=True), args.depth)
+        ell = supervise(cache, store, examples, rows, lm_score=config.lm_score, doc_template=QA_DOC_TEMPLATE)
+        pools[name] = {"examples": examples, "rows": rows, "ell": ell, "initial": scores}
+        print(f"{name}: {len(examples)} questions, ℓ scored ({cache.stats()})", flush=True)
+    taus = (1.0, args.gamma)
+
+    def evaluate(params) -> dict:
+        out = {}
+        for name, pool in pools.items():
+            q = encoder.embed([e.query for e in pool["examples"]], params=params)  # [N, D]
+            s = np.einsum("nkd,nd->nk", vectors(pool["rows"]), q)
+            out[name] = pool_metrics(s, pool["ell"], args.k, taus)
+        return out
+
+    report = {"settings": vars(args), "initial": evaluate(None),
+              "oracle_nll": {n: oracle_nll(pool["ell"], args.k) for n, pool in pools.items()},
+              "ell_range": {n: float(np.mean(pool["ell"].max(1) - pool["ell"].min(1))) for n, pool in pools.items()},
+              "runs": {}}
+    print(json.dumps(report["initial"]), flush=True)
+    train = pools["train"]
+    steps_per_epoch = len(train["examples"]) // args.batch_size
+    for lr in map(float, args.learning_rates.split(",")):
+        optimizer = train_step_lib.make_optimizer(lr, steps_per_epoch * args.epochs, 0.1, 1.0)
+        step = train_step_lib.make_train_step(encoder.config, optimizer, sharding.global_mesh(),
+                                              gamma=args.gamma, beta=args.beta, direction=args.direction)
+        state = train_step_lib.init_train_state(encoder.params, optimizer, sharding.global_mesh())
+        curve = []
+        for epoch in range(1, args.epochs + 1):
+            order = np.random.default_rng(epoch).permutation(len(train["examples"]))
+            losses = []
+            for b in range(steps_per_epoch):
+                idx = order[b * args.batch_size:(b + 1) * args.batch_size]
+                batch = make_batch(encoder, store, [train["examples"][i] for i in idx], train["rows"][idx],
+                                   train["ell"][idx], query_max_tokens=config.query_max_tokens,
+                                   doc_max_tokens=config.doc_max_tokens, doc_vectors=vectors)
+                state, metrics = step(state, batch)
+                losses.append(float(metrics["loss"]))
+            curve.append({"epoch": epoch, "loss": float(np.mean(losses)), **evaluate(state["params"])})
+            print(f"lr {lr:g} epoch {epoch}: " + json.dumps(curve[-1]), flush=True)
+        report["runs"][f"{lr:g}"] = curve
+        with open(os.path.join(args.workdir, "pools.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    print_table(report, taus)
+    return report
+
+
+def print_table(report, taus):
+    cols = ["top1_accuracy", "spearman"] + [f"nll_tau{t:g}" for t in taus]
+    print("| run | set | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 2))
+    for name, m in report["initial"].items():
+        print(f"| initial | {name} | " + " | ".join(f"{m[c]:.3f}" for c in cols) + " |")
+    for lr, curve in report["runs"].items():
+        best = min(curve, key=lambda r: r["heldout"][f"nll_tau{taus[1]:g}"])
+        for name in ("train", "heldout"):
+            m = best[name]
+            print(f"| lr {lr}, epoch {best['epoch']} | {name} | " + " | ".join(f"{m[c]:.3f}" for c in cols) + " |")
+    print("oracle NLL (best k of the pool, uniform):", report["oracle_nll"], "mean ℓ range:", report["ell_range"])
+
+
+if __name__ == "__main__":
+    main()
