@@ -118,6 +118,8 @@ def load_job_lm(config, dtype):
     remote = config.lm.startswith(("http://", "https://"))
     if remote:
         options = {"tokenizer": config.lm_tokenizer} if config.get("lm_tokenizer") else {}
+        if config.get("lm_prompts_per_request"):  # 0 or unset: the probe decides
+            options["prompts_per_request"] = config.lm_prompts_per_request
     else:
         options = {"mesh": sharding.job_lm_mesh(config.get("lm_model_parallel", 1)),
                    "param_dtype": precision.weights_option(config.get("param_dtype"))}

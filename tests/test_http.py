@@ -195,6 +195,8 @@ class FaultyProxy:
             time.sleep(1.0)
         prompt = (body or {}).get("prompt")
         texts = isinstance(prompt, str) or all(isinstance(p, str) for p in prompt or [])
+        if fault == "no_lists" and isinstance(prompt, list) and len(prompt) > 1 and isinstance(prompt[0], (str, list)):
+            return handler.reply(500, {"error": {"message": "list prompts are not supported"}})  # llama-cpp-python's
         if fault == "no_ids" and not texts:
             return handler.reply(400, {"error": {"message": "'prompt' must be a string or a list of strings"}})
         if fault == "refuse0" and body.get("max_tokens") == 0:
@@ -228,10 +230,44 @@ def proxy(tiny_server):
 
 
 def client(proxy, tiny, **kw):
-    remote = HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer, backoff=0.02, **kw)
+    remote = HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer, backoff=0.02, **{"prompts_per_request": 1, **kw})
     remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS])  # warm: every shape compiled upstream
     remote.timeout = kw.get("timeout", 0.5)
     return remote, remote.stats()
+
+
+def test_prompts_go_in_batches_where_the_server_answers_lists_exactly(tiny, tiny_server, proxy):
+    """The probe sends two pairs alone and as one list: our server answers the list with the same numbers, so
+    scoring sends BATCH_PROMPTS prompts a request; a server answering a list with HTTP 500 (as llama-cpp-python's
+    does) gets one prompt a request, found in one try (no retries, no failures). Same scores either way."""
+    from replug_jax.lm.http import BATCH_PROMPTS
+
+    pairs = PAIRS * 7  # more than one batch
+    want = local_scores(tiny[1], pairs)
+    batched = HTTPLM(tiny_server.url, tokenizer=tiny[1].tokenizer)
+    assert batched.prompts_per_request == BATCH_PROMPTS and batched.stats()["prompts_per_request"].startswith("16:")
+    before = batched.stats()["requests"]
+    assert_close(batched.score([c for c, _ in pairs], [y for _, y in pairs]), want)
+    assert batched.stats()["requests"] - before == -(-len(pairs) // BATCH_PROMPTS)
+    proxy.mode = "no_lists"
+    single = HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer, backoff=0.02)
+    stats = single.stats()
+    assert single.prompts_per_request == 1 and "refused a list" in stats["prompts_per_request"]
+    assert stats["retries"] == 0 and stats["failures"] == 0 and stats["prompts"] == 0  # the probe's prompts uncounted
+    before = stats["requests"]
+    assert_close(single.score([c for c, _ in pairs], [y for _, y in pairs]), want)
+    assert single.stats()["requests"] - before == len(pairs)
+    assert HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer, prompts_per_request=3).stats()["prompts_per_request"] == \
+        "3 (as given)"
+    with pytest.raises(ValueError, match="prompts_per_request"):
+        HTTPLM(tiny_server.url, tokenizer=tiny[1].tokenizer, prompts_per_request=0)
+    from ml_collections import config_dict
+
+    from replug_jax import workspace
+
+    config = config_dict.ConfigDict({"lm": tiny_server.url, "lm_batch_size": 4, "lm_max_length": 0,
+                                     "lm_prompts_per_request": 3})
+    assert workspace.load_job_lm(config, None).prompts_per_request == 3  # the config key reaches the client
 
 
 def test_retries_then_success(proxy, tiny):

@@ -19,4 +19,5 @@ def get_config():
     c = sibling_config(__file__, "demo.py")
     c.lm = "http://127.0.0.1:8000/v1"  # rj.load_lm dispatches http(s) URLs to the HTTP backend
     c.lm_tokenizer = "smollm2"  # chunking and windows (as rj.load_tokenizer takes names)
+    c.lm_prompts_per_request = 0  # prompts per completions request; 0: the probe decides (16 or 1)
     return c

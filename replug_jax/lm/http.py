@@ -35,10 +35,12 @@ import numpy as np
 from replug_jax.lm.blackbox import check_pairs, continuation_ids, pair_token_ids
 from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
                                      parse_text_echo, select_continuation)
-from replug_jax.lm.http_transport import BlackBoxServerError, Transport
+from replug_jax.lm.http_transport import BlackBoxServerError, Refused, Transport
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, token_starts, tokenizer_fingerprint
 
 __all__ = ["HTTPLM", "BlackBoxServerError"]
+
+BATCH_PROMPTS = 16  # prompts per completions request where the probe finds the server answers lists exactly
 
 
 class HTTPLM:
@@ -46,12 +48,14 @@ class HTTPLM:
 
     tokenizer: the model's tokenizer (a TextTokenizer; `rj.load_lm` resolves names): token-id prompts.
     max_length: the server's window in tokens (default: what `/models` says). token_prompts: None lets
-    the probe decide, False forces text prompts, True makes a refusal an error."""
+    the probe decide, False forces text prompts, True makes a refusal an error. prompts_per_request: prompts
+    sent in one completions request (the API takes a list); None lets the probe decide (up to
+    `BATCH_PROMPTS` where the server answers a list with the same numbers as one prompt at a time, else 1)."""
 
     def __init__(self, base_url: str, model: str | None = None, *, api_key_env: str = "OPENAI_API_KEY",
                  concurrency: int = 8, timeout: float = 60, max_retries: int = 5, backoff: float = 0.5,
                  tokenizer: TextTokenizer | None = None, probe: bool = True, prompt_logprobs: bool = False,
-                 prompts_per_request: int = 1, logprobs: int = 1, start_text: str | None = None,
+                 prompts_per_request: int | None = None, logprobs: int = 1, start_text: str | None = None,
                  max_length: int | None = None, token_prompts: bool | None = None):
         if tokenizer is not None and not isinstance(tokenizer, TextTokenizer):
             raise TypeError(f"tokenizer must be a TextTokenizer (rj.load_lm resolves names), got {type(tokenizer).__name__}")
@@ -59,7 +63,10 @@ class HTTPLM:
                                    backoff=backoff)
         self.base_url = self.transport.base_url
         self.model, self.tokenizer, self.name = model, tokenizer, model or self.base_url
-        self.concurrency, self.prompts_per_request, self.logprobs = concurrency, prompts_per_request, logprobs
+        if prompts_per_request is not None and prompts_per_request < 1:
+            raise ValueError(f"prompts_per_request must be at least 1 (or None: probed), got {prompts_per_request}")
+        self.concurrency, self.logprobs = concurrency, logprobs
+        self._batch_setting, self.prompts_per_request = prompts_per_request, prompts_per_request or 1
         self.prompt_logprobs, self.token_prompts, self.max_length = prompt_logprobs, token_prompts, max_length
         self.start_id = document_start_id(tokenizer) if tokenizer is not None else None
         self.start_text = start_text if start_text is not None else _document_start_text(tokenizer)
@@ -151,9 +158,30 @@ class HTTPLM:
         self.max_length = self.max_length or result.max_length
         self._max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
         self.token_prompts, self._leading, self.top_logprobs = result.token_prompts, result.leading, result.top_logprobs
+        self.prompts_per_request, batching = self._probe_batching()
         with self._lock:
-            self._findings = {**result.findings, "tokenizer": self._tokenizer_kind()}
+            self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), "prompts_per_request": batching}
         return self._findings
+
+    def _probe_batching(self) -> tuple[int, str]:
+        """(prompts per request, the finding): `BATCH_PROMPTS` where the server answers a list of two probe pairs
+        with each pair's own numbers (1e-4), else 1; a size given to the constructor is kept as it is."""
+        if self._batch_setting is not None:
+            return self._batch_setting, f"{self._batch_setting} (as given)"
+        from replug_jax.lm.http_probe import PROBE_TEXT
+
+        try:
+            pairs = [self._prepare(PROBE_TEXT[:24], PROBE_TEXT[24:40]), self._prepare(PROBE_TEXT[:12], PROBE_TEXT[12:30])]
+        except ValueError:  # a window too small for the probe pairs
+            return 1, "1: not probed (the server's window is too small for the probe pairs)"
+        alone = [self._score_chunk([pair], probing=True)[0] for pair in pairs]
+        try:
+            together = self._score_chunk(pairs, probing=True)
+        except (Refused, BlackBoxServerError) as e:
+            return 1, f"1: the server refused a list of prompts ({str(e)[:120]})"
+        if not all(a.shape == b.shape and np.allclose(a, b, atol=1e-4) for a, b in zip(alone, together)):
+            return 1, "1: the server answered a list of prompts with other numbers than one prompt at a time"
+        return BATCH_PROMPTS, f"{BATCH_PROMPTS}: the server answers a list of prompts with each prompt's own numbers"
 
     def _tokenizer_kind(self) -> str:
         if self.tokenizer is None:
@@ -179,10 +207,12 @@ class HTTPLM:
             body.update(echo=True, logprobs=logprobs)
         return body
 
-    def completions(self, prompts: list, max_tokens: int, logprobs: int, optional: bool = False) -> list[dict]:
-        """POST /completions; the choices in prompt order (their count checked)."""
+    def completions(self, prompts: list, max_tokens: int, logprobs: int, optional: bool = False,
+                    retries: int | None = None) -> list[dict]:
+        """POST /completions; the choices in prompt order (their count checked). optional, retries: as
+        `Transport.post` (optional with retries=0: one try, and any failure raises `Refused`)."""
         reply = self.transport.post(self.base_url + "/completions", self.body(prompts, max_tokens, logprobs),
-                                    optional=optional)
+                                    optional=optional, retries=retries)
         try:
             choices = sorted(reply["choices"], key=lambda c: c.get("index", 0))
         except (KeyError, TypeError, AttributeError) as e:
@@ -194,9 +224,10 @@ class HTTPLM:
     def parse_text(self, choice: dict, prompt: str) -> Echo:
         return parse_prompt_logprobs(choice, prompt) if self.prompt_logprobs else parse_text_echo(choice, prompt)
 
-    def text_echoes(self, prompts: list[str], max_tokens: int, logprobs: int, optional: bool = False) -> list[Echo]:
+    def text_echoes(self, prompts: list[str], max_tokens: int, logprobs: int, optional: bool = False,
+                    retries: int | None = None) -> list[Echo]:
         """Text prompts echoed, each as an Echo in prompt coordinates."""
-        choices = self.completions(prompts, max_tokens, logprobs, optional)
+        choices = self.completions(prompts, max_tokens, logprobs, optional, retries)
         try:
             return [self.parse_text(c, p) for c, p in zip(choices, prompts)]
         except (BlackBoxServerError, KeyError, TypeError, AttributeError) as e:
@@ -231,19 +262,22 @@ class HTTPLM:
                          "the first prompt token (it adds no start-of-document token) and no start_text is usable "
                          f"({self._findings.get('start', 'not probed')}); pass start_text=")
 
-    def _score_chunk(self, items: list) -> list[np.ndarray]:
+    def _score_chunk(self, items: list, probing: bool = False) -> list[np.ndarray]:
+        """One request's scores; probing: one try, a refusal or failure raises `Refused`, prompts not counted."""
         prompts = [p for p, _ in items]
+        retries = 0 if probing else None
         if self.token_prompts:
-            choices = self.completions(prompts, self._max_tokens, self.logprobs)
+            choices = self.completions(prompts, self._max_tokens, self.logprobs, probing, retries)
         else:
-            echoes = self.text_echoes(prompts, self._max_tokens, self.logprobs)
-        self.transport.count("prompts", len(prompts))
+            echoes = self.text_echoes(prompts, self._max_tokens, self.logprobs, probing, retries)
+        if not probing:
+            self.transport.count("prompts", len(prompts))
         try:
             if self.token_prompts:
                 return [self._select_ids(c, ids, n) for c, (ids, n) in zip(choices, items)]
             return [select_continuation(e, p, b) for e, (p, b) in zip(echoes, items)]
         except (BlackBoxServerError, KeyError, TypeError, AttributeError) as e:
-            raise self._failure(str(e)) from None
+            raise self._failure(str(e), probing) from None
 
     def _select_ids(self, choice: dict, ids: list[int], n: int) -> np.ndarray:
         values = id_prompt_values(choice, len(ids), self._leading, self._max_tokens, self.prompt_logprobs)

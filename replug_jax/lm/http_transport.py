@@ -63,10 +63,12 @@ class Transport:
     def get(self, url: str) -> dict:
         return self.post(url, None, optional=True)
 
-    def post(self, url: str, body: dict | None, optional: bool = False) -> dict:
-        """JSON request with retries. optional: a 4xx raises `Refused` and is not counted as a failure."""
+    def post(self, url: str, body: dict | None, optional: bool = False, retries: int | None = None) -> dict:
+        """JSON request with retries. optional: a 4xx raises `Refused` and is not counted as a failure; with
+        `retries=0` too, so does any failed attempt (a probe of a feature the server may break on: one try)."""
         data = None if body is None else json.dumps(body).encode()
-        for attempt in range(self.max_retries + 1):
+        retries = self.max_retries if retries is None else retries
+        for attempt in range(retries + 1):
             self.count("requests")
             retry_after = None
             try:
@@ -91,13 +93,15 @@ class Transport:
                 reason = getattr(e, "reason", e)
                 what = (f"timed out after {self.timeout}s" if isinstance(reason, TimeoutError)
                         else f"{type(e).__name__}: {reason}")
-            if attempt == self.max_retries:
+            if attempt == retries:
                 break
             self.count("retries")
             delay = retry_after if retry_after is not None else self.backoff * 2**attempt * (1 + 0.1 * random.random())
             time.sleep(min(delay, MAX_DELAY))
+        if optional and retries == 0:
+            raise Refused(self.redact(what))
         self.count("failures")
-        raise BlackBoxServerError(self.redact(f"{url}: failed after {self.max_retries} retries; last error: {what}"))
+        raise BlackBoxServerError(self.redact(f"{url}: failed after {retries} retries; last error: {what}"))
 
     def _headers(self) -> dict:
         headers = {"Content-Type": "application/json", "User-Agent": "replug_jax"}
