@@ -22,6 +22,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/: lsr_headroom
+
+from lsr_headroom import spearman  # noqa: E402
 
 from replug_jax import workspace  # noqa: E402
 from replug_jax.config_files import sibling_config  # noqa: E402
@@ -35,13 +38,7 @@ from replug_jax.train.lm_cache import LMScoreCache  # noqa: E402
 
 
 def logsumexp(x, axis=-1):
-    m = x.max(axis=axis, keepdims=True)
-    return (m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))).squeeze(axis)
-
-
-def spearman(a, b) -> float:
-    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
-    return float(np.corrcoef(ra, rb)[0, 1]) if np.std(ra) and np.std(rb) else 0.0
+    return np.logaddexp.reduce(x, axis=axis)
 
 
 def pool_metrics(scores: np.ndarray, ell: np.ndarray, k: int, taus) -> dict:
