@@ -11,6 +11,12 @@ LM's best), Spearman(score, ℓ), and the answer NLL of REPLUG's mixture over th
 τ = 1 and τ = γ (λ = softmax(s / τ)), against the same at the initial parameters and the oracle (the k passages
 of highest ℓ). Held-out questions are sciq.py's evaluated ones (rows after the demos); training ones come from
 `train_offset` on, as in experiments/configs/qa_lsr.py. Writes WORKDIR/pools.json and a table.
+
+`--train_questions 150,300,0` trains once per training-set size (0: all), for a learning curve: does what the
+retriever learns on more questions carry over further? `--eval_lms qwen2.5-coder-0.5b` also scores the held-out
+pools with another LM and reports the same metrics under its ℓ (`heldout@LM`): the reader's own room, and
+whether a retriever trained on one LM's scores helps another (the paper's transfer claim). `--supervisor LM`
+trains on another LM's ℓ over the same passages (still cut with SmolLM2's tokenizer).
 """
 from __future__ import annotations
 
@@ -65,7 +71,10 @@ def main(argv=None):
     p.add_argument("--cache_dir", default="", help="datastore and index shared with earlier runs")
     p.add_argument("--depth", type=int, default=8)
     p.add_argument("--k", type=int, default=4)
-    p.add_argument("--train_questions", type=int, default=0, help="0: all from train_offset on")
+    p.add_argument("--train_questions", default="0", help="comma list of training-set sizes (0: all from train_offset on)")
+    p.add_argument("--eval_lms", default="", help="comma list of other LMs that score the held-out pools too")
+    p.add_argument("--supervisor", default="", help="the LM whose ℓ trains (and scores `heldout`); default: config.lm, "
+                   "which also cuts the passages. Other LMs' scores are cached beside --lm_cache")
     p.add_argument("--heldout", type=int, default=200)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch_size", type=int, default=8)
@@ -87,17 +96,32 @@ def main(argv=None):
                                         embedding_dtype=config.embedding_dtype)
     questions = load_qa(config.train_data, config.train_split)
     first_evaluated = config.shots  # sciq.py: the first `shots` rows are the demos, the evaluated ones follow
-    sets = {"train": qa_training_examples(questions[config.train_offset:], seed=config.seed,
-                                          max_examples=args.train_questions or None),
+    sets = {"train": qa_training_examples(questions[config.train_offset:], seed=config.seed),
             "heldout": qa_training_examples(questions[first_evaluated:first_evaluated + args.heldout], seed=0)}
-    cache = LMScoreCache(os.path.join(args.workdir, "lm_cache.sqlite"), lm)
+    scorers = {}  # LM name -> its LMScoreCache; the passages stay the ones cut with config.lm's tokenizer
+
+    def scorer(name: str) -> LMScoreCache:
+        if name not in scorers:
+            other = name != config.lm
+            where = os.path.dirname(args.lm_cache) if args.lm_cache else args.workdir
+            scorers[name] = LMScoreCache(os.path.join(where, f"lm_cache_{name}.sqlite" if other else "lm_cache.sqlite"),
+                                         workspace.load_job_lm(with_lm(config, name), None) if other else lm)
+        return scorers[name]
+
     vectors = FrozenDocumentVectors(index)
     pools = {}
     for name, examples in sets.items():
         scores, rows = index.search(encoder.embed([e.query for e in examples], progress=True), args.depth)
-        ell = supervise(cache, store, examples, rows, lm_score=config.lm_score, doc_template=QA_DOC_TEMPLATE)
+        ell = supervise(scorer(args.supervisor or config.lm), store, examples, rows, lm_score=config.lm_score,
+                        doc_template=QA_DOC_TEMPLATE, progress=True)
         pools[name] = {"examples": examples, "rows": rows, "ell": ell, "initial": scores}
-        print(f"{name}: {len(examples)} questions, ℓ scored ({cache.stats()})", flush=True)
+        print(f"{name}: {len(examples)} questions, ℓ scored", flush=True)
+    for other in filter(None, args.eval_lms.split(",")):  # the same passages and questions, another LM's ℓ
+        held = pools["heldout"]
+        ell = supervise(scorer(other), store, held["examples"], held["rows"], lm_score=config.lm_score,
+                        doc_template=QA_DOC_TEMPLATE, progress=True)
+        pools[f"heldout@{other}"] = {**held, "ell": ell}
+        print(f"heldout@{other}: ℓ scored", flush=True)
     taus = (1.0, args.gamma)
 
     def evaluate(params) -> dict:
@@ -113,31 +137,45 @@ def main(argv=None):
               "ell_range": {n: float(np.mean(pool["ell"].max(1) - pool["ell"].min(1))) for n, pool in pools.items()},
               "runs": {}}
     print(json.dumps(report["initial"]), flush=True)
-    train = pools["train"]
-    steps_per_epoch = len(train["examples"]) // args.batch_size
-    for lr in map(float, args.learning_rates.split(",")):
-        optimizer = train_step_lib.make_optimizer(lr, steps_per_epoch * args.epochs, 0.1, 1.0)
-        step = train_step_lib.make_train_step(encoder.config, optimizer, sharding.global_mesh(),
-                                              gamma=args.gamma, beta=args.beta, direction=args.direction)
-        state = train_step_lib.init_train_state(encoder.params, optimizer, sharding.global_mesh())
-        curve = []
-        for epoch in range(1, args.epochs + 1):
-            order = np.random.default_rng(epoch).permutation(len(train["examples"]))
-            losses = []
-            for b in range(steps_per_epoch):
-                idx = order[b * args.batch_size:(b + 1) * args.batch_size]
-                batch = make_batch(encoder, store, [train["examples"][i] for i in idx], train["rows"][idx],
-                                   train["ell"][idx], query_max_tokens=config.query_max_tokens,
-                                   doc_max_tokens=config.doc_max_tokens, doc_vectors=vectors)
-                state, metrics = step(state, batch)
-                losses.append(float(metrics["loss"]))
-            curve.append({"epoch": epoch, "loss": float(np.mean(losses)), **evaluate(state["params"])})
-            print(f"lr {lr:g} epoch {epoch}: " + json.dumps(curve[-1]), flush=True)
-        report["runs"][f"{lr:g}"] = curve
-        with open(os.path.join(args.workdir, "pools.json"), "w") as f:
-            json.dump(report, f, indent=1)
+    for size in map(int, args.train_questions.split(",")):
+        train = {key: value[:size or None] for key, value in pools["train"].items()}  # the first `size` questions
+        for lr in map(float, args.learning_rates.split(",")):
+            name = f"{lr:g}" if size == 0 else f"{lr:g}, {len(train['examples'])} questions"
+            report["runs"][name] = train_on_pools(train, lr, args, config, encoder, store, vectors, evaluate)
+            with open(os.path.join(args.workdir, "pools.json"), "w") as f:
+                json.dump(report, f, indent=1)
     print_table(report, taus)
     return report
+
+
+def with_lm(config, name: str):
+    """A copy of `config` whose LM is `name`."""
+    other = config.copy_and_resolve_references()
+    other.lm = name
+    return other
+
+
+def train_on_pools(train: dict, lr: float, args, config, encoder, store, vectors, evaluate) -> list[dict]:
+    """`args.epochs` epochs of the jitted LSR step over the fixed training pools; `evaluate` after each."""
+    steps_per_epoch = len(train["examples"]) // args.batch_size
+    optimizer = train_step_lib.make_optimizer(lr, steps_per_epoch * args.epochs, 0.1, 1.0)
+    step = train_step_lib.make_train_step(encoder.config, optimizer, sharding.global_mesh(),
+                                          gamma=args.gamma, beta=args.beta, direction=args.direction)
+    state = train_step_lib.init_train_state(encoder.params, optimizer, sharding.global_mesh())
+    curve = []
+    for epoch in range(1, args.epochs + 1):
+        order = np.random.default_rng(epoch).permutation(len(train["examples"]))
+        losses = []
+        for b in range(steps_per_epoch):
+            idx = order[b * args.batch_size:(b + 1) * args.batch_size]
+            batch = make_batch(encoder, store, [train["examples"][i] for i in idx], train["rows"][idx],
+                               train["ell"][idx], query_max_tokens=config.query_max_tokens,
+                               doc_max_tokens=config.doc_max_tokens, doc_vectors=vectors)
+            state, metrics = step(state, batch)
+            losses.append(float(metrics["loss"]))
+        curve.append({"epoch": epoch, "loss": float(np.mean(losses)), **evaluate(state["params"])})
+        print(f"lr {lr:g}, {len(train['examples'])} questions, epoch {epoch}: " + json.dumps(curve[-1]), flush=True)
+    return curve
 
 
 def print_table(report, taus):
@@ -147,7 +185,7 @@ def print_table(report, taus):
         print(f"| initial | {name} | " + " | ".join(f"{m[c]:.3f}" for c in cols) + " |")
     for lr, curve in report["runs"].items():
         best = min(curve, key=lambda r: r["heldout"][f"nll_tau{taus[1]:g}"])
-        for name in ("train", "heldout"):
+        for name in (n for n in best if n not in ("epoch", "loss")):
             m = best[name]
             print(f"| lr {lr}, epoch {best['epoch']} | {name} | " + " | ".join(f"{m[c]:.3f}" for c in cols) + " |")
     print("oracle NLL (best k of the pool, uniform):", report["oracle_nll"], "mean ℓ range:", report["ell_range"])

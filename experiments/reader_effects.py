@@ -5,7 +5,9 @@
 
 Runs, for every LM, the tasks' configs (experiments/configs: demo_qa.py, the NQ/TriviaQA questions the
 offline Wikipedia answers; sciq.py, SciQ open QA over its support paragraphs plus Wikipedia; sciq_mc.py,
-SciQ 4-way multiple choice; demo_mmlu.py, four MMLU subjects over the Wikipedia datastore) on the first `--questions` questions each, in WORKDIR/<lm>/<task> (a finished
+SciQ 4-way multiple choice; demo_mmlu.py, four MMLU subjects over the Wikipedia datastore; olmes:<task>:<form>,
+OLMES's own request files through olmes.py, e.g. olmes:arc_easy:rc_5shot) on the first `--questions` questions
+each, in WORKDIR/<lm>/<task> (":" as "_"; a finished
 run's results.json is reused unless --rerun). Writes WORKDIR/effects.json, effects.md and effects.png over
 every finished run in WORKDIR (earlier runs of other LMs too) and prints the table: exact match (QA) or accuracy (MC) per method, answer recall@k, question count and time.
 """
@@ -24,9 +26,20 @@ MULTIPLE_CHOICE = ("sciq_mc", "mmlu")  # accuracy, 4 options
 METHODS = ("none", "replug", "concat", "vote")
 
 
+def is_olmes(task: str) -> bool:
+    return task.startswith("olmes:")
+
+
+def task_dir(task: str) -> str:
+    return task.replace(":", "_")
+
+
 def task_config(task: str, lm: str, questions: int, root: str):
-    config = sibling_config(os.path.join(CONFIGS, TASKS[task]), TASKS[task])
+    name = "olmes.py" if is_olmes(task) else TASKS[task]
+    config = sibling_config(os.path.join(CONFIGS, name), name)
     config.lm, config.max_questions = lm, questions
+    if is_olmes(task):
+        config.questions = task
     config.cache_dir = os.path.join(root, lm, f"corpus_{config.corpus}")  # sciq and sciq_mc share one index
     if config.job == "qa":
         config.methods = METHODS
@@ -34,7 +47,7 @@ def task_config(task: str, lm: str, questions: int, root: str):
     return config
 
 
-def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, loaded: dict) -> dict:
+def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, loaded: dict, methods: str = "") -> dict:
     """results.json of one (LM, task) run, running it when absent (or asked to); `loaded` keeps the LM."""
     path = os.path.join(workdir, "results.json")
     if not rerun and os.path.isfile(path):
@@ -48,6 +61,8 @@ def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, load
     console.setup(workdir, -1)
     console.phase(f"{lm} on {task}: up to {questions} questions in {workdir}")
     config = task_config(task, lm, questions, os.path.dirname(os.path.dirname(workdir)))
+    if methods:
+        config.methods = tuple(methods.split(","))
     if lm not in loaded:
         from replug_jax.workspace import load_job_lm
         from replug_jax.models import precision
@@ -65,11 +80,11 @@ def row(lm: str, task: str, results: dict) -> dict:
     """One table row: the task's score per method (EM or micro accuracy, %), recall, count, minutes."""
     if results["task"] == "mmlu":
         scores = {m: v["micro"] for m, v in results["accuracy"].items()}
-        recall = None
+        recall, metric = None, results.get("option_metric", "acc (letters)")
     else:
         scores = dict(results["exact_match"])
-        recall = results["answer_recall"].get("replug")
-    return {"lm": lm, "task": task, "count": results["count"], "minutes": results["seconds"] / 60,
+        recall, metric = results["answer_recall"].get("replug"), "EM"
+    return {"lm": lm, "task": task, "count": results["count"], "minutes": results["seconds"] / 60, "metric": metric,
             "scores": scores, "answer_recall": recall, "k": results["k"], "shots": results["shots"]}
 
 
@@ -78,19 +93,26 @@ def finished_rows(workdir: str, first: list[str]) -> list[dict]:
     `first` first, then by name; tasks in TASKS order."""
     lms = [d for d in sorted(os.listdir(workdir)) if os.path.isdir(os.path.join(workdir, d))]
     lms = [m for m in first if m in lms] + [m for m in lms if m not in first]
-    return [row(lm, task, json.load(open(path))) for lm in lms for task in TASKS
-            if os.path.isfile(path := os.path.join(workdir, lm, task, "results.json"))]
+    out = []
+    for lm in lms:
+        dirs = list(TASKS) + sorted(d for d in os.listdir(os.path.join(workdir, lm)) if d.startswith("olmes_"))
+        for name in dirs:
+            if os.path.isfile(path := os.path.join(workdir, lm, name, "results.json")):
+                results = json.load(open(path))
+                out.append(row(lm, results["questions_source"] if name.startswith("olmes_") else name, results))
+    return out
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| LM | task | questions | none | REPLUG | concat | vote | answer recall@k | minutes |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| LM | task | questions | metric | none | REPLUG | concat | vote | answer recall@k | minutes |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cells = [f"{r['scores'][m]:.1f}" if m in r["scores"] else "—" for m in METHODS]
         recall = f"{r['answer_recall']:.1f}" if r["answer_recall"] is not None else "—"
-        lines.append(f"| {r['lm']} | {r['task']} | {r['count']} | " + " | ".join(cells)
+        lines.append(f"| {r['lm']} | {r['task']} | {r['count']} | {r.get('metric', '')} | " + " | ".join(cells)
                      + f" | {recall} | {r['minutes']:.1f} |")
-    return "\n".join(lines) + "\n\nQA tasks: exact match (%); sciq_mc, mmlu: accuracy (%, 4 options, chance 25).\n"
+    return "\n".join(lines) + ("\n\nQA tasks: exact match (%); sciq_mc, mmlu: accuracy (%, 4 options, chance 25); olmes "
+                               "tasks: accuracy (%) by the metric named (3-5 options).\n")
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -109,7 +131,7 @@ def plot(rows: list[dict], path: str) -> None:
             ax.bar(np.arange(len(these)) + i * width, [r["scores"].get(m, 0.0) for r in these], width, label=m)
         ax.set_xticks(np.arange(len(these)) + width * (len(METHODS) - 1) / 2, [r["lm"] for r in these], fontsize=7)
         ax.set_title(f"{task} ({these[0]['count']} questions)")
-        ax.set_ylabel("accuracy (%)" if task in MULTIPLE_CHOICE else "exact match (%)")
+        ax.set_ylabel("accuracy (%)" if task in MULTIPLE_CHOICE or is_olmes(task) else "exact match (%)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
@@ -123,8 +145,9 @@ def main():
     ap.add_argument("--questions", type=int, default=30, help="questions per task (after the demos)")
     ap.add_argument("--workdir", default="runs/reader_effects")
     ap.add_argument("--rerun", action="store_true", help="run again even where results.json exists")
+    ap.add_argument("--methods", default="", help="comma-separated methods (default: each task config's own)")
     args = ap.parse_args()
-    unknown = [t for t in args.tasks.split(",") if t not in TASKS]
+    unknown = [t for t in args.tasks.split(",") if t not in TASKS and not is_olmes(t)]
     if unknown:  # every name checked before the first task runs
         ap.error(f"unknown task(s) {', '.join(map(repr, unknown))}; known: {', '.join(TASKS)}")
     from replug_jax.input_checks import InputError, check_model
@@ -138,7 +161,8 @@ def main():
     loaded = {}
     for lm in args.lms.split(","):
         for task in args.tasks.split(","):
-            run_task(task, lm, args.questions, os.path.join(args.workdir, lm, task), args.rerun, loaded)
+            run_task(task, lm, args.questions, os.path.join(args.workdir, lm, task_dir(task)), args.rerun, loaded,
+                     args.methods)
     rows = finished_rows(args.workdir, args.lms.split(","))
     with open(os.path.join(args.workdir, "effects.json"), "w") as f:
         json.dump(rows, f, indent=1)

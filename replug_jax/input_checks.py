@@ -50,6 +50,19 @@ def check_model(key: str, name: str) -> None:
                      "hub id 'org/name' or a server URL")
 
 
+def _check_olmes(config) -> None:
+    """An OLMES source (olmes:<task>:<form>) whose request file is installed, and a known option metric."""
+    from replug_jax.data import olmes
+    from replug_jax.evaluate import option_text
+
+    try:
+        olmes.task_dir(*olmes.parse_source(config.questions))
+        if config.get("option_metric"):
+            option_text.check_scoring("options", config.option_metric)
+    except (ValueError, FileNotFoundError) as e:
+        raise InputError(f"--config.questions={config.questions!r}: {e}") from None
+
+
 def check_job_inputs(config) -> None:
     """Everything about `config` that can be checked without loading a model (see the module docstring)."""
     from replug_jax.jobs import JOBS
@@ -74,7 +87,10 @@ def check_job_inputs(config) -> None:
     if config.job in ("qa", "mmlu"):
         _check_path_or_name("corpus", config.corpus, CORPUS_NAMES)
         names = QA_NAMES if config.job == "qa" else MC_NAMES
-        _check_path_or_name("questions", config.questions, names)
+        if config.job == "mmlu" and config.questions.startswith("olmes:"):
+            _check_olmes(config)
+        else:
+            _check_path_or_name("questions", config.questions, names)
         if config.get("demos"):
             _check_path_or_name("demos", config.demos, names)
         if "replug_lsr" in config.methods:

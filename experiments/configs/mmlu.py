@@ -23,4 +23,6 @@ def get_config():
     c.k = 10
     c.shots = 5
     c.max_new_tokens = 1
+    c.scoring = "letters"  # "options": each option's text as the continuation (evaluate/option_text.py)
+    c.option_metric = "acc_per_char"  # with "options", which decides: "acc", "acc_per_char" or "acc_per_token"
     return c

@@ -18,26 +18,35 @@ import numpy as np
 from replug_jax import replug
 
 
+def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
+                         continuations: Sequence[Sequence[str]], *, prefix: str = "") -> list[list[tuple[float, int]]]:
+    """Per question, per continuation: (log p(continuation | mixture), its token count), the mixture per token
+    over `prefix` ∘ contexts[q][i] with weights log_weights[q] ([len(contexts[q])] log λ, normalised)."""
+    flat_ctx, flat_cont = [], []
+    for ctx, conts in zip(contexts, continuations):
+        for cont in conts:
+            for c in ctx:
+                flat_ctx.append(prefix + c)
+                flat_cont.append(cont)
+    scored = lm.score(flat_ctx, flat_cont) if flat_ctx else []
+    out, at = [], 0
+    for q, conts in enumerate(continuations):
+        k, log_w = len(contexts[q]), np.asarray(log_weights[q], np.float32)[None]  # [1, K]
+        row = []
+        for _ in conts:
+            per_pass = np.stack([np.asarray(s, np.float32) for s in scored[at : at + k]])[None]  # [1, K, T]
+            mixed = replug.ensemble_logprobs(per_pass, log_w, np.isfinite(log_w), 1.0)  # [1, T]
+            row.append((float(np.sum(mixed)), per_pass.shape[-1]))
+            at += k
+        out.append(row)
+    return out
+
+
 def answer_nll(lm, contexts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
                answers: Sequence[Sequence[str]], *, prefix: str = "") -> np.ndarray:
     """[Q] float: -max over answers of log p(" answer" | mixture of `prefix` ∘ contexts[q][i], log λ[q][i]).
 
     contexts[q]: the question's passes; log_weights[q]: [len(contexts[q])] log λ (normalised)."""
-    flat_ctx, flat_cont, where = [], [], []
-    for q, (ctx, golds) in enumerate(zip(contexts, answers)):
-        for a, gold in enumerate(golds):
-            for c in ctx:
-                flat_ctx.append(prefix + c)
-                flat_cont.append(f" {gold.strip()}")
-            where.append((q, a))
-    scored = lm.score(flat_ctx, flat_cont) if flat_ctx else []
-    best = np.full(len(contexts), np.inf)
-    at = 0
-    for q, _ in where:
-        k = len(contexts[q])
-        per_pass = np.stack([np.asarray(s, np.float32) for s in scored[at : at + k]])[None]  # [1, K, T]
-        log_w = np.asarray(log_weights[q], np.float32)[None]  # [1, K]
-        mixed = replug.ensemble_logprobs(per_pass, log_w, np.isfinite(log_w), 1.0)  # [1, T]
-        best[q] = min(best[q], -float(np.sum(mixed)))
-        at += k
-    return best
+    golds = [[f" {gold.strip()}" for gold in answers_q] for answers_q in answers]
+    logliks = continuation_logliks(lm, contexts, log_weights, golds, prefix=prefix)
+    return np.array([-max(ll for ll, _ in row) if row else np.inf for row in logliks])

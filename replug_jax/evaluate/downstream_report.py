@@ -18,11 +18,16 @@ def _ordered(methods):
 def mmlu_table(results: dict) -> str:
     acc = results["accuracy"]
     subjects = {s for m in acc for s in acc[m].get("per_subject", {})}
+    scoring = (f", options scored by their text ({results['option_metric']} decides)"
+               if results.get("scoring") == "options" else "")
     if not subjects & set(MMLU_CATEGORIES):  # not MMLU's subjects (SciQ's "sciq", ...): one accuracy per method
         lines = [f"Multiple choice ({results.get('questions_source')}), {results['count']} questions, "
-                 f"{results['shots']}-shot, k = {results['k']}", "", "| method | accuracy |", "|---|---:|"]
-        return "\n".join(lines + [f"| {m} | {acc[m]['micro']:.1f} |" for m in _ordered(acc)]) + "\n"
-    lines = [f"MMLU, {results['count']} questions, {results['shots']}-shot, k = {results['k']} "
+                 f"{results['shots']}-shot, k = {results['k']}{scoring}", ""]
+        if "option_accuracy" not in results:
+            return "\n".join(lines + ["| method | accuracy |", "|---|---:|"]
+                             + [f"| {m} | {acc[m]['micro']:.1f} |" for m in _ordered(acc)]) + "\n"
+        return "\n".join(lines) + "\n" + option_table(results)
+    lines = [f"MMLU, {results['count']} questions, {results['shots']}-shot, k = {results['k']}{scoring} "
              "(category columns: macro-average over their subjects; All (macro): over subjects, as the paper's "
              "Table 2; All (micro): over questions)", "",
              "| method | " + " | ".join(CATEGORIES) + " | All (macro) | All (micro) |", "|---|" + "---:|" * 6]
@@ -30,6 +35,16 @@ def mmlu_table(results: dict) -> str:
         cats = acc[m]["per_category"]
         cells = [f"{cats[c]['macro']:.1f}" if c in cats else "" for c in CATEGORIES]
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {acc[m]['macro']:.1f} | {acc[m]['micro']:.1f} |")
+    table = "\n".join(lines) + "\n"
+    return table + ("\n" + option_table(results) if "option_accuracy" in results else "")
+
+
+def option_table(results: dict) -> str:
+    """Accuracy (%, over questions) by each option metric: acc, acc_per_char, acc_per_token."""
+    by = results["option_accuracy"]
+    metrics = list(by)
+    lines = ["| method | " + " | ".join(metrics) + " |", "|---|" + "---:|" * len(metrics)]
+    lines += [f"| {m} | " + " | ".join(f"{by[x][m]:.1f}" for x in metrics) + " |" for m in _ordered(by[metrics[0]])]
     return "\n".join(lines) + "\n"
 
 

@@ -36,8 +36,9 @@ def question_block(example, passage: str | None, with_answer: bool = False) -> s
     return f"{knowledge}Question: {example.question}\n{options}\nAnswer:{end}"
 
 
-def shots_block(shots, shot_passages: Sequence[str | None]) -> str:
-    return "".join(question_block(s, p, with_answer=True) for s, p in zip(shots, shot_passages))
+def shots_block(shots, shot_passages: Sequence[str | None], block=question_block) -> str:
+    """The few-shot prefix: each shot as `block` builds it, with its passage and its answer."""
+    return "".join(block(s, p, with_answer=True) for s, p in zip(shots, shot_passages))
 
 
 def shots_by_subject(dev) -> dict[str, list]:
@@ -48,15 +49,17 @@ def shots_by_subject(dev) -> dict[str, list]:
     return out
 
 
-def method_prompts(method: str, questions, passages: list[list[str]], prefixes: dict[str, str]) -> list[list[str]]:
+def method_prompts(method: str, questions, passages: list[list[str]], prefixes: dict[str, str],
+                   block=question_block) -> list[list[str]]:
     """Per question its prompts, after its subject's few-shot prefix: one without a passage ("none"), one with the
-    passages joined best last ("concat"), else one per retrieved passage (REPLUG's passes)."""
+    passages joined best last ("concat"), else one per retrieved passage (REPLUG's passes). `block`: the
+    question's prompt (`question_block`: lettered options; `option_text.cloze_block`: the question alone)."""
     head = lambda q: prefixes.get(q.subject, "")
     if method == "none":
-        return [[head(q) + question_block(q, None)] for q in questions]
+        return [[head(q) + block(q, None)] for q in questions]
     if method == "concat":
-        return [[head(q) + question_block(q, " ".join(reversed(p)))] for q, p in zip(questions, passages)]
-    return [[head(q) + question_block(q, p) for p in ps] for q, ps in zip(questions, passages)]
+        return [[head(q) + block(q, " ".join(reversed(p)))] for q, p in zip(questions, passages)]
+    return [[head(q) + block(q, p) for p in ps] for q, ps in zip(questions, passages)]
 
 
 def retrieval_query(example, with_options: bool) -> str:

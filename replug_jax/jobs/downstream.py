@@ -13,6 +13,7 @@ Demos drawn from the evaluated set are removed from it before scoring, and the c
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -23,8 +24,8 @@ import numpy as np
 from replug_jax import console, distributed, workspace
 from replug_jax.models import precision
 from replug_jax.data import downstream as data
-from replug_jax.data import wiki
-from replug_jax.evaluate import answer_nll, downstream_report, mmlu, qa, qa_metrics
+from replug_jax.data import olmes, wiki
+from replug_jax.evaluate import answer_nll, downstream_report, mmlu, option_text, qa, qa_metrics
 from replug_jax.passages import passage_text
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
@@ -35,6 +36,9 @@ JOB_METHODS = {"qa": qa.METHODS, "mmlu": ("none", "replug", "concat", "replug_ls
 
 def load_sets(config, kind: str):
     """(evaluated examples, demos, demos removed from the evaluated set)."""
+    task = olmes.parse_source(config.questions) if kind == "mmlu" else None
+    if task:  # OLMES's request files: the shots are inside each request's context
+        return olmes.load_olmes(*task)[0][: config.max_questions or None], [], 0
     if kind == "qa" and config.questions == DEMO:  # the first `shots` covered questions are the demos
         covered = [ex for ex, _ in data.covered_questions(data.load_nq_open() + data.load_trivia_qa(),
                                                           wiki.load_wiki_articles())]
@@ -135,11 +139,11 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
     predictions = [row for part in split.gather(predictions) for row in part]
     results.update(_metrics(kind, config, questions, demos, predictions))
-    results.update({"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
-                    "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
-                    "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k, "shots": config.shots, "temperature": config.temperature,
-                    "methods": list(config.methods), "seconds": time.time() - started,
-                    "processes": jax.process_count()})
+    results = {"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
+               "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
+               "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k, "shots": config.shots,
+               "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
+               "processes": jax.process_count(), **results}  # the run's own settings win (OLMES: the file's shots)
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
@@ -159,8 +163,13 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> di
                 "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()},
                 "answer_nll": nll, "count": len(questions)}
     zero_shot = sorted({q.subject for q in questions} - set(mmlu.shots_by_subject(demos))) if config.shots else []
-    return {"accuracy": {m: mmlu.accuracy(questions, [row[m] for row in predictions]) for m in config.methods},
-            "count": len(questions), "zero_shot_subjects": zero_shot}
+    out = {"accuracy": {m: mmlu.accuracy(questions, [row[m] for row in predictions]) for m in config.methods},
+           "count": len(questions), "zero_shot_subjects": zero_shot}
+    if f"{config.methods[0]}_options" in predictions[0]:  # option texts scored: every option metric, micro (%)
+        out["option_accuracy"] = {
+            metric: {m: mmlu.accuracy(questions, [row[f"{m}_options"][metric] for row in predictions])["micro"]
+                     for m in config.methods} for metric in option_text.OPTION_METRICS}
+    return out
 
 
 DEMO_PASSAGES = ("top1", "answer")
@@ -216,28 +225,78 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
     return results, predictions
 
 
+def _run_olmes(config, lm, store, retrievers, questions, task: tuple[str, str]):
+    """Predictions of OLMES requests by every method: closed book scores each request's (context, continuation)
+    exactly; REPLUG retrieves for the question and prepends each passage to the request's context, the options'
+    continuations mixed per token; every option metric, the file's primary one deciding (or config.option_metric)."""
+    info = olmes.task_info(*task)
+    metric = config.get("option_metric") or info["primary_metric"]
+    option_text.check_scoring("options", metric)
+    results = {"olmes": info, "scoring": "options", "option_metric": metric, "shots": info["num_shots"]}
+    predictions = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in questions]
+    for method in config.methods:
+        console.phase(f"olmes {':'.join(task)} {method}: {len(questions)} questions, k={config.k}")
+        passages, log_w = [[] for _ in questions], [np.zeros(1, np.float32) for _ in questions]
+        if method not in ("none",):
+            retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
+            scores, rows = retriever.retrieve([q.question for q in questions], config.k)
+            passages = passages_of(store, rows)
+            if method != "concat":
+                log_w = [option_text.log_lambda(s, len(p), config.temperature) for s, p in zip(scores, passages)]
+        prompts = option_text.prepended_prompts(method, [q.context for q in questions], passages)
+        by_metric = option_text.option_predictions(lm, prompts, log_w, [q.continuations for q in questions])
+        for i, row in enumerate(predictions):
+            row[method] = by_metric[metric][i]
+            row[f"{method}_options"] = {m: by_metric[m][i] for m in (*option_text.OPTION_METRICS, "loglik")}
+    return results, predictions
+
+
 def _run_mmlu(config, lm, store, retrievers, questions, dev):
+    """Predictions of `questions` by every method: the option letters' mixture (scoring "letters", the paper's
+    Table 4 prompt) or each option's text (scoring "options", evaluate/option_text.py)."""
+    task = olmes.parse_source(config.questions)
+    if task:
+        return _run_olmes(config, lm, store, retrievers, questions, task)
+    scoring, option_metric = config.get("scoring", "letters"), config.get("option_metric", "acc_per_char")
+    option_text.check_scoring(scoring, option_metric)
     n_options = max(len(q.choices) for q in questions)
-    mmlu.check_option_tokens(lm, n_options)
+    if scoring == "letters":
+        mmlu.check_option_tokens(lm, n_options)
+    block = mmlu.question_block if scoring == "letters" else option_text.cloze_block
     shots_by_subject = mmlu.shots_by_subject(dev)
     zero_shot = sorted({q.subject for q in questions} - set(shots_by_subject)) if config.shots else []
     if zero_shot:
         console.phase(f"warning: no shots for subjects {', '.join(zero_shot)}: their questions are asked zero-shot")
-    results = {"query_with_options": bool(config.query_with_options)}
+    results = {"query_with_options": bool(config.query_with_options), "scoring": scoring}
+    if scoring == "options":
+        results["option_metric"] = option_metric
     predictions = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in questions]
     for method in config.methods:
-        console.phase(f"mmlu {method}: {len(questions)} questions, k={config.k}")
+        console.phase(f"mmlu {method}: {len(questions)} questions, k={config.k}, scoring by {scoring}")
         retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
         queries = [mmlu.retrieval_query(q, config.query_with_options) for q in questions]
         scores, rows = retriever.retrieve(queries, config.k)
         passages = passages_of(store, rows)
-        prefixes = {s: _demo_prefix(retriever, store, shots[: config.shots], method != "none", mmlu.shots_block)
+        shots_block = functools.partial(mmlu.shots_block, block=block)
+        prefixes = {s: _demo_prefix(retriever, store, shots[: config.shots], method != "none", shots_block)
                     for s, shots in shots_by_subject.items()}
-        prompts = mmlu.method_prompts(method, questions, passages, prefixes)
+        prompts = mmlu.method_prompts(method, questions, passages, prefixes, block=block)
+        passes = method not in ("none", "concat")
+        if scoring == "options":
+            log_w = [option_text.log_lambda(s, len(p), config.temperature) if passes else np.zeros(1, np.float32)
+                     for s, p in zip(scores, prompts)]
+            by_metric = option_text.option_predictions(lm, prompts, log_w, [option_text.continuations(q)
+                                                                             for q in questions])
+            for i, row in enumerate(predictions):
+                row[method] = by_metric[option_metric][i]
+                row[f"{method}_options"] = {m: by_metric[m][i] for m in (*option_text.OPTION_METRICS, "loglik")}
+            continue
         option_lps = mmlu.option_logprobs(lm, prompts, n_options=n_options, progress=True)
-        weights = scores[:, : option_lps.shape[1]] if method not in ("none", "concat") else np.zeros(option_lps.shape[:2])
+        weights = scores[:, : option_lps.shape[1]] if passes else np.zeros(option_lps.shape[:2])
         predicted, _ = mmlu.mixture_predictions(option_lps, weights.astype(np.float32), config.temperature,
                                                 [len(q.choices) for q in questions])
         for row, p in zip(predictions, predicted):
             row[method] = int(p)
     return results, predictions
+
+

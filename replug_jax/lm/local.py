@@ -3,7 +3,8 @@
 All (context, continuation) pairs of a call are tokenised, sorted by length, padded to
 fixed length buckets and a fixed batch size, and scored by one jitted function per
 bucket with the batch split over every device. One-token continuations of one context (MMLU's
-option letters) are scored from one forward pass of that context.
+option letters) are scored from one forward pass of that context, and rows that share a long prefix (a
+few-shot block) read it from one key/value cache (lm/shared_prefix.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax import sharding, xla_cpu
+from replug_jax.lm import shared_prefix
 from replug_jax.lm.blackbox import check_pairs, pair_token_ids
 from replug_jax.models import causal_lm, partition, precision
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, tokenizer_fingerprint
@@ -32,10 +34,12 @@ class LocalLM:
 
     def __init__(self, config: causal_lm.CausalLMConfig, params, tokenizer: TextTokenizer, *, name: str = "lm",
                  max_length: int | None = None, batch_size: int = 4, length_multiple: int = 32,
-                 dtype=None, param_dtype=None, mesh=None, model_parallel: int = 1):
+                 dtype=None, param_dtype=None, mesh=None, model_parallel: int = 1,
+                 min_shared_prefix: int = shared_prefix.MIN_SHARED_PREFIX):
         """`dtype`: compute dtype (None: bf16 on accelerators, fp32 on CPU, `models/precision.py`); `param_dtype`:
         the weights' (None: `dtype`). `mesh` (default: `sharding.lm_mesh(model_parallel)` over this process's
-        devices): batches split over its "data" axis, weights over its "model" axis by models/partition.py."""
+        devices): batches split over its "data" axis, weights over its "model" axis by models/partition.py.
+        `min_shared_prefix`: rows of one call sharing this many leading tokens compute them once (0: never)."""
         self.config, self.tokenizer, self.name = config, tokenizer, name
         self.max_length = min(max_length or config.max_position, config.max_position)
         params = precision.cast_floating(params, precision.weight_dtype(dtype, param_dtype))
@@ -50,6 +54,8 @@ class LocalLM:
                                                  param_shardings=partition.param_shardings(params, mesh, config),
                                                  compiler_options=xla_cpu.options(xla_cpu.LM_SCORING, mesh))
         self._generator = None
+        self.min_shared_prefix = min_shared_prefix
+        self._prefix_scorer = None
 
     @staticmethod
     def _logprob_fn(params, ids, mask, target_positions, predict_from, *, config, dtype):
@@ -58,6 +64,10 @@ class LocalLM:
     @property
     def params(self):
         return self._batch_fn.params
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_fn.batch_size
 
     @property
     def mesh(self):
@@ -101,26 +111,51 @@ class LocalLM:
     def score_token_pairs(self, pairs: list[tuple[list[int], list[int]]], progress: bool = False) -> list[np.ndarray]:
         """Like `score`, for pre-tokenised (context ids, continuation ids) pairs; contexts must not be empty.
 
-        One-token continuations of one context (MMLU's " A" .. " D") share one forward pass (`_rows`)."""
+        One-token continuations of one context (MMLU's " A" .. " D") share one forward pass (`_rows`); rows that
+        share at least `min_shared_prefix` leading tokens read them from one key/value cache (lm/shared_prefix.py)."""
         if any(not ctx for ctx, _ in pairs):
             raise ValueError("every context needs at least one token (use pair_tokens, which adds the document-start token)")
         rows = self._rows(pairs)
         out: list[np.ndarray | None] = [None] * len(pairs)
+        groups, alone = shared_prefix.prefix_groups([r.ids for r in rows], [r.predict_from[0] for r in rows],
+                                                    self.min_shared_prefix)
+        self._score_rows([rows[i] for i in alone], out, progress)
+        for common, members in groups:
+            self._score_after_prefix(common, [rows[i] for i in members], out, progress)
+        return out  # type: ignore[return-value]
+
+    def target_arrays(self, targets: list[list[int]], predict_from: list[list[int]], length: int):
+        """(targets, predict_from) [b, T] int32, T a bucket of the longest list (≤ `length`); zeros past each."""
+        width = sharding.length_bucket(max(len(t) for t in targets), CONTINUATION_MULTIPLE, length)
+        target_ids = np.zeros((len(targets), width), np.int32)  # [b, T]: where each scored token sits
+        predict = np.zeros((len(targets), width), np.int32)  # [b, T]: the position that predicts it
+        for j, (t, p) in enumerate(zip(targets, predict_from)):
+            target_ids[j, : len(t)], predict[j, : len(t)] = t, p
+        return target_ids, predict
+
+    def _score_rows(self, rows: list["_ScoredRow"], out: list, progress: bool) -> None:
+        """Each row as one sequence, in length-bucketed batches; each pair's scores into `out`."""
+        if not rows:
+            return
         batches = sharding.bucketed_batches([r.ids for r in rows], self._batch_fn.batch_size, self.length_multiple,
                                             self.max_length, self.pad_id, progress, desc="score",
                                             per_octave=LENGTH_STEPS_PER_OCTAVE)
         for idx, ids, mask in batches:
-            width = sharding.length_bucket(max(len(rows[i].targets) for i in idx), CONTINUATION_MULTIPLE, ids.shape[1])
-            targets = np.zeros((len(idx), width), np.int32)  # [b, T]: where each scored token sits
-            predict = np.zeros((len(idx), width), np.int32)  # [b, T]: the position that predicts it
-            for j, i in enumerate(idx):
-                n = len(rows[i].targets)
-                targets[j, :n], predict[j, :n] = rows[i].targets, rows[i].predict_from
+            targets, predict = self.target_arrays([rows[i].targets for i in idx], [rows[i].predict_from for i in idx],
+                                                  ids.shape[1])
             lps = self._batch_fn(ids, mask, targets, predict)  # [b, T]
             for j, i in enumerate(idx):
-                for pair, where in rows[i].pieces:
-                    out[pair] = lps[j, where].astype(np.float32)
-        return out  # type: ignore[return-value]
+                rows[i].deliver(lps[j], out)
+
+    def _score_after_prefix(self, common: int, rows: list["_ScoredRow"], out: list, progress: bool) -> None:
+        """Rows sharing their first `common` tokens: those once into a cache, each row's rest after it."""
+        if self._prefix_scorer is None:
+            self._prefix_scorer = shared_prefix.PrefixScorer(self)
+        suffixes = [(r.ids[common:], [t - common for t in r.targets], [p - common for p in r.predict_from])
+                    for r in rows]
+        for idx, lps in self._prefix_scorer.score(rows[0].ids[:common], suffixes, LENGTH_STEPS_PER_OCTAVE, progress):
+            for j, i in enumerate(idx):
+                rows[i].deliver(lps[j], out)
 
     def _rows(self, pairs) -> list["_ScoredRow"]:
         """The forward rows for `pairs`: context + continuation each, except that the one-token continuations of
@@ -152,3 +187,8 @@ class _ScoredRow:
     targets: list[int]
     predict_from: list[int]
     pieces: list[tuple[int, slice]]
+
+    def deliver(self, scores: np.ndarray, out: list) -> None:
+        """The row's scores [T] to the pairs it answers: out[pair] = float32 log-probs."""
+        for pair, where in self.pieces:
+            out[pair] = scores[where].astype(np.float32)

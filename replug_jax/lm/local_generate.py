@@ -65,17 +65,18 @@ def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit,
     return tokens, lps, counts
 
 
+def split_rows(cache: dict, config, mesh) -> dict:
+    """The cache's keys and values laid out as the rows' batch: rows over "data", heads over "model"."""
+    split = NamedSharding(mesh, partition.kv_cache_spec(config.num_kv_heads, mesh))
+    return {**cache, **{name: jax.lax.with_sharding_constraint(cache[name], split) for name in ("k", "v")}}
+
+
 def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, stop_mask, limit, *, config, dtype, slots, steps,
          mesh):
     """Prefix once, copied to every row; each row's own tokens; then `mixture_decode`."""
     cache = causal_lm.init_cache(config, 1, slots, dtype)
     _, cache = causal_lm.extend(params, config, cache, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
-    rows = ids.shape[0]
-    split = NamedSharding(mesh, partition.kv_cache_spec(config.num_kv_heads, mesh))  # rows over data, heads over model
-    copy = lambda x: jnp.broadcast_to(x, x.shape[:1] + (rows,) + x.shape[2:])  # [layers, 1, ...] -> [layers, rows, ...]
-    cache = {**{name: jax.lax.with_sharding_constraint(copy(cache[name]), split) for name in ("k", "v")},
-             "key_mask": jnp.broadcast_to(cache["key_mask"], (rows, slots)),
-             "count": jnp.broadcast_to(cache["count"], (rows,)), "length": cache["length"]}
+    cache = split_rows(causal_lm.repeat_cache(cache, ids.shape[0]), config, mesh)
     logits, cache = causal_lm.extend(params, config, cache, ids, mask, dtype)  # [B·K, V] after each pass's tokens
     return mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, steps=steps, dtype=dtype)
 

@@ -231,7 +231,7 @@ def token_logprobs(params, config: CausalLMConfig, input_ids, attention_mask, dt
 
 
 def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, target_positions, predict_from=None,
-                dtype=jnp.float32):
+                dtype=jnp.float32, cache=None):
     """log p(token at position p | tokens before p) for chosen positions p.
 
     input_ids, attention_mask: [B, L]; target_positions: [B, T] int, where 0 marks an empty
@@ -241,13 +241,17 @@ def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, targe
     scores each target. Several one-token continuations of one context are scored in one row this
     way: ids = context + [a, b, ...], targets at L, L+1, ..., all predicted from L - 1 (causal
     attention keeps the later tokens out of position L - 1).
+    cache (optional, `init_cache`/`extend`): the rows continue the cached tokens (a shared prefix read once);
+    positions then count within `input_ids` only, and position 0 can predict (it follows the cache).
     """
     scored = target_positions > 0  # [B, T]
     if predict_from is None:
         predict_from = target_positions - 1
     predict_from = jnp.maximum(predict_from, 0)
     with precision.matmuls(dtype):
-        logits_ = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, predict_from)  # [B, T, V]
+        logits_ = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, predict_from, cache)
+    if cache is not None:
+        logits_ = logits_[0]  # (logits, the extended cache): the cache is not kept
     targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
     return jnp.where(scored, layers.gather_logprobs(logits_, targets), 0.0)
 
@@ -259,6 +263,21 @@ def init_cache(config: CausalLMConfig, batch: int, slots: int, dtype=jnp.float32
     shape = (config.num_layers, batch, slots, config.num_kv_heads, config.dims_per_head)
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "key_mask": jnp.zeros((batch, slots), jnp.int32),
             "count": jnp.zeros((batch,), jnp.int32), "length": jnp.zeros((), jnp.int32)}
+
+
+def repeat_cache(cache: dict, rows: int, extra_slots: int = 0) -> dict:
+    """A one-row cache (a shared prefix) as `rows` identical rows, with `extra_slots` empty slots appended for
+    the tokens each row adds: k, v [layers, 1, S, Hkv, Dh] -> [layers, rows, S + extra, Hkv, Dh]."""
+    def grow(x, axis):  # append `extra_slots` zeros on `axis` (the slots)
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, extra_slots)
+        return jnp.pad(x, pad)
+
+    k, v, key_mask = grow(cache["k"], 2), grow(cache["v"], 2), grow(cache["key_mask"], 1)
+    return {"k": jnp.broadcast_to(k, k.shape[:1] + (rows,) + k.shape[2:]),
+            "v": jnp.broadcast_to(v, v.shape[:1] + (rows,) + v.shape[2:]),
+            "key_mask": jnp.broadcast_to(key_mask, (rows,) + key_mask.shape[1:]),
+            "count": jnp.broadcast_to(cache["count"], (rows,)), "length": cache["length"]}
 
 
 def extend(params, config: CausalLMConfig, cache: dict, input_ids, attention_mask, dtype=jnp.float32):

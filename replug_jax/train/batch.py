@@ -42,7 +42,7 @@ def make_batch(encoder, datastore, examples, rows: np.ndarray, lm_scores: np.nda
 
 
 def supervise(cache: LMScoreCache, datastore, examples, rows: np.ndarray, *, lm_score: str = "sum",
-              doc_template: str = DOC_TEMPLATE) -> np.ndarray:
+              doc_template: str = DOC_TEMPLATE, progress: bool = False) -> np.ndarray:
     """ℓ(x, d, y) for every example and retrieved row: [B, K] (0 where no document); the LM reads
     `doc_template`'s document, then x (`TrainExample.lm_prefix`), and scores y.
 
@@ -51,7 +51,7 @@ def supervise(cache: LMScoreCache, datastore, examples, rows: np.ndarray, *, lm_
         raise ValueError(f"lm_score must be one of {LM_SCORES}, got {lm_score!r}")
     contexts, continuations, where = document_passes(datastore, rows, [e.lm_prefix for e in examples],
                                                      [e.continuation for e in examples], doc_template)
-    sums, counts = cache.score(contexts, continuations)
+    sums, counts = cache.score(contexts, continuations, progress=progress)
     scores = np.zeros(rows.shape, np.float32)
     for (i, j), total, n in zip(where, sums, counts):
         scores[i, j] = total / n if lm_score == "mean" else total

@@ -1,0 +1,76 @@
+"""Multiple choice by each option's text (`scoring = "options"`), the convention of lm-eval-harness ("acc",
+"acc_norm") and OLMES ("rc", acc_per_char) for LMs too small to have learnt the letter format.
+
+The prompt asks the question without listing options ("Knowledge: <passage>\\nQuestion: ..\\nAnswer:"; each
+shot ends with its correct option's text); each option " <text>" is the continuation. REPLUG mixes the passes
+per token, as everywhere (`answer_nll.continuation_logliks`):
+
+    ℓ(option) = Σ_t logsumexp_i( log λ_i + log p(y_t | prefix ∘ pass_i, y_<t) )
+
+and the prediction is the argmax over options of ℓ ("acc"), ℓ / characters of " <text>" ("acc_per_char", as
+lm-eval-harness's acc_norm and OLMES count them, the leading space included) or ℓ / its tokens
+("acc_per_token").
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from replug_jax.evaluate.answer_nll import continuation_logliks
+
+SCORINGS = ("letters", "options")
+OPTION_METRICS = ("acc", "acc_per_char", "acc_per_token")
+
+
+def check_scoring(scoring: str, option_metric: str) -> None:
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    if option_metric not in OPTION_METRICS:
+        raise ValueError(f"option_metric must be one of {OPTION_METRICS}, got {option_metric!r}")
+
+
+def cloze_block(example, passage: str | None, with_answer: bool = False) -> str:
+    """The question without its options; a shot's ends with its correct option's text."""
+    knowledge = f"Knowledge: {passage}\n" if passage is not None else ""
+    end = f" {example.choices[example.answer]}\n\n" if with_answer else ""
+    return f"{knowledge}Question: {example.question}\nAnswer:{end}"
+
+
+def continuations(example) -> list[str]:
+    return [f" {choice}" for choice in example.choices]
+
+
+def option_predictions(lm, prompts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
+                       conts: Sequence[Sequence[str]]) -> dict:
+    """{metric: [Q] predicted option} for "acc", "acc_per_char" and "acc_per_token", and "loglik": per question
+    the options' mixture log-likelihoods. prompts[q]: the question's passes; log_weights[q]: their log λ;
+    conts[q]: its options' continuations (`continuations`)."""
+    logliks = continuation_logliks(lm, prompts, log_weights, conts)
+    out = {metric: [] for metric in OPTION_METRICS}
+    out["loglik"] = []
+    for row, texts in zip(logliks, conts):
+        ll = np.array([v for v, _ in row])  # [n options]
+        tokens = np.array([n for _, n in row], np.float64)
+        chars = np.array([len(t) for t in texts], np.float64)
+        out["acc"].append(int(np.argmax(ll)))
+        out["acc_per_char"].append(int(np.argmax(ll / chars)))
+        out["acc_per_token"].append(int(np.argmax(ll / tokens)))
+        out["loglik"].append([float(v) for v in ll])
+    return out
+
+
+def log_lambda(scores: np.ndarray, passes: int, temperature: float) -> np.ndarray:
+    """log softmax(scores[:passes] / τ): REPLUG's normalised log weights of one question's passes."""
+    s = np.asarray(scores[:passes], np.float64) / temperature
+    return (s - np.logaddexp.reduce(s)).astype(np.float32)
+
+
+def prepended_prompts(method: str, contexts: Sequence[str], passages: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Passes over fixed prompts (OLMES's request contexts, few-shot block included): the context alone ("none"),
+    every passage joined best last before it ("concat"), or one pass per passage before it (REPLUG)."""
+    if method == "none":
+        return [[c] for c in contexts]
+    if method == "concat":
+        return [[" ".join(reversed(ps)) + "\n\n" + c] for c, ps in zip(contexts, passages)]
+    return [[f"{p}\n\n{c}" for p in ps] for c, ps in zip(contexts, passages)]

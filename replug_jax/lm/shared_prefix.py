@@ -1,0 +1,108 @@
+"""Scoring rows that share a long token prefix (a few-shot block) with that prefix computed once.
+
+Multiple-choice prompts repeat the same few-shot block before every pass: MMLU's 5 shots with their passages
+are ~1,000 tokens before each ~200-token pass. `prefix_groups` finds, among the rows of one `score` call, the
+runs of rows that share a prefix of at least `min_length` tokens (on the token ids themselves, so the text's
+tokenisation is untouched); `PrefixScorer` runs each group's prefix once into a key/value cache
+(`causal_lm.extend`) and scores every row's remaining tokens against it (`causal_lm.logprobs_at` with the
+cache), in batches. The values are the full rows' (tests/test_shared_prefix.py: to float rounding).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from replug_jax import sharding, xla_cpu
+from replug_jax.lm.local_generate import split_rows
+from replug_jax.models import causal_lm
+
+MIN_SHARED_PREFIX = 128  # tokens: rows sharing at least this long a prefix read it from one cache
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def prefix_groups(rows: Sequence[Sequence[int]], first_predicted: Sequence[int], min_length: int,
+                  min_rows: int = 2) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """([(prefix length C, row indices)], indices of the rows left alone).
+
+    A group's rows share their first C >= `min_length` tokens, and C <= every member's `first_predicted`
+    (the first position whose next-token distribution is read: it must lie after the cached prefix).
+    Rows are taken in lexicographic order, so rows with a common prefix are neighbours; a group has at
+    least `min_rows` rows. `min_length` 0 turns grouping off."""
+    if min_length <= 0 or len(rows) < min_rows:
+        return [], list(range(len(rows)))
+    order = sorted(range(len(rows)), key=lambda i: tuple(rows[i]))
+    groups, alone = [], []
+    members, common = [order[0]], min(len(rows[order[0]]), first_predicted[order[0]])
+
+    def close():
+        if len(members) >= min_rows and common >= min_length:
+            groups.append((common, list(members)))
+        else:
+            alone.extend(members)
+
+    for prev, i in zip(order, order[1:]):
+        joined = min(common, common_prefix_length(rows[prev], rows[i]), first_predicted[i])
+        if joined >= min_length:
+            members.append(i)
+            common = joined
+        else:
+            close()
+            members, common = [i], min(len(rows[i]), first_predicted[i])
+    close()
+    return groups, sorted(alone)
+
+
+def _prefix_cache(params, ids, mask, *, config, dtype):
+    """[1, P] prefix ids -> its key/value cache (P slots)."""
+    cache = causal_lm.init_cache(config, 1, ids.shape[1], dtype)
+    return causal_lm.extend(params, config, cache, ids, mask, dtype)[1]
+
+
+def _score_after(params, prefix, ids, mask, targets, predict, *, config, dtype, mesh):
+    """Rows [b, W] continuing the one-row `prefix` cache: log-probs [b, T] at `targets` (positions in the rows)."""
+    cache = split_rows(causal_lm.repeat_cache(prefix, ids.shape[0], ids.shape[1]), config, mesh)
+    return causal_lm.logprobs_at(params, config, ids, mask, targets, predict, dtype=dtype, cache=cache)
+
+
+class PrefixScorer:
+    """Scores rows after a shared prefix for a `LocalLM` (its params, mesh, batch size and buckets)."""
+
+    def __init__(self, lm):
+        self.lm = lm
+        spans = sharding.spans_processes(lm.mesh)
+        out = sharding.replicated(lm.mesh) if spans else sharding.batch_sharding(lm.mesh)
+        options = xla_cpu.options(xla_cpu.LM_SCORING, lm.mesh)
+        self._prefix = jax.jit(functools.partial(_prefix_cache, config=lm.config, dtype=lm.dtype),
+                               compiler_options=options)
+        self._score = jax.jit(functools.partial(_score_after, config=lm.config, dtype=lm.dtype, mesh=lm.mesh),
+                              out_shardings=out, compiler_options=options)
+
+    def score(self, prefix: list[int], suffixes: list, batch_lengths, progress: bool = False):
+        """Yield (suffix indices, log-probs [b, T]) for `suffixes` = [(ids, targets, predict_from)] whose
+        positions count within each suffix (the cached prefix comes first)."""
+        lm = self.lm
+        width = sharding.length_bucket(len(prefix), lm.length_multiple, lm.max_length)
+        prefix_ids, prefix_mask = sharding.pad_rows([prefix], width, lm.pad_id, 1)
+        cache = self._prefix(lm.params, prefix_ids, prefix_mask)
+        size = lm.batch_size
+        batches = sharding.bucketed_batches([s[0] for s in suffixes], size, lm.length_multiple, lm.max_length,
+                                            lm.pad_id, progress, desc="score after prefix", per_octave=batch_lengths)
+        split = sharding.batch_sharding(lm.mesh)
+        for idx, ids, mask in batches:
+            targets, predict = lm.target_arrays([suffixes[i][1] for i in idx], [suffixes[i][2] for i in idx],
+                                                ids.shape[1])
+            rows = len(idx)
+            arrays = tuple(np.pad(a, ((0, size - rows), (0, 0))) for a in (ids, mask, targets, predict))
+            lps = self._score(lm.params, cache, *jax.device_put(arrays, split))
+            yield idx, np.asarray(sharding.local_copy(lps))[:rows]
+
