@@ -81,7 +81,7 @@ def main(argv=None):
     rows = []
     for name in args.lms.split(","):
         prefix_lm = rj.load_lm(name, batch_size=args.batch_size)
-        full_lm = LocalLM(prefix_lm.config, prefix_lm.params, prefix_lm.tokenizer, name=name,
+        full_lm = LocalLM(prefix_lm.config, prefix_lm.params, prefix_lm.tokenizer, name=name, max_length=prefix_lm.max_length,
                           batch_size=args.batch_size, mesh=prefix_lm.mesh, min_shared_prefix=0)
         for task, method, prompts in ((t, m, p) for t in args.tasks.split(",")
                                       for m, p in mc_prompts(prefix_lm, t, args.questions, shots[t], args.k).items()):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -103,8 +104,9 @@ def main(argv=None):
     def scorer(name: str) -> LMScoreCache:
         if name not in scorers:
             other = name != config.lm
-            where = os.path.dirname(args.lm_cache) if args.lm_cache else args.workdir
-            scorers[name] = LMScoreCache(os.path.join(where, f"lm_cache_{name}.sqlite" if other else "lm_cache.sqlite"),
+            where = os.path.dirname(args.lm_cache) or args.workdir
+            file = "lm_cache_" + re.sub(r"[^\w.-]", "_", name) + ".sqlite"  # a hub id or URL as one file name
+            scorers[name] = LMScoreCache(os.path.join(where, file if other else "lm_cache.sqlite"),
                                          workspace.load_job_lm(with_lm(config, name), None) if other else lm)
         return scorers[name]
 
@@ -124,9 +126,10 @@ def main(argv=None):
         print(f"heldout@{other}: ℓ scored", flush=True)
     taus = (1.0, args.gamma)
 
-    def evaluate(params) -> dict:
+    def evaluate(params, train=None) -> dict:
+        """Metrics on every pool; `train`: the training pool actually trained on (a learning curve's subset)."""
         out = {}
-        for name, pool in pools.items():
+        for name, pool in {**pools, **({"train": train} if train is not None else {})}.items():
             q = encoder.embed([e.query for e in pool["examples"]], params=params)  # [N, D]
             s = np.einsum("nkd,nd->nk", vectors(pool["rows"]), q)
             out[name] = pool_metrics(s, pool["ell"], args.k, taus)
@@ -134,10 +137,13 @@ def main(argv=None):
 
     report = {"settings": vars(args), "initial": evaluate(None),
               "oracle_nll": {n: oracle_nll(pool["ell"], args.k) for n, pool in pools.items()},
+              "oracle_top1_nll": {n: oracle_nll(pool["ell"], 1) for n, pool in pools.items()},
               "ell_range": {n: float(np.mean(pool["ell"].max(1) - pool["ell"].min(1))) for n, pool in pools.items()},
               "runs": {}}
     print(json.dumps(report["initial"]), flush=True)
     for size in map(int, args.train_questions.split(",")):
+        if 0 < size < args.batch_size:
+            raise ValueError(f"--train_questions {size} is fewer than one batch of {args.batch_size}")
         train = {key: value[:size or None] for key, value in pools["train"].items()}  # the first `size` questions
         for lr in map(float, args.learning_rates.split(",")):
             name = f"{lr:g}" if size == 0 else f"{lr:g}, {len(train['examples'])} questions"
@@ -173,7 +179,7 @@ def train_on_pools(train: dict, lr: float, args, config, encoder, store, vectors
                                doc_max_tokens=config.doc_max_tokens, doc_vectors=vectors)
             state, metrics = step(state, batch)
             losses.append(float(metrics["loss"]))
-        curve.append({"epoch": epoch, "loss": float(np.mean(losses)), **evaluate(state["params"])})
+        curve.append({"epoch": epoch, "loss": float(np.mean(losses)), **evaluate(state["params"], train)})
         print(f"lr {lr:g}, {len(train['examples'])} questions, epoch {epoch}: " + json.dumps(curve[-1]), flush=True)
     return curve
 
@@ -188,7 +194,8 @@ def print_table(report, taus):
         for name in (n for n in best if n not in ("epoch", "loss")):
             m = best[name]
             print(f"| lr {lr}, epoch {best['epoch']} | {name} | " + " | ".join(f"{m[c]:.3f}" for c in cols) + " |")
-    print("oracle NLL (best k of the pool, uniform):", report["oracle_nll"], "mean ℓ range:", report["ell_range"])
+    print("oracle NLL (best k of the pool, uniform):", report["oracle_nll"], "best passage alone:",
+          report["oracle_top1_nll"], "mean ℓ range:", report["ell_range"])
 
 
 if __name__ == "__main__":

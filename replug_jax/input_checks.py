@@ -63,6 +63,16 @@ def _check_olmes(config) -> None:
         raise InputError(f"--config.questions={config.questions!r}: {e}") from None
 
 
+def _check_scoring(config) -> None:
+    """scoring "letters" or "options", and with "options" a known option_metric."""
+    from replug_jax.evaluate import option_text
+
+    try:
+        option_text.check_scoring(config.get("scoring", "letters"), config.get("option_metric") or "acc_per_char")
+    except ValueError as e:
+        raise InputError(f"--config.scoring / --config.option_metric: {e}") from None
+
+
 def check_job_inputs(config) -> None:
     """Everything about `config` that can be checked without loading a model (see the module docstring)."""
     from replug_jax.jobs import JOBS
@@ -91,6 +101,8 @@ def check_job_inputs(config) -> None:
             _check_olmes(config)
         else:
             _check_path_or_name("questions", config.questions, names)
+        if config.job == "mmlu" and not config.questions.startswith("olmes:"):
+            _check_scoring(config)
         if config.get("demos"):
             _check_path_or_name("demos", config.demos, names)
         if "replug_lsr" in config.methods:

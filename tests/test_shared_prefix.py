@@ -18,15 +18,19 @@ def test_groups_are_the_rows_sharing_a_long_enough_prefix():
     a = [1, 2, 3, 4, 5, 6]
     rows = [a + [7, 8], [9, 9, 9, 9, 9], a + [8], a[:5] + [0, 1], [9, 9, 9, 9, 1], a + [7, 9]]
     first = [len(r) - 1 for r in rows]
-    groups, alone = prefix_groups(rows, first, min_length=4)
+    groups, alone = prefix_groups(rows, first, min_length=4, min_saved=0)
     assert sorted(sorted(m) for _, m in groups) == [[0, 2, 3, 5], [1, 4]]
     assert dict((tuple(sorted(m)), c) for c, m in groups) == {(0, 2, 3, 5): 5, (1, 4): 4} and alone == []
     # the prefix never reaches a position that must predict (row 2 reads position 3's next-token distribution)
-    groups, _ = prefix_groups(rows, [7, 4, 3, 6, 4, 7], min_length=3)
+    groups, _ = prefix_groups(rows, [7, 4, 3, 6, 4, 7], min_length=3, min_saved=0)
     assert dict((tuple(sorted(m)), c) for c, m in groups)[(0, 2, 3, 5)] == 3
     # too short a shared prefix, a lone row, and grouping turned off
-    groups, alone = prefix_groups(rows, first, min_length=6)
+    groups, alone = prefix_groups(rows, first, min_length=6, min_saved=0)
     assert [sorted(m) for _, m in groups] == [[0, 2, 5]] and alone == [1, 3, 4]
+    # a group must save enough: rows 1 and 4 share 4 tokens (4 saved), the others 5 each (15 saved)
+    groups, alone = prefix_groups(rows, first, min_length=4, min_saved=5)
+    assert [sorted(m) for _, m in groups] == [[0, 2, 3, 5]] and alone == [1, 4]
+    assert prefix_groups(rows, first, min_length=4)[0] == []  # by default 4 × min_length = 16 tokens
     assert prefix_groups(rows, first, min_length=0) == ([], list(range(6)))
 
 

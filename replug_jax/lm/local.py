@@ -13,6 +13,7 @@ import functools
 from typing import Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from replug_jax import sharding, xla_cpu
 from replug_jax.lm import shared_prefix
@@ -117,11 +118,13 @@ class LocalLM:
             raise ValueError("every context needs at least one token (use pair_tokens, which adds the document-start token)")
         rows = self._rows(pairs)
         out: list[np.ndarray | None] = [None] * len(pairs)
-        groups, alone = shared_prefix.prefix_groups([r.ids for r in rows], [r.predict_from[0] for r in rows],
+        groups, alone = shared_prefix.prefix_groups([r.ids for r in rows], [min(r.predict_from) for r in rows],
                                                     self.min_shared_prefix)
         self._score_rows([rows[i] for i in alone], out, progress)
-        for common, members in groups:
-            self._score_after_prefix(common, [rows[i] for i in members], out, progress)
+        # many groups (a prefix per pass): one bar over them; one group (a subject's few-shot block): its batches
+        for common, members in tqdm(groups, disable=not progress or len(groups) < 2, desc="score after shared prefixes",
+                                    unit="prefix"):
+            self._score_after_prefix(common, [rows[i] for i in members], out, progress and len(groups) == 1)
         return out  # type: ignore[return-value]
 
     def target_arrays(self, targets: list[list[int]], predict_from: list[list[int]], length: int):

@@ -31,13 +31,16 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def prefix_groups(rows: Sequence[Sequence[int]], first_predicted: Sequence[int], min_length: int,
-                  min_rows: int = 2) -> tuple[list[tuple[int, list[int]]], list[int]]:
+                  min_rows: int = 2, min_saved: int | None = None) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """([(prefix length C, row indices)], indices of the rows left alone).
 
     A group's rows share their first C >= `min_length` tokens, and C <= every member's `first_predicted`
     (the first position whose next-token distribution is read: it must lie after the cached prefix).
     Rows are taken in lexicographic order, so rows with a common prefix are neighbours; a group has at
-    least `min_rows` rows. `min_length` 0 turns grouping off."""
+    least `min_rows` rows and saves at least `min_saved` tokens ((rows - 1) · C; default 4 · `min_length`),
+    so that two passes that merely share a passage stay in the ordinary batches. `min_length` 0 turns
+    grouping off."""
+    min_saved = 4 * min_length if min_saved is None else min_saved
     if min_length <= 0 or len(rows) < min_rows:
         return [], list(range(len(rows)))
     order = sorted(range(len(rows)), key=lambda i: tuple(rows[i]))
@@ -45,7 +48,7 @@ def prefix_groups(rows: Sequence[Sequence[int]], first_predicted: Sequence[int],
     members, common = [order[0]], min(len(rows[order[0]]), first_predicted[order[0]])
 
     def close():
-        if len(members) >= min_rows and common >= min_length:
+        if len(members) >= min_rows and common >= min_length and (len(members) - 1) * common >= min_saved:
             groups.append((common, list(members)))
         else:
             alone.extend(members)
@@ -87,16 +90,17 @@ class PrefixScorer:
         self._score = jax.jit(functools.partial(_score_after, config=lm.config, dtype=lm.dtype, mesh=lm.mesh),
                               out_shardings=out, compiler_options=options)
 
-    def score(self, prefix: list[int], suffixes: list, batch_lengths, progress: bool = False):
+    def score(self, prefix: list[int], suffixes: list, per_octave: int, progress: bool = False):
         """Yield (suffix indices, log-probs [b, T]) for `suffixes` = [(ids, targets, predict_from)] whose
-        positions count within each suffix (the cached prefix comes first)."""
+        positions count within each suffix (the cached prefix comes first). Lengths are bucketed as LocalLM's
+        (`per_octave` buckets per doubling); a group smaller than the batch is padded to a power of two."""
         lm = self.lm
-        width = sharding.length_bucket(len(prefix), lm.length_multiple, lm.max_length)
+        width = sharding.length_bucket(len(prefix), lm.length_multiple, lm.max_length, per_octave)
         prefix_ids, prefix_mask = sharding.pad_rows([prefix], width, lm.pad_id, 1)
         cache = self._prefix(lm.params, prefix_ids, prefix_mask)
-        size = lm.batch_size
+        size = min(lm.batch_size, sharding.round_up(1 << (len(suffixes) - 1).bit_length(), sharding.data_size(lm.mesh)))
         batches = sharding.bucketed_batches([s[0] for s in suffixes], size, lm.length_multiple, lm.max_length,
-                                            lm.pad_id, progress, desc="score after prefix", per_octave=batch_lengths)
+                                            lm.pad_id, progress, desc="score after prefix", per_octave=per_octave)
         split = sharding.batch_sharding(lm.mesh)
         for idx, ids, mask in batches:
             targets, predict = lm.target_arrays([suffixes[i][1] for i in idx], [suffixes[i][2] for i in idx],
@@ -105,4 +109,3 @@ class PrefixScorer:
             arrays = tuple(np.pad(a, ((0, size - rows), (0, 0))) for a in (ids, mask, targets, predict))
             lps = self._score(lm.params, cache, *jax.device_put(arrays, split))
             yield idx, np.asarray(sharding.local_copy(lps))[:rows]
-

@@ -242,7 +242,8 @@ def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, targe
     way: ids = context + [a, b, ...], targets at L, L+1, ..., all predicted from L - 1 (causal
     attention keeps the later tokens out of position L - 1).
     cache (optional, `init_cache`/`extend`): the rows continue the cached tokens (a shared prefix read once);
-    positions then count within `input_ids` only, and position 0 can predict (it follows the cache).
+    positions then count within `input_ids` only; position 0 can predict (it follows the cache) but cannot be
+    a target (0 marks an empty slot; the cache keeps no logits for its own last token).
     """
     scored = target_positions > 0  # [B, T]
     if predict_from is None:
