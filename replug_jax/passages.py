@@ -21,6 +21,11 @@ def passage_text(title: str, text: str) -> str:
     return " ".join(f"{title} {text}".split()) if title else " ".join(text.split())
 
 
+def passages_of(store, rows) -> list[list[str]]:
+    """Per query, the text of its retrieved rows [Q, k] of `store` (rows < 0: none), best first."""
+    return [[passage_text(store.titles[r], store.texts[r]) for r in row if r >= 0] for row in rows]
+
+
 def question_block(question: str, passage: str | None, answer: str | None = None) -> str:
     """One Table 5 block; without `answer` it ends at "Answer:" (the test question). With a passage it is
     QA_DOC_TEMPLATE's document followed by the closed-book block."""

@@ -25,8 +25,8 @@ from replug_jax import console, distributed, workspace
 from replug_jax.models import precision
 from replug_jax.data import downstream as data
 from replug_jax.data import olmes, wiki
-from replug_jax.evaluate import answer_nll, downstream_report, mmlu, option_text, qa, qa_metrics
-from replug_jax.passages import passage_text
+from replug_jax.evaluate import answer_nll, downstream_report, mmlu, olmes_tasks, option_text, qa, qa_metrics
+from replug_jax.passages import passages_of
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
 
@@ -92,10 +92,6 @@ def check_not_trained_on(config, questions) -> None:
     if "replug_lsr" in config.methods and os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             check_disjoint_questions(json.load(f), questions)
-
-
-def passages_of(store, rows: np.ndarray) -> list[list[str]]:
-    return [[passage_text(store.titles[r], store.texts[r]) for r in row if r >= 0] for row in rows]
 
 
 def run_downstream(config, workdir: str, lm=None) -> dict:
@@ -227,28 +223,16 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
 
 
 def _run_olmes(config, lm, store, retrievers, questions, task: tuple[str, str]):
-    """Predictions of OLMES requests by every method: closed book scores each request's (context, continuation)
-    exactly; REPLUG retrieves for the question and prepends each passage to the request's context, the options'
-    continuations mixed per token; every option metric, the file's primary one deciding (or config.option_metric)."""
+    """OLMES requests by every method (evaluate/olmes_tasks.py); the file's primary metric decides unless
+    config.option_metric names another."""
     info = olmes.task_info(*task)
     metric = config.get("option_metric") or info["primary_metric"]
     option_text.check_scoring("options", metric)
     results = {"olmes": info, "scoring": "options", "option_metric": metric, "shots": info["num_shots"]}
-    predictions = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in questions]
-    for method in config.methods:
-        console.phase(f"olmes {':'.join(task)} {method}: {len(questions)} questions, k={config.k}")
-        passages, log_w = [[] for _ in questions], [np.zeros(1, np.float32) for _ in questions]
-        if method != "none":
-            retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
-            scores, rows = retriever.retrieve([q.question for q in questions], config.k)
-            passages = passages_of(store, rows)
-            if method != "concat":
-                log_w = [option_text.log_lambda(s, len(p), config.temperature) for s, p in zip(scores, passages)]
-        prompts = option_text.prepended_prompts(method, [q.context for q in questions], passages)
-        by_metric = option_text.option_predictions(lm, prompts, log_w, [q.continuations for q in questions])
-        for i, row in enumerate(predictions):
-            row[method] = by_metric[metric][i]
-            row[f"{method}_options"] = {m: by_metric[m][i] for m in (*option_text.OPTION_METRICS, "loglik")}
+    retrieve = lambda method, queries: retrievers["replug_lsr" if method == "replug_lsr" else "replug"].retrieve(
+        queries, config.k)
+    predictions = olmes_tasks.predictions(lm, questions, config.methods, retrieve, store, metric, config.temperature,
+                                          label=":".join(task))
     return results, predictions
 
 
