@@ -88,6 +88,12 @@ def round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
+def power_of_two_rows(rows: int, cap: int, mesh: Mesh) -> int:
+    """Rows per call for `rows` rows: a power of two, at least the mesh's data-axis size, at most `cap`, so a
+    small call does not pay for filler rows and the shapes stay few."""
+    return min(cap, round_up(1 << (rows - 1).bit_length(), data_size(mesh)))
+
+
 def length_bucket(length: int, multiple: int, cap: int, per_octave: int | None = None) -> int:
     """Padded sequence length for `length` tokens: a multiple of `multiple`, at most `cap`.
 

@@ -29,7 +29,5 @@ def predictions(lm, questions, methods, retrieve, store, metric: str, temperatur
                 log_w = [option_text.log_lambda(s, len(p), temperature) for s, p in zip(scores, passages)]
         prompts = option_text.prepended_prompts(method, [q.context for q in questions], passages)
         by_metric = option_text.option_predictions(lm, prompts, log_w, [q.continuations for q in questions])
-        for i, row in enumerate(rows):
-            row[method] = by_metric[metric][i]
-            row[f"{method}_options"] = {m: by_metric[m][i] for m in (*option_text.OPTION_METRICS, "loglik")}
+        option_text.record(rows, method, by_metric, metric)
     return rows

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from replug_jax import replug
 from replug_jax.evaluate.answer_nll import continuation_logliks
 
 SCORINGS = ("letters", "options")
@@ -60,10 +61,18 @@ def option_predictions(lm, prompts: Sequence[Sequence[str]], log_weights: Sequen
     return out
 
 
+def record(rows: list[dict], method: str, by_metric: dict, metric: str) -> None:
+    """Into each question's prediction row: `method`'s prediction by `metric`, and under "<method>_options" every
+    metric's prediction and the options' log-likelihoods."""
+    for i, row in enumerate(rows):
+        row[method] = by_metric[metric][i]
+        row[f"{method}_options"] = {m: by_metric[m][i] for m in (*OPTION_METRICS, "loglik")}
+
+
 def log_lambda(scores: np.ndarray, passes: int, temperature: float) -> np.ndarray:
     """log softmax(scores[:passes] / τ): REPLUG's normalised log weights of one question's passes."""
-    s = np.asarray(scores[:passes], np.float64) / temperature
-    return (s - np.logaddexp.reduce(s)).astype(np.float32)
+    s = np.asarray(scores[:passes], np.float32)[None]  # [1, passes]
+    return np.asarray(replug.ensemble_log_weights(s, np.ones_like(s, bool), temperature))[0]
 
 
 def prepended_prompts(method: str, contexts: Sequence[str], passages: Sequence[Sequence[str]]) -> list[list[str]]:

@@ -272,9 +272,7 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
                      for s, p in zip(scores, prompts)]
             by_metric = option_text.option_predictions(lm, prompts, log_w, [option_text.continuations(q)
                                                                              for q in questions])
-            for i, row in enumerate(predictions):
-                row[method] = by_metric[option_metric][i]
-                row[f"{method}_options"] = {m: by_metric[m][i] for m in (*option_text.OPTION_METRICS, "loglik")}
+            option_text.record(predictions, method, by_metric, option_metric)
             continue
         option_lps = mmlu.option_logprobs(lm, prompts, n_options=n_options, progress=True)
         weights = scores[:, : option_lps.shape[1]] if passes else np.zeros(option_lps.shape[:2])

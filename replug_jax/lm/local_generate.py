@@ -109,8 +109,7 @@ class LocalGenerator:
 
         # questions per call: a power of two (at least the device count, at most questions_per_batch), so a
         # small call does not pay for filler questions and the shapes stay few
-        per_call = min(self.questions_per_batch,
-                       sharding.round_up(1 << (len(rows) - 1).bit_length(), sharding.data_size(lm.mesh)))
+        per_call = sharding.power_of_two_rows(len(rows), self.questions_per_batch, lm.mesh)
         bar = tqdm(total=len(rows), disable=not progress, desc="generate", unit="question")
         for start in range(0, len(rows), per_call):
             idx = order[start : start + per_call]

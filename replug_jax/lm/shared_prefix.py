@@ -98,7 +98,7 @@ class PrefixScorer:
         width = sharding.length_bucket(len(prefix), lm.length_multiple, lm.max_length, per_octave)
         prefix_ids, prefix_mask = sharding.pad_rows([prefix], width, lm.pad_id, 1)
         cache = self._prefix(lm.params, prefix_ids, prefix_mask)
-        size = min(lm.batch_size, sharding.round_up(1 << (len(suffixes) - 1).bit_length(), sharding.data_size(lm.mesh)))
+        size = sharding.power_of_two_rows(len(suffixes), lm.batch_size, lm.mesh)
         batches = sharding.bucketed_batches([s[0] for s in suffixes], size, lm.length_multiple, lm.max_length,
                                             lm.pad_id, progress, desc="score after prefix", per_octave=per_octave)
         split = sharding.batch_sharding(lm.mesh)
