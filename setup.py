@@ -3,7 +3,8 @@ from setuptools import find_packages, setup
 
 # Bounded to the versions the test suite was run with (see README "Tested with").
 INSTALL_REQUIRES = [
-    "jax>=0.10.2,<0.11",
+    "jax>=0.10.2,<0.11; python_version < '3.12'",
+    "jax>=0.12,<0.13; python_version >= '3.12'",  # jax 0.11+ needs Python 3.12; 0.12 tested (benchmarks/README.md)
     "flax>=0.12.8,<0.13",
     "optax>=0.2.8,<0.3",
     "orbax-checkpoint>=0.12.8,<0.13",

@@ -3,8 +3,8 @@
     python benchmarks/bench_cpu_gemm.py --rounds 10
 
 MiniLM's projections at [32, 136] tokens (M = 4352): q/k/v/out (384 -> 384), the FFN up (384 -> 1536) and
-down (1536 -> 384) projections, each `x @ w + b` jitted with XLA's own (Eigen) dots (`xla_cpu.ENCODER`, what
-DenseEncoder uses) and with YNNPACK fusions (XLA's default), against `torch.addmm` and numpy's `@` in the same
+down (1536 -> 384) projections, each `x @ w + b` jitted with XLA's own (Eigen) dots (`xla_cpu.NO_YNNPACK`, what
+DenseEncoder uses below jaxlib 0.12) and with YNNPACK fusions (XLA's default), against `torch.addmm` and numpy's `@` in the same
 process (best of `--rounds`, interleaved). The per-call times include allocating the output: run under the
 same allocator settings for all (benchmarks/README.md "PyTorch's page faults").
 """
@@ -32,7 +32,7 @@ def gemm_fns(m: int, k: int, n: int, threads: int) -> dict:
     rng = np.random.default_rng(0)
     x, w, b = (rng.standard_normal(shape, dtype=np.float32) for shape in ((m, k), (k, n), (n,)))
     fns, args = {}, tuple(map(jax.numpy.asarray, (x, w, b)))
-    for name, options in (("xla_eigen", xla_cpu.ENCODER), ("xla_ynnpack", {})):
+    for name, options in (("xla_eigen", xla_cpu.NO_YNNPACK), ("xla_ynnpack", {})):
         fn = jax.jit(lambda x, w, b: x @ w + b, compiler_options=options)
         fn(*args).block_until_ready()
         fns[name] = lambda fn=fn, args=args: fn(*args).block_until_ready()

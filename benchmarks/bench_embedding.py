@@ -68,8 +68,10 @@ def main():
     from replug_jax import xla_cpu
 
     enc = rj.load_encoder("minilm", batch_size=args.batch_size)
-    with patch.multiple(xla_cpu, ENCODER={}):  # the same encoder compiled with XLA's defaults
-        enc_xla_defaults = rj.load_encoder("minilm", batch_size=args.batch_size)
+    # the same encoder compiled with the other choice (xla_cpu.ENCODER is NO_YNNPACK below jaxlib 0.12, else {})
+    other = "xla_defaults" if xla_cpu.ENCODER else "without_ynnpack"
+    with patch.multiple(xla_cpu, ENCODER={} if xla_cpu.ENCODER else xla_cpu.NO_YNNPACK):
+        enc_other = rj.load_encoder("minilm", batch_size=args.batch_size)
     texts = passages(args.docs)
     rows = enc.tokenize(texts)
     tokens = sum(len(r) for r in rows)
@@ -88,11 +90,11 @@ def main():
                          "command": command})
 
     enc.embed(texts)  # compile every bucket
-    enc_xla_defaults.embed(texts)
+    enc_other.embed(texts)
     torch_embed = torch_embedder(args.threads, args.batch_size, enc.max_length)
     torch_embed(texts[: args.batch_size])
     times = common.interleaved_best({f"jax_bs{args.batch_size}": lambda: enc.embed(texts),
-                                     f"jax_bs{args.batch_size}_xla_defaults": lambda: enc_xla_defaults.embed(texts),
+                                     f"jax_bs{args.batch_size}_{other}": lambda: enc_other.embed(texts),
                                      f"torch_bs{args.batch_size}": lambda: torch_embed(texts),
                                      f"torch_bs{args.batch_size}_by_length": lambda: torch_embed(texts, by_length=True)},
                                     args.rounds)
