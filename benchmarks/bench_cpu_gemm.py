@@ -3,10 +3,10 @@
     python benchmarks/bench_cpu_gemm.py --rounds 10
 
 MiniLM's projections at [32, 136] tokens (M = 4352): q/k/v/out (384 -> 384), the FFN up (384 -> 1536) and
-down (1536 -> 384) projections, each `x @ w + b` jitted with XLA's own (Eigen) dots (`xla_cpu.NO_YNNPACK`, what
-DenseEncoder uses below jaxlib 0.12) and with YNNPACK fusions (XLA's default), against `torch.addmm` and numpy's `@` in the same
-process (best of `--rounds`, interleaved). The per-call times include allocating the output: run under the
-same allocator settings for all (benchmarks/README.md "PyTorch's page faults").
+down (1536 -> 384) projections, each `x @ w + b` jitted with XLA's own (Eigen) dots (`xla_cpu.NO_YNNPACK`,
+what DenseEncoder uses below jaxlib 0.12) and with YNNPACK fusions (XLA's default), against `torch.addmm` and
+numpy's `@` in the same process (best of `--rounds`, interleaved). The per-call times include allocating the
+output: run under the same allocator settings for all (benchmarks/README.md "PyTorch's page faults").
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
     python benchmarks/bench_cpu_options.py --rounds 4
 
 encoder: MiniLM embedding 32 passages of 136 tokens (every third cut to 90) compiled with XLA's defaults,
-         with `xla_cpu.NO_YNNPACK` (no YNNPACK fusions: what DenseEncoder uses below jaxlib 0.12), and with that plus one
-         attention op per batch row (faster, compiles ~6x longer: not used); PyTorch's forward of the same
+         with `xla_cpu.NO_YNNPACK` (no YNNPACK fusions: what DenseEncoder uses below jaxlib 0.12), and with that
+         plus one attention op per batch row (faster, compiles ~6x longer: not used); PyTorch's forward of the same
          padded batch as the reference.
 scoring: SmolLM2 scoring 8 REPLUG passes of ~450 tokens in batches of 4 with the attention in query blocks
          (what LocalLM uses) or over all keys, each with XLA's defaults and without YNNPACK fusions.
@@ -54,7 +54,8 @@ def encoder_fns(threads: int):
     embed = lambda enc: enc.embed_token_rows(rows)
     variants = {"encoder_xla_defaults": ({}, layers.dot_product_attention),
                 "encoder_without_ynnpack": (xla_cpu.NO_YNNPACK, layers.dot_product_attention),
-                "encoder_without_ynnpack_attention_per_row": (xla_cpu.NO_YNNPACK, per_row(layers.dot_product_attention))}
+                "encoder_without_ynnpack_attention_per_row": (xla_cpu.NO_YNNPACK,
+                                                              per_row(layers.dot_product_attention))}
     fns, compile_s = {}, {}
     for name, (options, attend) in variants.items():
         with patch.multiple(xla_cpu, ENCODER=options), patch.multiple(layers, dot_product_attention=attend):
