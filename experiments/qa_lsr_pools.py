@@ -16,7 +16,9 @@ of highest ℓ). Held-out questions are sciq.py's evaluated ones (rows after the
 retriever learns on more questions carry over further? `--eval_lms qwen2.5-coder-0.5b` also scores the held-out
 pools with another LM and reports the same metrics under its ℓ (`heldout@LM`): the reader's own room, and
 whether a retriever trained on one LM's scores helps another (the paper's transfer claim). `--supervisor LM`
-trains on another LM's ℓ over the same passages (still cut with SmolLM2's tokenizer).
+trains on another LM's ℓ over the same passages (still cut with SmolLM2's tokenizer). `--save_retriever DIR` keeps
+one run's last-epoch query encoder where the QA job reads an LSR-trained retriever, so that its exact match is
+measured by generation: `python experiments/qa_lsr.py --lm qwen2.5-coder-0.5b --trained DIR`.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/: 
 from lsr_headroom import spearman  # noqa: E402
 
 from replug_jax import workspace  # noqa: E402
+from replug_jax.models.weights import save_params  # noqa: E402
 from replug_jax.config_files import sibling_config  # noqa: E402
 from replug_jax.data.downstream import load_qa  # noqa: E402
 from replug_jax.passages import QA_DOC_TEMPLATE  # noqa: E402
@@ -83,7 +86,14 @@ def main(argv=None):
     p.add_argument("--gamma", type=float, default=0.1)
     p.add_argument("--beta", type=float, default=1.0)
     p.add_argument("--direction", default="q_pr")
+    p.add_argument("--save_retriever", default="", help="a folder for the last epoch's query encoder (one learning "
+                   "rate and training-set size): retriever.safetensors and train_questions.json, which the QA job's "
+                   "replug_lsr method reads (--config.retriever_workdir, or qa_lsr.py --trained)")
     args = p.parse_args(argv)
+    runs = [(size, lr) for size in map(int, args.train_questions.split(","))
+            for lr in map(float, args.learning_rates.split(","))]  # (training questions, learning rate) per run
+    if args.save_retriever and len(runs) != 1:
+        raise ValueError(f"--save_retriever keeps one run, but --learning_rates x --train_questions asks {len(runs)}")
 
     config = sibling_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "x"), "qa_lsr.py")
     config.lm_cache = args.lm_cache
@@ -141,15 +151,16 @@ def main(argv=None):
               "ell_range": {n: float(np.mean(pool["ell"].max(1) - pool["ell"].min(1))) for n, pool in pools.items()},
               "runs": {}}
     print(json.dumps(report["initial"]), flush=True)
-    for size in map(int, args.train_questions.split(",")):
+    for size, lr in runs:
         if 0 < size < args.batch_size:
             raise ValueError(f"--train_questions {size} is fewer than one batch of {args.batch_size}")
         train = {key: value[:size or None] for key, value in pools["train"].items()}  # the first `size` questions
-        for lr in map(float, args.learning_rates.split(",")):
-            name = f"{lr:g}" if size == 0 else f"{lr:g}, {len(train['examples'])} questions"
-            report["runs"][name] = train_on_pools(train, lr, args, config, encoder, store, vectors, evaluate)
-            with open(os.path.join(args.workdir, "pools.json"), "w") as f:
-                json.dump(report, f, indent=1)
+        name = f"{lr:g}" if size == 0 else f"{lr:g}, {len(train['examples'])} questions"
+        report["runs"][name], params = train_on_pools(train, lr, args, config, encoder, store, vectors, evaluate)
+        with open(os.path.join(args.workdir, "pools.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        if args.save_retriever:
+            save_retriever(args.save_retriever, params, config, train["examples"], report["settings"])
     print_table(report, taus)
     return report
 
@@ -161,8 +172,22 @@ def with_lm(config, name: str):
     return other
 
 
-def train_on_pools(train: dict, lr: float, args, config, encoder, store, vectors, evaluate) -> list[dict]:
-    """`args.epochs` epochs of the jitted LSR step over the fixed training pools; `evaluate` after each."""
+def save_retriever(folder: str, params, config, examples, settings: dict) -> None:
+    """The trained query encoder as the LSR job leaves it (query side: the QA job searches the original index with
+    it), and the training questions, which the QA job refuses to evaluate."""
+    os.makedirs(folder, exist_ok=True)
+    save_params(params, os.path.join(folder, workspace.TRAINED_RETRIEVER),
+                {"encoder": config.encoder, "train_documents": "false", "train_questions": workspace.TRAIN_QUESTIONS,
+                 "trained_by": "experiments/qa_lsr_pools.py " + json.dumps(settings)})
+    with open(os.path.join(folder, workspace.TRAIN_QUESTIONS), "w", encoding="utf-8") as f:
+        json.dump({"source": config.train_data, "ids": [e.doc_id for e in examples],
+                   "questions": [e.query for e in examples]}, f)
+    print(f"saved the trained retriever in {folder}", flush=True)
+
+
+def train_on_pools(train: dict, lr: float, args, config, encoder, store, vectors, evaluate) -> tuple[list[dict], dict]:
+    """`args.epochs` epochs of the jitted LSR step over the fixed training pools; `evaluate` after each.
+    Returns (the per-epoch metrics, the last epoch's parameters)."""
     steps_per_epoch = len(train["examples"]) // args.batch_size
     optimizer = train_step_lib.make_optimizer(lr, steps_per_epoch * args.epochs, 0.1, 1.0)
     step = train_step_lib.make_train_step(encoder.config, optimizer, sharding.global_mesh(),
@@ -181,7 +206,7 @@ def train_on_pools(train: dict, lr: float, args, config, encoder, store, vectors
             losses.append(float(metrics["loss"]))
         curve.append({"epoch": epoch, "loss": float(np.mean(losses)), **evaluate(state["params"], train)})
         print(f"lr {lr:g}, {len(train['examples'])} questions, epoch {epoch}: " + json.dumps(curve[-1]), flush=True)
-    return curve
+    return curve, state["params"]
 
 
 def print_table(report, taus):

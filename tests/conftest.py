@@ -26,12 +26,28 @@ jax.config.update("jax_platforms", "cpu")
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The packaged SmolLM2-135M GGUF, loaded once: a LocalLM over all 8 devices as a (2, 4) data × model mesh, so
-    that the 8 fake devices (host memory) hold 2 copies of its weights, not 8, and every test using it also runs
-    the model-parallel path."""
+    """The packaged SmolLM2-135M GGUF, loaded once, on one device: split over the 8 fake devices (a (2, 4) data ×
+    model mesh) its scoring took 1.8× and its decoding 3.6× as long on 2 cores, in every test that uses it. The
+    split path is checked against this one in test_real_weights.py (real weights) and test_lm_mesh.py (every mesh)."""
     import replug_jax as rj
+    from replug_jax import sharding
 
-    return rj.load_lm("smollm2", batch_size=8, model_parallel=4)
+    return rj.load_lm("smollm2", batch_size=8, mesh=sharding.lm_mesh(1, jax.devices()[:1]))
+
+
+@pytest.fixture(scope="session")
+def torch_smollm2():
+    """(transformers' PyTorch model of the same GGUF, its tokenizer): the reference, loaded once (~12 s)."""
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from replug_jax.models import registry
+
+    folder, name = os.path.split(registry.packaged_path("smollm2"))
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(folder, gguf_file=name)
 
 
 @pytest.fixture(scope="session")

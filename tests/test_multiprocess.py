@@ -174,6 +174,19 @@ def lsr_one_process(models, workdir, steps, pipeline, sides):
     return losses(workdir), [np.asarray(x) for x in jax.tree_util.tree_leaves(out["params"])], counting.pairs
 
 
+@pytest.fixture(scope="module")
+def lsr_reference(lsr_models, tmp_path_factory):
+    """`lsr_one_process` for 7 steps, by (pipeline, sides): run once, shared by the tests that compare with it."""
+    runs = {}
+
+    def get(pipeline, sides):
+        if (pipeline, sides) not in runs:
+            runs[pipeline, sides] = lsr_one_process(lsr_models, str(tmp_path_factory.mktemp("one")), 7, pipeline, sides)
+        return runs[pipeline, sides]
+
+    return get
+
+
 def two_process_params(workdir):
     saved = np.load(os.path.join(workdir, "final_params.npz"))
     return [saved[f"arr_{i}"] for i in range(len(saved.files))]
@@ -186,11 +199,11 @@ LOSS_RTOL = 3e-5
 
 @pytest.mark.parametrize("pipeline,sides", [(False, "query"), (True, "query"), (False, "both")],
                          ids=["query-side", "query-side-pipelined", "both-sides-refreshing"])
-def test_lsr_over_two_processes_equals_one(lsr_models, tmp_path, pipeline, sides):
+def test_lsr_over_two_processes_equals_one(lsr_models, lsr_reference, tmp_path, pipeline, sides):
     """Each process retrieves for, LM-scores and encodes its half of every global batch of 8 (both sides: and
     re-embeds its half of the datastore at each refresh, after steps 3 and 6); the losses and parameters equal
     the one-process run's."""
-    want_losses, want_params, want_pairs = lsr_one_process(lsr_models, str(tmp_path / "one"), 7, pipeline, sides)
+    want_losses, want_params, want_pairs = lsr_reference(pipeline, sides)
     child = os.path.join(ROOT, "tests", "lsr_multiprocess_run.py")
     launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", "1" if pipeline else "0", sides)
     got = losses(tmp_path / "two")
@@ -211,11 +224,11 @@ def test_lsr_over_two_processes_equals_one(lsr_models, tmp_path, pipeline, sides
 
 @pytest.mark.parametrize("pipeline,sides", [(False, "both"), (True, "query")],
                          ids=["both-sides-refreshing", "query-side-pipelined"])
-def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, tmp_path, pipeline, sides):
+def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, lsr_reference, tmp_path, pipeline, sides):
     """Both processes SIGKILL themselves at their 5th LM call (both encoders trained with a refresh after step 3,
     or the pipelined loop, killed inside its prefetch thread); the relaunch resumes from the last checkpoint,
     written by both, to the uninterrupted one-process run."""
-    want_losses, want_params, _ = lsr_one_process(lsr_models, str(tmp_path / "one"), 7, pipeline, sides)
+    want_losses, want_params, _ = lsr_reference(pipeline, sides)
     child = os.path.join(ROOT, "tests", "lsr_multiprocess_run.py")
     flag = "1" if pipeline else "0"
     killed = launch(2, 2, child, lsr_models, str(tmp_path / "two"), "7", flag, sides, "5", check=False)
@@ -316,19 +329,22 @@ def test_qa_and_mmlu_over_two_processes_equal_one(tiny_job, tmp_path):
                  "methods": ("none", "replug")},
     }
     rows = lambda run: [json.loads(line) for line in open(tmp_path / run / "predictions.jsonl")]
-    for kind, values in jobs.items():
-        one = downstream.run_downstream(config_dict.ConfigDict(values), str(tmp_path / f"{kind}_one"))
-        # each process its share of the questions (model axis 1), or every question in lockstep on an LM whose
-        # model axis spans both processes' devices (4 = 2 processes x 2 devices)
-        # (2, 2) over 4 processes of 1 device (qa only, as 4 hosts would): both axes span processes, a call's
-        # rows are split over hosts and come back whole to each
-        layouts = [(1, {"data": 2, "model": 1}, 2), (4, {"data": 1, "model": 4}, 2)]
-        for model_parallel, mesh, processes in layouts + ([(2, {"data": 2, "model": 2}, 4)] if kind == "qa" else []):
-            run = f"{kind}_two_m{model_parallel}"
-            config = write_config(tmp_path / f"{run}.py", {**values, "lm_model_parallel": model_parallel})
-            out = launch(processes, 4 // processes, "-m", "replug_jax.main", "--config", config, "--workdir",
-                         str(tmp_path / run))
-            assert "[process 0] " in out and "[process 1] " in out
+    ones = {kind: downstream.run_downstream(config_dict.ConfigDict(values), str(tmp_path / f"{kind}_one"))
+            for kind, values in jobs.items()}
+    # one launch per layout runs both jobs: each process its share of the questions (model axis 1), or every
+    # question in lockstep on an LM whose model axis spans both processes' devices (4 = 2 processes x 2 devices);
+    # (2, 2) over 4 processes of 1 device (qa only, as 4 hosts would): both axes span processes, a call's rows are
+    # split over hosts and come back whole to each
+    layouts = [(1, {"data": 2, "model": 1}, 2, ("qa", "mmlu")), (4, {"data": 1, "model": 4}, 2, ("qa", "mmlu")),
+               (2, {"data": 2, "model": 2}, 4, ("qa",))]
+    for model_parallel, mesh, processes, kinds in layouts:
+        runs = {kind: f"{kind}_two_m{model_parallel}" for kind in kinds}
+        pairs = [item for kind, run in runs.items() for item in (
+            write_config(tmp_path / f"{run}.py", {**jobs[kind], "lm_model_parallel": model_parallel}), str(tmp_path / run))]
+        out = launch(processes, 4 // processes, os.path.join(ROOT, "tests", "jobs_multiprocess_run.py"), *pairs)
+        assert "[process 0] " in out and "[process 1] " in out
+        for kind, run in runs.items():
+            values, one = jobs[kind], ones[kind]
             two = json.load(open(tmp_path / run / "results.json"))
             assert two["processes"] == processes and one["processes"] == 1 and two["count"] == one["count"] > 2
             assert two["lm_mesh"] == mesh, run

@@ -12,7 +12,6 @@ import torch
 from replug_jax.data import olmes
 from replug_jax.evaluate import option_text
 from tests.test_downstream import RecordingLM, files, mmlu_config, run_job  # noqa: F401
-from tests.test_real_weights import torch_smollm2  # noqa: F401
 
 
 def raw_requests(task, form):
@@ -48,7 +47,7 @@ def test_bad_olmes_sources_are_refused():
     assert olmes.parse_source("sciq") is None
 
 
-def test_closed_book_loglikelihoods_equal_transformers(smollm2, torch_smollm2):  # noqa: F811
+def test_closed_book_loglikelihoods_equal_transformers(smollm2, torch_smollm2):
     """A handful of ARC-Easy and OpenBookQA requests (5-shot rc and mc: one question's options each): our
     log p(continuation | context) equal transformers' forward pass of the same GGUF on the same token ids, and those ids are its tokenizer's."""
     model, ref_tok = torch_smollm2

@@ -9,6 +9,7 @@ from ml_collections import config_dict
 
 from replug_jax import workspace
 from replug_jax.data.records import QAExample
+from replug_jax.data import downstream as downstream_data
 from replug_jax.evaluate import qa
 from replug_jax.evaluate.answer_nll import answer_nll
 from replug_jax.jobs import downstream, lsr
@@ -167,16 +168,22 @@ def test_qa_lsr_job_then_qa_job(tiny_qa, tmp_path):
         downstream.run_downstream(_qa_config(tiny_qa, tiny_qa["all"], workdir), str(tmp_path / "qa_all"))
 
 
-def test_pool_metrics_of_the_pools_experiment_equal_a_hand_computation():
-    """experiments/qa_lsr_pools.py: REPLUG's answer NLL over the top k by the scores, top-1 accuracy, Spearman and
-    the oracle, on two pools worked by hand."""
+def _pools_experiment():
     import importlib.util
-    import math
 
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "qa_lsr_pools.py")
     spec = importlib.util.spec_from_file_location("qa_lsr_pools", path)
     pools = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pools)
+    return pools
+
+
+def test_pool_metrics_of_the_pools_experiment_equal_a_hand_computation():
+    """experiments/qa_lsr_pools.py: REPLUG's answer NLL over the top k by the scores, top-1 accuracy, Spearman and
+    the oracle, on two pools worked by hand."""
+    import math
+
+    pools = _pools_experiment()
     scores = np.array([[0.9, 0.1, 0.5], [0.2, 0.3, 0.1]])
     ell = np.array([[-2.0, -1.0, -5.0], [-4.0, -3.0, -6.0]])
     got = pools.pool_metrics(scores, ell, k=2, taus=(1.0, 0.5))
@@ -193,3 +200,21 @@ def test_pool_metrics_of_the_pools_experiment_equal_a_hand_computation():
         assert got[f"nll_tau{tau:g}"] == pytest.approx(want, rel=1e-12)
     oracle = np.mean([-math.log((math.exp(-1) + math.exp(-2)) / 2), -math.log((math.exp(-3) + math.exp(-4)) / 2)])
     assert pools.oracle_nll(ell, 2) == pytest.approx(oracle, rel=1e-12)
+
+
+def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):
+    """qa_lsr_pools.py --save_retriever: the QA job's replug_lsr method loads the query encoder it saved (query side,
+    over the original index) and refuses to evaluate the questions it was trained on."""
+    import jax
+
+    config = _config(tiny_qa)
+    encoder = workspace.load_job_encoder(config, np.float32)
+    trained = jax.tree.map(lambda x: x * 1.5, encoder.params)  # any parameters other than the initial ones
+    examples = qa_training_examples(downstream_data.load_qa(tiny_qa["train"], "validation"))
+    _pools_experiment().save_retriever(str(tmp_path / "saved"), trained, config, examples, {"epochs": 1})
+    loaded, train_documents = workspace.load_trained_encoder(encoder, str(tmp_path / "saved"))
+    assert train_documents is False and loaded.name.endswith("+lsr")
+    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(trained)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="were LSR training questions"):
+        downstream.run_downstream(_qa_config(tiny_qa, tiny_qa["all"], str(tmp_path / "saved")), str(tmp_path / "qa"))

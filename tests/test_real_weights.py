@@ -1,5 +1,4 @@
 """The packaged real weights (all-MiniLM-L6-v2, SmolLM2-135M GGUF) against transformers in PyTorch."""
-import os
 
 import numpy as np
 import pytest
@@ -39,16 +38,6 @@ def test_minilm_matches_sentence_transformers_pooling(minilm):
     cos = (ours * ref).sum(-1)
     assert cos.min() >= 0.9999, cos
     assert np.abs(ours - ref).max() < 1e-4
-
-
-@pytest.fixture(scope="module")
-def torch_smollm2():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = registry.packaged_path("smollm2")
-    folder, name = os.path.split(path)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(folder, gguf_file=name)
 
 
 def test_smollm2_tokenizer_matches_transformers_gguf_tokenizer(smollm2, torch_smollm2):
@@ -92,6 +81,25 @@ def test_smollm2_generate_with_one_pass_equals_transformers_greedy(smollm2, torc
         eos = smollm2.tokenizer.eos_id
         ref = ref[: ref.index(eos) + 1] if eos in ref else ref
         assert gen.token_ids == ref, (prompt, smollm2.tokenizer.decode(gen.token_ids), smollm2.tokenizer.decode(ref))
+
+
+def test_smollm2_split_over_a_data_and_model_mesh_equals_one_device(smollm2):
+    """The suite's SmolLM2 (conftest.py) runs on one device; the same weights split over a (2, 4) data x model mesh of
+    the 8 fake devices score and decode as it does (the sharded path on real weights; tiny models on every mesh:
+    tests/test_lm_mesh.py)."""
+    import replug_jax as rj
+
+    split = rj.load_lm("smollm2", batch_size=8, model_parallel=4)
+    assert dict(split.mesh.shape) == {"data": 2, "model": 4} and smollm2.mesh.devices.size == 1
+    contexts, continuations = [""] + TEXTS[:3], [PARAGRAPH, " and more.", " It is important.", " They returned safely."]
+    for got, want in zip(split.score(contexts, continuations), smollm2.score(contexts, continuations)):
+        np.testing.assert_allclose(got, want, atol=2e-4)
+    passes = [["Knowledge: " + t + "\nQuestion: What is this about?\nAnswer:" for t in TEXTS[:3]], ["The capital of France is"]]
+    weights = [np.log([0.5, 0.3, 0.2]), [0.0]]
+    got, want = (lm.generate(passes, weights, max_new_tokens=8, stop=("\n",)) for lm in (split, smollm2))
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids and len(a.token_ids) > 1
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-4)
 
 
 def test_bfloat16_weights_and_compute_stay_close_to_float32(smollm2, minilm):
