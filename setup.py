@@ -32,7 +32,7 @@ TEST_REQUIRES = [
     "pytest>=8,<10",
     "torch==2.13.0",  # CPU build; the PyTorch reference in tests only (other versions pull a CUDA build)
     "accelerate>=1.10,<2",  # transformers needs it to load GGUF files into PyTorch (the SmolLM2 reference)
-    "llama-cpp-python[server]==0.3.36",  # a real third-party server in tests/test_http.py (sdist: ~8 min to build)
+    "llama-cpp-python[server]==0.3.36",  # a real third-party server in tests/test_http.py (sdist: ~3 min on 2 cores)
     "nbclient>=0.11,<0.12",  # tests/test_notebook.py executes examples/quickstart.ipynb
     "nbformat>=5.11,<6",
     "ipykernel>=7.4,<8",  # the notebook's kernel, on the test interpreter

@@ -36,9 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/: 
 from lsr_headroom import spearman  # noqa: E402
 
 from replug_jax import workspace  # noqa: E402
-from replug_jax.models.weights import save_params  # noqa: E402
 from replug_jax.config_files import sibling_config  # noqa: E402
 from replug_jax.data.downstream import load_qa  # noqa: E402
+from replug_jax.models.weights import save_params  # noqa: E402
 from replug_jax.passages import QA_DOC_TEMPLATE  # noqa: E402
 from replug_jax import sharding  # noqa: E402
 from replug_jax.train import step as train_step_lib  # noqa: E402

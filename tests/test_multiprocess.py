@@ -339,8 +339,9 @@ def test_qa_and_mmlu_over_two_processes_equal_one(tiny_job, tmp_path):
                (2, {"data": 2, "model": 2}, 4, ("qa",))]
     for model_parallel, mesh, processes, kinds in layouts:
         runs = {kind: f"{kind}_two_m{model_parallel}" for kind in kinds}
-        pairs = [item for kind, run in runs.items() for item in (
-            write_config(tmp_path / f"{run}.py", {**jobs[kind], "lm_model_parallel": model_parallel}), str(tmp_path / run))]
+        pairs = [item for kind, run in runs.items() for item in (  # CONFIG.py WORKDIR per job
+            write_config(tmp_path / f"{run}.py", {**jobs[kind], "lm_model_parallel": model_parallel}),
+            str(tmp_path / run))]
         out = launch(processes, 4 // processes, os.path.join(ROOT, "tests", "jobs_multiprocess_run.py"), *pairs)
         assert "[process 0] " in out and "[process 1] " in out
         for kind, run in runs.items():

@@ -94,7 +94,8 @@ def test_smollm2_split_over_a_data_and_model_mesh_equals_one_device(smollm2):
     contexts, continuations = [""] + TEXTS[:3], [PARAGRAPH, " and more.", " It is important.", " They returned safely."]
     for got, want in zip(split.score(contexts, continuations), smollm2.score(contexts, continuations)):
         np.testing.assert_allclose(got, want, atol=2e-4)
-    passes = [["Knowledge: " + t + "\nQuestion: What is this about?\nAnswer:" for t in TEXTS[:3]], ["The capital of France is"]]
+    passes = [["Knowledge: " + t + "\nQuestion: What is this about?\nAnswer:" for t in TEXTS[:3]],
+              ["The capital of France is"]]
     weights = [np.log([0.5, 0.3, 0.2]), [0.0]]
     got, want = (lm.generate(passes, weights, max_new_tokens=8, stop=("\n",)) for lm in (split, smollm2))
     for a, b in zip(got, want):
