@@ -106,9 +106,13 @@ def main():
                     "runs with one LM can share it")
     ap.add_argument("--baseline", default="", help="an earlier WORKDIR of this script (same LM and questions): "
                     "reuse its none / REPLUG / concat results, evaluate only REPLUG LSR")
+    ap.add_argument("--taus", default="1,gamma", help="the temperatures evaluated, in this order: 1 (none, REPLUG, "
+                    "concat, REPLUG LSR) and gamma (REPLUG and REPLUG LSR at τ = γ); a finished one is reused")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a qa_lsr.py training key (e.g. --set steps=80); values are Python literals")
     args = ap.parse_args()
+    if not args.taus or set(args.taus.split(",")) - {"1", "gamma"}:
+        raise ValueError(f"--taus {args.taus!r}: give 1, gamma or both (comma-separated)")
     started = time.time()
     train = None
     trained = args.trained
@@ -120,8 +124,8 @@ def main():
         trained = os.path.join(args.workdir, "lsr")
         train = run_once(config, trained)
     gamma = json.load(open(os.path.join(trained, "results.json")))["lsr"]["gamma"]
-    runs = {1.0: evaluate(args, trained, 1.0, ("none", "replug", "concat", "replug_lsr"))}
-    runs[gamma] = evaluate(args, trained, gamma, ("replug", "replug_lsr"))
+    methods = {"1": (1.0, ("none", "replug", "concat", "replug_lsr")), "gamma": (gamma, ("replug", "replug_lsr"))}
+    runs = {tau: evaluate(args, trained, tau, which) for tau, which in map(methods.get, args.taus.split(","))}
     rows, text = table(train, runs)
     text = f"SciQ, LM {args.lm}, retriever trained in {trained}\n\n{text}\nTotal {(time.time() - started) / 60:.1f} min"
     with open(os.path.join(args.workdir, "table.json"), "w") as f:

@@ -160,7 +160,10 @@ def main(argv=None):
         with open(os.path.join(args.workdir, "pools.json"), "w") as f:
             json.dump(report, f, indent=1)
         if args.save_retriever:
-            save_retriever(args.save_retriever, params, config, train["examples"], report["settings"])
+            lsr = {"gamma": args.gamma, "beta": args.beta, "direction": args.direction, "learning_rate": lr,
+                   "epochs": args.epochs, "batch_size": args.batch_size, "k": args.depth, "train_documents": False,
+                   "supervisor": args.supervisor or config.lm}
+            save_retriever(args.save_retriever, params, config, train["examples"], lsr)
     print_table(report, taus)
     return report
 
@@ -172,16 +175,20 @@ def with_lm(config, name: str):
     return other
 
 
-def save_retriever(folder: str, params, config, examples, settings: dict) -> None:
+def save_retriever(folder: str, params, config, examples, lsr: dict) -> None:
     """The trained query encoder as the LSR job leaves it (query side: the QA job searches the original index with
-    it), and the training questions, which the QA job refuses to evaluate."""
+    it), the training questions, which the QA job refuses to evaluate, and results.json with the settings `lsr`
+    (qa_lsr.py --trained reads γ there)."""
     os.makedirs(folder, exist_ok=True)
     save_params(params, os.path.join(folder, workspace.TRAINED_RETRIEVER),
                 {"encoder": config.encoder, "train_documents": "false", "train_questions": workspace.TRAIN_QUESTIONS,
-                 "trained_by": "experiments/qa_lsr_pools.py " + json.dumps(settings)})
+                 "trained_by": "experiments/qa_lsr_pools.py " + json.dumps(lsr)})
     with open(os.path.join(folder, workspace.TRAIN_QUESTIONS), "w", encoding="utf-8") as f:
         json.dump({"source": config.train_data, "ids": [e.doc_id for e in examples],
                    "questions": [e.query for e in examples]}, f)
+    with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({"task": "lsr_qa_pools", "train_data": config.train_data, "training_questions": len(examples),
+                   "encoder": config.encoder, "lsr": lsr}, f, indent=1)
     print(f"saved the trained retriever in {folder}", flush=True)
 
 

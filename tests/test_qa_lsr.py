@@ -211,7 +211,9 @@ def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):
     encoder = workspace.load_job_encoder(config, np.float32)
     trained = jax.tree.map(lambda x: x * 1.5, encoder.params)  # any parameters other than the initial ones
     examples = qa_training_examples(downstream_data.load_qa(tiny_qa["train"], "validation"))
-    _pools_experiment().save_retriever(str(tmp_path / "saved"), trained, config, examples, {"epochs": 1})
+    _pools_experiment().save_retriever(str(tmp_path / "saved"), trained, config, examples, {"gamma": 0.1})
+    saved = json.load(open(tmp_path / "saved" / "results.json"))  # qa_lsr.py --trained reads γ there
+    assert saved["lsr"]["gamma"] == 0.1 and saved["training_questions"] == len(examples) == 16
     loaded, train_documents = workspace.load_trained_encoder(encoder, str(tmp_path / "saved"))
     assert train_documents is False and loaded.name.endswith("+lsr")
     for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(trained)):
