@@ -8,8 +8,8 @@ import pytest
 from ml_collections import config_dict
 
 from replug_jax import workspace
-from replug_jax.data.records import QAExample
 from replug_jax.data import downstream as downstream_data
+from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa
 from replug_jax.evaluate.answer_nll import answer_nll
 from replug_jax.jobs import downstream, lsr
