@@ -38,8 +38,6 @@ def smollm2():
 @pytest.fixture(scope="session")
 def torch_smollm2():
     """(transformers' PyTorch model of the same GGUF, its tokenizer): the reference, loaded once (~12 s)."""
-    import os
-
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

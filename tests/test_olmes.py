@@ -49,7 +49,8 @@ def test_bad_olmes_sources_are_refused():
 
 def test_closed_book_loglikelihoods_equal_transformers(smollm2, torch_smollm2):
     """A handful of ARC-Easy and OpenBookQA requests (5-shot rc and mc: one question's options each): our
-    log p(continuation | context) equal transformers' forward pass of the same GGUF on the same token ids, and those ids are its tokenizer's."""
+    log p(continuation | context) equal transformers' forward pass of the same GGUF on the same token ids, and those
+    ids are its tokenizer's."""
     model, ref_tok = torch_smollm2
     pairs = []
     for task, form in (("arc_easy", "rc_5shot"), ("openbookqa", "mc_5shot")):
