@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 WORKDIR ?= runs/demo
+TEST_WORKERS ?= 2  # pytest-xdist workers, a test file each at a time; up to ~8.5 GB each (0: one process)
 
-.PHONY: install install-test readers reader-0.5b reader-1.5b demo demo-readers test bench clean
+.PHONY: install install-test llama-cpp readers reader-0.5b reader-1.5b demo demo-readers test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -15,16 +16,32 @@ install: $(PY)
 	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps -r requirements-assets.txt
 
-# llama-cpp-python (the real third-party server the HTTP tests probe) is built from its sdist for portable x86-64
-# with AVX2: its default build for the building machine's own instructions (AVX-512, AMX) segfaulted on an
-# AVX-512/AMX host (2026-11-24), and pip's wheel cache would hand that build to every later install. Its multimodal
-# library (mtmd, imported only by the vision chat handlers, which no test uses) is not built: 213 -> 177 s here.
-LLAMA_CPP := llama-cpp-python[server]==0.3.36
+# llama-cpp-python (the real third-party server the HTTP tests probe) is built from its sdist, pinned by sha256, for
+# portable x86-64 with AVX2: its default build for the building machine's own instructions (AVX-512, AMX) segfaulted
+# on an AVX-512/AMX host (2026-11-24), and pip's wheel cache would hand that build to every later install. Not built:
+# its multimodal library (mtmd, imported only by the vision chat handlers, which no test uses) and llama.cpp's
+# `common` library (command-line, chat-template and JSON helpers for llama.cpp's own programs; the Python package
+# loads libllama and libggml only), which llama-cpp-python's CMakeLists forces on: 192 of 367 CPU-seconds when llama.cpp was built alone here.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+LLAMA_CPP_SRC := $(VENV)/llama-cpp-python-sdist
 LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
 	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF
 
+llama-cpp: $(PY)
+	rm -rf $(LLAMA_CPP_SRC) && mkdir -p $(LLAMA_CPP_SRC)
+	echo "llama-cpp-python==$(LLAMA_CPP_VERSION) --hash=sha256:$(LLAMA_CPP_SHA256)" > $(LLAMA_CPP_SRC)/pin.txt
+	$(PIP) download -q --no-deps --no-binary :all: --require-hashes -r $(LLAMA_CPP_SRC)/pin.txt -d $(LLAMA_CPP_SRC)
+	tar xzf $(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_CPP_SRC)
+	sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE/set(LLAMA_BUILD_COMMON OFF CACHE/' \
+		$(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)/CMakeLists.txt
+	! grep -q "LLAMA_BUILD_COMMON ON" $(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)/CMakeLists.txt
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir \
+		"$(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)[server]"
+	rm -rf $(LLAMA_CPP_SRC)
+
 install-test: install
-	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir "$(LLAMA_CPP)"
+	$(PY) -c "import llama_cpp" 2>/dev/null || $(MAKE) llama-cpp
 	$(PIP) install -q -e ".[test]"
 
 READER_PIP := $(PIP) install -q --no-deps --only-binary :all: --require-hashes  # wheels pinned by sha256
@@ -48,7 +65,7 @@ demo-readers: install  # none / REPLUG / concat / vote with the 0.5B Qwen2 reade
 		--workdir runs/demo_readers
 
 test: install-test
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 clean:
 	rm -rf $(VENV) runs

@@ -30,9 +30,10 @@ INSTALL_REQUIRES = [
 
 TEST_REQUIRES = [
     "pytest>=8,<10",
+    "pytest-xdist>=3.6,<4",  # `make test` runs the suite in 2 worker processes
     "torch==2.13.0",  # CPU build; the PyTorch reference in tests only (other versions pull a CUDA build)
     "accelerate>=1.10,<2",  # transformers needs it to load GGUF files into PyTorch (the SmolLM2 reference)
-    "llama-cpp-python[server]==0.3.36",  # a real third-party server in tests/test_http.py (sdist: ~3 min on 2 cores)
+    "llama-cpp-python[server]==0.3.36",  # a real third-party server in tests/test_http.py (`make llama-cpp` builds it)
     "nbclient>=0.11,<0.12",  # tests/test_notebook.py executes examples/quickstart.ipynb
     "nbformat>=5.11,<6",
     "ipykernel>=7.4,<8",  # the notebook's kernel, on the test interpreter
