@@ -17,6 +17,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # default 1 s: no tiny-model program qualified
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+# `make test` runs 2 pytest-xdist workers: one lock file for the session, which every test holds shared and a test
+# marked `exclusive` (the reader LMs: up to ~15 GB) holds alone. Set here, before the workers start, so they inherit it.
+if "REPLUG_JAX_TEST_LOCK" not in os.environ:
+    import atexit
+    import tempfile
+
+    handle, os.environ["REPLUG_JAX_TEST_LOCK"] = tempfile.mkstemp(prefix="replug_jax_test_lock_")
+    os.close(handle)
+    atexit.register(os.remove, os.environ["REPLUG_JAX_TEST_LOCK"])
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -53,6 +62,24 @@ def minilm():
     import replug_jax as rj
 
     return rj.load_encoder("minilm", batch_size=8)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "exclusive: runs while no other pytest-xdist worker runs a test (memory)")
+
+
+@pytest.fixture(autouse=True)
+def _memory_lock(request):
+    """Under pytest-xdist, a test marked `exclusive` waits until no other worker is in a test and keeps them out
+    while it runs; every other test runs beside any unmarked one. Without xdist, nothing to lock."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    import fcntl
+
+    with open(os.environ["REPLUG_JAX_TEST_LOCK"]) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("exclusive") else fcntl.LOCK_SH)
+        yield  # closing the file releases the lock
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -92,6 +92,7 @@ TEXT = ("Photosynthesis converts light energy into chemical energy stored in glu
         "from water. Don't forget: 6 CO2 + 6 H2O -> C6H12O6 + 6 O2, measured at 25\u00b0C in 2024.\n\nQuestion:")
 
 
+@pytest.mark.exclusive  # up to ~15 GB: no other pytest-xdist worker in a test meanwhile
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
 def test_real_reader_matches_transformers_gguf(name):
     """Our dequantised JAX model against transformers' own GGUF loading (float32 torch) on the same file:
@@ -122,6 +123,7 @@ def test_real_reader_matches_transformers_gguf(name):
     assert ppl < 60  # a working LM on plain English (31 measured for the 0.5B coder; a wrong layout gives thousands)
 
 
+@pytest.mark.exclusive
 def test_real_reader_agrees_with_llama_cpp():
     """An independent implementation of the same file: llama.cpp's per-token log-probs. It multiplies with
     8-bit-quantised activations, so tokens differ by ~0.07 nats on average (measured) where our float32
