@@ -21,7 +21,8 @@ install: $(PY)
 # on an AVX-512/AMX host (2026-11-24), and pip's wheel cache would hand that build to every later install. Not built:
 # its multimodal library (mtmd, imported only by the vision chat handlers, which no test uses) and llama.cpp's
 # `common` library (command-line, chat-template and JSON helpers for llama.cpp's own programs; the Python package
-# loads libllama and libggml only), which llama-cpp-python's CMakeLists forces on: 192 of 367 CPU-seconds when llama.cpp was built alone here.
+# loads libllama and libggml only), which llama-cpp-python's CMakeLists forces on: 192 of the 367 CPU-seconds of
+# building llama.cpp alone here.
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 LLAMA_CPP_SRC := $(VENV)/llama-cpp-python-sdist
