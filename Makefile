@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 WORKDIR ?= runs/demo
-TEST_WORKERS ?= 2  # pytest-xdist workers, a test file each at a time; up to ~8.5 GB each (0: one process)
+TEST_WORKERS ?= 2  # pytest-xdist workers, a test file each at a time; up to ~9 GB each (0: one process)
 
 .PHONY: install install-test llama-cpp readers reader-0.5b reader-1.5b demo demo-readers test bench clean
 
