@@ -68,6 +68,19 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "exclusive: runs while no other pytest-xdist worker runs a test (memory)")
 
 
+# The longest files (seconds of one serial run, 2026-11-25) first: pytest-xdist hands files to workers in this order,
+# so the last file a worker takes is a short one. In alphabetical order test_multiprocess.py (~280 s) started
+# mid-run, and the last ~2 minutes of a fresh clone's run went by with little but it left.
+LONGEST_FIRST = ("test_multiprocess.py", "test_lsr_loop.py", "test_models.py", "test_downstream.py",
+                 "test_generate_http.py", "test_lm_mesh.py", "test_real_weights.py", "test_notebook.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = lambda item: (LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST
+                         else len(LONGEST_FIRST))
+    items.sort(key=rank)  # stable: files keep their order after these, tests their order within a file
+
+
 @pytest.fixture(autouse=True)
 def _memory_lock(request):
     """Under pytest-xdist, a test marked `exclusive` waits until no other worker is in a test and keeps them out
