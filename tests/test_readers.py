@@ -92,13 +92,17 @@ TEXT = ("Photosynthesis converts light energy into chemical energy stored in glu
         "from water. Don't forget: 6 CO2 + 6 H2O -> C6H12O6 + 6 O2, measured at 25\u00b0C in 2024.\n\nQuestion:")
 
 
+def skip_unless_installed(name):
+    """Skipped at collection, before the `exclusive` lock is waited for (it would idle a worker for nothing)."""
+    return pytest.mark.skipif(not installed(name), reason=f"{name} not installed (make readers)")
+
+
 @pytest.mark.exclusive  # up to ~15 GB: no other pytest-xdist worker in a test meanwhile
-@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=skip_unless_installed(name))
+                                  for name in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")])
 def test_real_reader_matches_transformers_gguf(name):
     """Our dequantised JAX model against transformers' own GGUF loading (float32 torch) on the same file:
     tokenizer ids, per-token log-probs and perplexity."""
-    if not installed(name):
-        pytest.skip(f"{name} not installed (make readers)")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -124,13 +128,12 @@ def test_real_reader_matches_transformers_gguf(name):
 
 
 @pytest.mark.exclusive
+@skip_unless_installed("qwen2.5-coder-0.5b")
 def test_real_reader_agrees_with_llama_cpp():
     """An independent implementation of the same file: llama.cpp's per-token log-probs. It multiplies with
     8-bit-quantised activations, so tokens differ by ~0.07 nats on average (measured) where our float32
     dequantisation matches transformers to 2e-3; the perplexities agree within a few percent."""
     name = "qwen2.5-coder-0.5b"
-    if not installed(name):
-        pytest.skip(f"{name} not installed (make readers)")
     llama_cpp = pytest.importorskip("llama_cpp")
     lm = load_reader(name)
     ids = lm.pair_tokens("", TEXT)[0] + lm.tokenizer.encode(TEXT)
