@@ -32,7 +32,7 @@ class RecordingLM:
     def __init__(self, inner):
         self.inner, self.name = inner, inner.name
         self.tokenizer = getattr(inner, "tokenizer", None)
-        self.score_calls, self.generate_calls = [], []
+        self.score_calls, self.generate_calls, self.query_calls = [], [], []
 
     def count_tokens(self, text):
         return self.inner.count_tokens(text)
@@ -43,6 +43,12 @@ class RecordingLM:
     def score(self, contexts, continuations, progress=False):
         out = self.inner.score(contexts, continuations)
         self.score_calls.append({"contexts": list(contexts), "continuations": list(continuations), "out": out})
+        return out
+
+    def score_with_query(self, contexts, queries, continuations, progress=False):
+        out = self.inner.score_with_query(contexts, queries, continuations)
+        self.query_calls.append({"contexts": list(contexts), "queries": list(queries),
+                                 "continuations": list(continuations), "out": out})
         return out
 
     def generate(self, contexts, log_weights, *, max_new_tokens, stop=("\n",), shared_prefix="", progress=False):

@@ -62,6 +62,24 @@ def test_our_server_matches_local_backend(tiny, tiny_server):
     assert HTTPLM(tiny_server.url).count_tokens("Hello world") == 11  # the server's /tokenize
 
 
+def test_score_with_query_over_http_equals_local(tiny, tiny_server, proxy):
+    """log p(query | context) and the continuation's log-probs from one echoed prompt per triple, as LocalLM's;
+    a server scored with text prompts is refused with the fallback named."""
+    lm = tiny[1]
+    contexts, queries = [c or "" for c, _ in PAIRS], ["Question: where?", " and then", "?", " x y", " 3"]
+    continuations = [y for _, y in PAIRS[:-1]] + [""]
+    want = lm.score_with_query(contexts, queries, continuations)
+    for options in ({}, {"prompt_logprobs": True, "prompts_per_request": 2}):
+        remote = HTTPLM(tiny_server.url, tokenizer=lm.tokenizer, **options)
+        got = remote.score_with_query(contexts, queries, continuations)
+        assert remote.stats()["prompts"] == len(PAIRS)  # one prompt per triple
+        for (gq, gc), (wq, wc) in zip(got, want):
+            assert_close([gq, gc], [wq, wc])
+    proxy.mode = "no_ids"
+    with pytest.raises(BlackBoxServerError, match="use the method replug"):
+        HTTPLM(proxy.url, tokenizer=lm.tokenizer).score_with_query(contexts[:1], queries[:1], continuations[:1])
+
+
 def test_server_that_adds_a_start_token(tiny):
     """A server conditioning every prompt on the start token: empty contexts are sent alone."""
     lm = tiny[1]

@@ -32,6 +32,8 @@ def get_config():
     c.methods = ("none", "replug", "concat")  # add "replug_lsr" with retriever_workdir
     c.retriever_workdir = ""  # an LSR job's workdir: its trained retriever (retriever.safetensors)
     c.temperature = 1.0  # λ = softmax(s / τ)
+    c.posterior_alpha = 1.0  # "replug_posterior": λ ∝ exp(s/τ + α log p(question | passage)); 0 is REPLUG's λ
+    c.rerank_depth = 0  # "replug_posterior": score the question after the top N >= k passages, keep the k best (0: k)
     c.doc_tokens = 128  # chunk length of a JSONL corpus in LM tokens
     c.metric = "cosine"  # or "ip" (the official code: unnormalised inner product)
     c.index_factory = "Flat"

@@ -35,12 +35,43 @@ def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Seq
         k, log_w = len(contexts[q]), np.asarray(log_weights[q], np.float64)  # [K]
         row = []
         for _ in conts:
-            per_pass = np.stack([np.asarray(s, np.float64) for s in scored[at : at + k]])  # [K, T]
-            mixed = np.logaddexp.reduce(log_w[:, None] + per_pass, axis=0)  # [T]: log Σ_i λ_i p_i(y_t | ...)
-            row.append((float(np.sum(mixed)), per_pass.shape[-1]))
+            row.append((mixture_loglik(log_w, scored[at : at + k]), len(scored[at])))
             at += k
         out.append(row)
     return out
+
+
+def mixture_loglik(log_weights, per_pass) -> float:
+    """Σ_t logsumexp_i(log λ_i + log p_i(y_t | ...)): one continuation under the per-token mixture of its passes.
+
+    log_weights: [K] log λ; per_pass: K arrays [T] (one continuation's token log-probs in each pass)."""
+    log_w = np.asarray(log_weights, np.float64)  # [K]
+    stacked = np.stack([np.asarray(s, np.float64) for s in per_pass])  # [K, T]
+    return float(np.sum(np.logaddexp.reduce(log_w[:, None] + stacked, axis=0)))
+
+
+def query_and_continuation_scores(lm, doc_contexts: Sequence[Sequence[str]], queries: Sequence[str],
+                                  continuations: Sequence[Sequence[str]]):
+    """Every pass `doc_contexts[q][i] ∘ queries[q] ∘ continuation` of one `lm.score_with_query` call:
+    (query_logliks: per question [D_q] float64 Σ_t log p(x_t | d_i, x_<t); continuation scores: per question, per
+    continuation, the D_q passes' token log-probs [T]). A question without continuations is scored query-only."""
+    flat_ctx, flat_query, flat_cont = [], [], []
+    for docs, query, conts in zip(doc_contexts, queries, continuations):
+        for cont in conts or [""]:
+            flat_ctx += list(docs)
+            flat_query += [query] * len(docs)
+            flat_cont += [cont] * len(docs)
+    scored = lm.score_with_query(flat_ctx, flat_query, flat_cont) if flat_ctx else []
+    query_logliks, cont_scores, at = [], [], 0
+    for docs, conts in zip(doc_contexts, continuations):
+        first = scored[at : at + len(docs)]
+        query_logliks.append(np.array([np.sum(q, dtype=np.float64) for q, _ in first]))
+        per_cont = []
+        for _ in conts or [""]:
+            per_cont.append([c for _, c in scored[at : at + len(docs)]])
+            at += len(docs)
+        cont_scores.append(per_cont if conts else [])
+    return query_logliks, cont_scores
 
 
 def answer_nll(lm, contexts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],

@@ -30,7 +30,8 @@ from replug_jax.passages import passage_text, question_block  # noqa: F401 (the 
 from replug_jax.evaluate.qa_metrics import answer_recall, exact_match, normalize_answer
 
 ENSEMBLES = ("replug", "vote")
-METHODS = ("none", "replug", "concat", "vote", "replug_lsr")  # "vote": REPLUG's passes with the "vote" ensemble
+# "vote": REPLUG's passes with the "vote" ensemble; "replug_posterior": λ ∝ exp(s/τ + α log p(x | d)) (qa_posterior.py)
+METHODS = ("none", "replug", "concat", "vote", "replug_lsr", "replug_posterior")
 
 
 def demo_block(demos, demo_passages: Sequence[str | None]) -> str:
@@ -60,9 +61,19 @@ def answer_questions(lm, questions, passages: list[list[str]], scores: np.ndarra
     passages[q]: the question's top-k passage texts, best first; scores: [Q, K] retrieval scores."""
     if ensemble not in ENSEMBLES:
         raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
-    stop = ("\n",)
     contexts, weights = method_passes(questions, passages, scores, method=method, temperature=temperature)
-    if method not in ("none", "concat") and ensemble == "vote":
+    return generate_answers(lm, contexts, weights, ensemble=ensemble if method not in ("none", "concat") else "replug",
+                            demo_prefix=demo_prefix, max_new_tokens=max_new_tokens, progress=progress)
+
+
+def generate_answers(lm, contexts: list[list[str]], weights: list[np.ndarray], *, ensemble: str, demo_prefix: str,
+                     max_new_tokens: int, progress: bool = False) -> list[dict]:
+    """Each question's answer from its passes `contexts[q]` with log λ `weights[q]` by `ensemble`, after the
+    few-shot block: [{"prediction", "finish_reason" or "passes"}]."""
+    if ensemble not in ENSEMBLES:
+        raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
+    stop = ("\n",)
+    if ensemble == "vote":
         return _vote(lm, contexts, weights, demo_prefix, max_new_tokens, stop, progress)
     gens = lm.generate(contexts, weights, max_new_tokens=max_new_tokens, stop=stop, shared_prefix=demo_prefix,
                        progress=progress)

@@ -25,7 +25,8 @@ from replug_jax import console, distributed, workspace
 from replug_jax.models import precision
 from replug_jax.data import downstream as data
 from replug_jax.data import olmes, wiki
-from replug_jax.evaluate import answer_nll, downstream_report, mmlu, olmes_tasks, option_text, qa, qa_metrics
+from replug_jax.evaluate import (answer_nll, downstream_report, mmlu, olmes_tasks, option_text, qa, qa_metrics,
+                                 qa_posterior)
 from replug_jax.passages import passages_of
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
@@ -195,6 +196,8 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
     """Predictions of `questions` (this process's share) by every method: (settings for results, rows with each
     method's prediction and its exact-match / answer-in-passages flags)."""
     results = {"ensemble": config.ensemble}
+    if "replug_posterior" in config.methods:
+        results.update(posterior_alpha=config.posterior_alpha, rerank_depth=max(config.k, config.rerank_depth))
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in questions]
     for method in config.methods:
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
@@ -202,10 +205,16 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
         console.phase(f"qa {method}: {len(questions)} questions" + (f", k={config.k}" if method != "none" else "")
                       + mixing)
         retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
-        scores, rows = retriever.retrieve([q.question for q in questions], config.k)
-        passages = passages_of(store, rows)
         prefix = _demo_prefix(retriever, store, demos, method != "none", qa.demo_block,
                               choose=config.get("demo_passages", "top1"))
+        if method == "replug_posterior":
+            preds, passages = _posterior_predictions(config, lm, retriever, store, questions, prefix)
+            qa.flag_predictions(questions, preds, passages, config.k)
+            for row, p in zip(predictions, preds):
+                row[method] = p
+            continue
+        scores, rows = retriever.retrieve([q.question for q in questions], config.k)
+        passages = passages_of(store, rows)
         preds = qa.answer_questions(lm, questions, passages, scores, method=method, ensemble=ensemble,
                                     demo_prefix=prefix, temperature=config.temperature,
                                     max_new_tokens=config.max_new_tokens, progress=True)
@@ -220,6 +229,28 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
         for row, p in zip(predictions, preds):
             row[method] = p
     return results, predictions
+
+
+def _posterior_predictions(config, lm, retriever, store, questions, demo_prefix):
+    """"replug_posterior" (evaluate/qa_posterior.py): the top `rerank_depth` (>= k) passages scored with the
+    question once, the k of highest posterior kept and mixed; (prediction rows, the kept passages per question)."""
+    depth = max(config.k, config.get("rerank_depth", 0) or config.k)
+    scores, rows = retriever.retrieve([q.question for q in questions], min(depth, len(store)))
+    retrieved = passages_of(store, rows)
+    with_answers = config.get("answer_nll", True)
+    scored = qa_posterior.posterior_passes(lm, questions, retrieved, scores, temperature=config.temperature,
+                                           alpha=config.posterior_alpha, k=config.k, with_answers=with_answers,
+                                           prefix=demo_prefix if config.get("answer_nll_demos", False) else "")
+    preds = qa.generate_answers(lm, scored.contexts, scored.log_weights, ensemble=config.ensemble,
+                                demo_prefix=demo_prefix, max_new_tokens=config.max_new_tokens, progress=True)
+    for p, kept, log_w, ll in zip(preds, scored.kept, scored.log_weights, scored.query_logliks):
+        p.update(kept_ranks=[int(j) for j in kept], log_weights=[round(float(w), 6) for w in log_w],
+                 question_logliks=[round(float(x), 4) for x in ll])
+    if with_answers:
+        for p, value in zip(preds, scored.answer_nll):
+            p["answer_nll"] = float(value)
+    kept_passages = [[ps[j] for j in kept] for ps, kept in zip(retrieved, scored.kept)]
+    return preds, kept_passages
 
 
 def _run_olmes(config, lm, store, retrievers, questions, task: tuple[str, str]):

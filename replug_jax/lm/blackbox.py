@@ -61,6 +61,12 @@ class BlackBoxLM(Protocol):
         """REPLUG's ensembled greedy decoding (module docstring): one Generation per question."""
         ...
 
+    def score_with_query(self, contexts: Sequence[str], queries: Sequence[str],
+                         continuations: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """From ONE pass `context ∘ query ∘ continuation` per triple (`query_token_ids`'s rule): the log-probs of
+        the query's tokens [T_q] and of the continuation's [T_c] (empty for an empty continuation)."""
+        ...
+
 
 @dataclasses.dataclass
 class Generation:
@@ -136,6 +142,45 @@ def pair_token_ids(tokenizer: TextTokenizer, context: str, continuation: str, ma
     if max_length is not None:
         ctx = ctx[-(max_length - len(cont)):]
     return ctx, cont
+
+
+def query_token_ids(tokenizer: TextTokenizer, context: str, query: str, continuation: str, max_length: int | None,
+                    start_id: int | None) -> tuple[list[int], list[int], list[int]]:
+    """(context ids, query ids, continuation ids) of one `score_with_query` pass: the three texts tokenised apart
+    and concatenated (the contract's rule with the query as a second, scored segment), the context cut from the
+    LEFT to fit; the query must not be empty, the continuation may. Errors name the problem."""
+    query_ids = tokenizer.encode(query)
+    if not query_ids:
+        raise ValueError(f"query {query[:40]!r} has no tokens: there is nothing to score")
+    cont = tokenizer.encode(continuation) if continuation else []
+    scored = len(query_ids) + len(cont)
+    if max_length is not None and scored >= max_length:
+        raise ValueError(f"query and continuation of {scored} tokens do not fit the LM's {max_length}-token window "
+                         "with at least one context token")
+    ctx = tokenizer.encode(context) if context else []
+    if not ctx:
+        if start_id is None:
+            raise ValueError("empty context and the tokenizer has no document-start token to condition on")
+        ctx = [start_id]
+    if max_length is not None:
+        ctx = ctx[-(max_length - scored):]
+    return ctx, query_ids, cont
+
+
+def split_query_scores(scored: Sequence[np.ndarray], query_lengths: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each pass's scores of `query ids + continuation ids` split into (query [T_q], continuation [T_c])."""
+    return [(np.asarray(s[:n], np.float32), np.asarray(s[n:], np.float32)) for s, n in zip(scored, query_lengths)]
+
+
+def check_query_triples(contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str]) -> None:
+    """Reject `score_with_query` calls that cannot be scored, naming the problem."""
+    if any(isinstance(x, str) for x in (contexts, queries, continuations)):
+        raise TypeError("score_with_query takes lists of contexts, queries and continuations, not single strings")
+    if not len(contexts) == len(queries) == len(continuations):
+        raise ValueError(f"{len(contexts)} contexts, {len(queries)} queries and {len(continuations)} continuations")
+    empty = [i for i, q in enumerate(queries) if not q]
+    if empty:
+        raise ValueError(f"queries {empty[:5]} are empty: log p(query | context) needs a query")
 
 
 def generation_prompt_ids(tokenizer: TextTokenizer, prefix: str, context: str, max_length: int | None,

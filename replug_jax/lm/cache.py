@@ -43,8 +43,8 @@ class CachedLM:
     def __getattr__(self, name):
         return getattr(self.__dict__["lm"], name)
 
-    def _key(self, context: str, continuation: str) -> str:
-        return hashlib.sha256("\0".join((self.namespace, context, continuation)).encode()).hexdigest()
+    def _key(self, *texts: str) -> str:
+        return hashlib.sha256("\0".join((self.namespace, *texts)).encode()).hexdigest()
 
     def _lookup(self, keys: list[str]) -> dict[str, np.ndarray]:
         found = {}
@@ -60,9 +60,31 @@ class CachedLM:
         if len(contexts) != len(continuations):
             raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
         keys = [self._key(c, y) for c, y in zip(contexts, continuations)]
+        compute = lambda idx: self.lm.score([contexts[i] for i in idx], [continuations[i] for i in idx],
+                                            progress=progress)
+        return self._through_cache(keys, compute)
+
+    def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
+                         progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The LM's `score_with_query` through the cache: (query log-probs [T_q], continuation log-probs [T_c])."""
+        from replug_jax.lm.blackbox import check_query_triples
+
+        check_query_triples(contexts, queries, continuations)
+        keys = [self._key(c, "\0query\0" + q, y) for c, q, y in zip(contexts, queries, continuations)]
+
+        def compute(idx):  # stored as [T_q, query log-probs..., continuation log-probs...]
+            pairs = self.lm.score_with_query([contexts[i] for i in idx], [queries[i] for i in idx],
+                                             [continuations[i] for i in idx], progress=progress)
+            return [np.concatenate([[len(q)], q, c]) for q, c in pairs]
+
+        stored = self._through_cache(keys, compute)
+        return [(x[1 : 1 + int(x[0])], x[1 + int(x[0]) :]) for x in stored]
+
+    def _through_cache(self, keys: list[str], compute) -> list[np.ndarray]:
+        """The cached arrays of `keys`; compute(positions) -> arrays for the distinct misses, stored."""
         with self._lock:
             found = self._lookup(keys)
-        first: dict[str, int] = {}  # one LM call per distinct uncached pair
+        first: dict[str, int] = {}  # one LM call per distinct uncached key
         for i, k in enumerate(keys):
             if k not in found:
                 first.setdefault(k, i)
@@ -70,8 +92,7 @@ class CachedLM:
         if self._lockstep():
             missing = self._agreed_misses(keys, missing)
         if missing:
-            lps = self.lm.score([contexts[i] for i in missing], [continuations[i] for i in missing], progress=progress)
-            new = {keys[i]: np.asarray(x, np.float32) for i, x in zip(missing, lps)}
+            new = {keys[i]: np.asarray(x, np.float32) for i, x in zip(missing, compute(missing))}
             with self._lock:
                 self.db.executemany("INSERT OR REPLACE INTO token_logprobs VALUES (?, ?)",
                                     [(k, v.tobytes()) for k, v in new.items()])

@@ -32,7 +32,8 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax.lm.blackbox import check_pairs, continuation_ids, pair_token_ids
+from replug_jax.lm.blackbox import (check_pairs, check_query_triples, continuation_ids, pair_token_ids, query_token_ids,
+                                   split_query_scores)
 from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
                                      parse_text_echo, select_continuation)
 from replug_jax.lm.http_transport import BlackBoxServerError, Refused, Transport
@@ -93,6 +94,29 @@ class HTTPLM:
         """log p of each continuation token given its context: a list of float32 [T_i] (module docstring)."""
         check_pairs(contexts, continuations)
         items = [self._prepare(c, y) for c, y in zip(contexts, continuations)]  # every error before any request
+        return self._score_items(items, progress)
+
+    def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
+                         progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(log p of each query token, of each continuation token) from one echoed prompt `context ∘ query ∘
+        continuation` per triple (the contract's `score_with_query`, token-id prompts only)."""
+        check_query_triples(contexts, queries, continuations)
+        if not self.token_prompts:
+            raise BlackBoxServerError(f"{self.base_url}: log p(query | passage) needs token-id prompts, and this "
+                                      f"server is scored with text prompts ({self._findings.get('prompt_format')}); "
+                                      "use the method replug (retrieval weights only) with this server")
+        window = self.max_length - self._leading - self._max_tokens if self.max_length else None
+        items, lengths = [], []
+        for c, q, y in zip(contexts, queries, continuations):
+            ctx, q_ids, y_ids = query_token_ids(self.tokenizer, c, q, y, window, self.start_id)
+            if not c and self._start == "server" and self._leading:  # its own start token conditions it
+                ctx = []
+            items.append((ctx + q_ids + y_ids, len(q_ids) + len(y_ids)))
+            lengths.append(len(q_ids))
+        return split_query_scores(self._score_items(items, progress), lengths)
+
+    def _score_items(self, items: list, progress: bool) -> list[np.ndarray]:
+        """Prepared prompts scored in chunks of `prompts_per_request`, `concurrency` requests at a time."""
         chunks = [list(range(i, min(i + self.prompts_per_request, len(items))))
                   for i in range(0, len(items), self.prompts_per_request)]
         out: list[np.ndarray | None] = [None] * len(items)

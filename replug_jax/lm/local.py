@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from replug_jax import sharding, xla_cpu
 from replug_jax.lm import shared_prefix
-from replug_jax.lm.blackbox import check_pairs, pair_token_ids
+from replug_jax.lm.blackbox import check_pairs, check_query_triples, pair_token_ids, query_token_ids, split_query_scores
 from replug_jax.models import causal_lm, partition, precision
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, tokenizer_fingerprint
 from replug_jax.models.weights import weights_fingerprint
@@ -108,6 +108,16 @@ class LocalLM:
         check_pairs(contexts, continuations)
         pairs = [self.pair_tokens(c, y) for c, y in zip(contexts, continuations)]
         return self.score_token_pairs(pairs, progress=progress)
+
+    def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
+                         progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(log p of each query token, of each continuation token) from one row `context ∘ query ∘ continuation`
+        per triple (the contract's `score_with_query`): the query's scores come from the same forward pass."""
+        check_query_triples(contexts, queries, continuations)
+        triples = [query_token_ids(self.tokenizer, c, q, y, self.max_length, self.start_id)
+                   for c, q, y in zip(contexts, queries, continuations)]
+        scored = self.score_token_pairs([(c, q + y) for c, q, y in triples], progress=progress)
+        return split_query_scores(scored, [len(q) for _, q, _ in triples])
 
     def score_token_pairs(self, pairs: list[tuple[list[int], list[int]]], progress: bool = False) -> list[np.ndarray]:
         """Like `score`, for pre-tokenised (context ids, continuation ids) pairs; contexts must not be empty.

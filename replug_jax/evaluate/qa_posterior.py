@@ -1,0 +1,64 @@
+"""The QA method "replug_posterior": REPLUG's passes weighted by the LM's posterior over passages (posterior.py).
+
+For each question the top `depth` passages are retrieved; each pass `Knowledge: d_i\\n` ∘ `Question: q\\nAnswer:` ∘
+` gold answer` is scored ONCE (`lm.score_with_query`), which gives both log p(x | d_i) (x: the question block, as
+it follows the passage) and the gold answer's token log-probs. Then
+
+    log λ_i = log softmax_i(s_i / τ + α · log p(x | d_i)),   the k highest kept (re-ranking when depth > k),
+
+the answer NLL is the per-token mixture of the kept passes, and the generation after the few-shot block mixes
+the kept passes with those fixed weights. Without gold answers (answer NLL off) the passes are scored up to x.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from replug_jax import posterior
+from replug_jax.evaluate.answer_nll import mixture_loglik, query_and_continuation_scores
+from replug_jax.passages import QA_DOC_TEMPLATE, question_block
+
+
+@dataclasses.dataclass
+class PosteriorPasses:
+    """Per question: the kept passes' prompts, their log λ [k], log p(x | d) of the kept passes [k], the kept
+    positions among the retrieved (best posterior first), and the gold answer's NLL (None without answers)."""
+
+    contexts: list[list[str]]
+    log_weights: list[np.ndarray]
+    query_logliks: list[np.ndarray]
+    kept: list[np.ndarray]
+    answer_nll: np.ndarray | None
+
+
+def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarray, *, temperature: float,
+                     alpha: float, k: int, prefix: str = "", with_answers: bool = True) -> PosteriorPasses:
+    """REPLUG-posterior passes of `questions` over their retrieved `passages` (best first, [Q][D]) with retrieval
+    `scores` [Q, D]; `prefix` before every pass (the demo block, or "" for zero-shot scoring)."""
+    posterior.check_alpha(alpha)
+    empty = [i for i, ps in enumerate(passages) if not ps]
+    if empty:
+        raise ValueError(f"questions {empty[:5]} have no retrieved passage: replug_posterior has nothing to weigh")
+    docs = [[prefix + QA_DOC_TEMPLATE.format(passage=p) for p in ps] for ps in passages]
+    queries = [question_block(q.question, None) for q in questions]
+    golds = [[f" {a.strip()}" for a in q.answers] if with_answers else [] for q in questions]
+    query_ll, cont_scores = query_and_continuation_scores(lm, docs, queries, golds)
+    width = scores.shape[1]
+    valid = np.array([[j < len(ps) for j in range(width)] for ps in passages])  # [Q, D]
+    evidence = np.zeros(scores.shape, np.float64)
+    for i, ll in enumerate(query_ll):
+        evidence[i, : len(ll)] = ll
+    log_w = posterior.posterior_log_weights(scores, valid, evidence, temperature, alpha)  # [Q, D]
+    order, kept_w = posterior.rerank(log_w, k)  # [Q, k]
+    contexts, weights, kept_ll, kept, nll = [], [], [], [], []
+    for i, (q, ps) in enumerate(zip(questions, passages)):
+        pos = order[i][order[i] >= 0]
+        contexts.append([question_block(q.question, ps[j]) for j in pos])
+        weights.append(kept_w[i][: len(pos)])
+        kept_ll.append(query_ll[i][pos])
+        kept.append(pos)
+        if with_answers:  # a question without gold answers: inf, as answer_nll.answer_nll
+            nll.append(-max((mixture_loglik(weights[-1], [per_pass[j] for j in pos]) for per_pass in cont_scores[i]),
+                            default=-np.inf))
+    return PosteriorPasses(contexts, weights, kept_ll, kept, np.array(nll) if with_answers else None)

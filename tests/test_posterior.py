@@ -1,0 +1,131 @@
+"""REPLUG weighted by the LM's posterior over passages (replug_jax/posterior.py, evaluate/qa_posterior.py, the
+contract's `score_with_query`): the weights against a float64 hand computation from the LM's own log-probs, one
+pass per passage (counted), α = 0 is REPLUG through the whole QA job, the cache and re-ranking."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from replug_jax import posterior
+from replug_jax.data.records import QAExample
+from replug_jax.evaluate import qa_posterior
+from replug_jax.lm.cache import CachedLM
+from replug_jax.passages import QA_DOC_TEMPLATE, question_block
+
+from tests.test_downstream import RecordingLM, files, qa_config, run_job  # noqa: F401 (files: a fixture)
+
+PASSAGES = [["Velmora is a town in the hills. Its mayor is Tobias Grint.", "The river Oster flows through Karsk.",
+             "Karsk is known for its glassworks."],
+            ["The river Oster flows through Karsk.", "Velmora is a town in the hills. Its mayor is Tobias Grint.",
+             "Karsk is known for its glassworks."]]
+QUESTIONS = [QAExample("q0", "Who is the mayor of Velmora?", ("Tobias Grint",)),
+             QAExample("q1", "Which river flows through Karsk?", ("the Oster", "Oster"))]
+SCORES = np.array([[0.52, 0.31, 0.30], [0.48, 0.40, 0.12]], np.float32)
+
+
+def hand_posterior(lm, tau, alpha, k):
+    """Per question: (kept positions, log λ renormalised over them, answer NLL) in float64 from separate
+    `lm.score` calls: log p(x | d) = Σ score(doc, question block); the answer's per-pass scores after doc ∘ x."""
+    out = []
+    for q, ps, s in zip(QUESTIONS, PASSAGES, SCORES):
+        docs = [QA_DOC_TEMPLATE.format(passage=p) for p in ps]
+        x = question_block(q.question, None)
+        ll = np.array([np.sum(v, dtype=np.float64) for v in lm.score(docs, [x] * len(docs))])
+        z = s.astype(np.float64) / tau + alpha * ll
+        kept = np.argsort(-z, kind="stable")[:k]
+        log_w = z[kept] - np.logaddexp.reduce(z[kept])
+        best = -np.inf
+        for a in q.answers:
+            per_pass = [np.asarray(v, np.float64) for v in lm.score([docs[j] + x for j in kept], [f" {a}"] * k)]
+            best = max(best, np.sum(np.logaddexp.reduce(log_w[:, None] + np.stack(per_pass), axis=0)))
+        out.append((kept, log_w, -best))
+    return out
+
+
+@pytest.mark.parametrize("alpha,k", [(1.0, 2), (0.5, 3)])
+def test_posterior_weights_equal_a_float64_hand_computation(smollm2, alpha, k):
+    got = qa_posterior.posterior_passes(smollm2, QUESTIONS, PASSAGES, SCORES, temperature=0.1, alpha=alpha, k=k)
+    for i, (kept, log_w, nll) in enumerate(hand_posterior(smollm2, 0.1, alpha, k)):
+        assert list(got.kept[i]) == list(kept)
+        np.testing.assert_allclose(got.log_weights[i], log_w, atol=2e-5)
+        assert got.answer_nll[i] == pytest.approx(nll, abs=2e-4)
+        assert got.contexts[i] == [question_block(QUESTIONS[i].question, PASSAGES[i][j]) for j in kept]
+    # the LM knows which passage answers: its passage gets most of the weight, whatever the retriever's rank
+    assert PASSAGES[0][got.kept[0][0]].startswith("Velmora") and np.exp(got.log_weights[0][0]) > 0.9
+    assert PASSAGES[1][got.kept[1][0]].startswith("The river Oster")
+
+
+def test_the_question_is_scored_in_the_pass_that_scores_the_answer(smollm2, monkeypatch):
+    """score_with_query: one forward row per passage, `context ∘ question ∘ answer`, no other row; its two parts
+    equal separate scores of the same ids."""
+    rows = []
+    inner = smollm2.score_token_pairs
+    monkeypatch.setattr(smollm2, "score_token_pairs", lambda pairs, progress=False: rows.append(pairs) or inner(pairs))
+    docs = [QA_DOC_TEMPLATE.format(passage=p) for p in PASSAGES[0]]
+    x = question_block(QUESTIONS[0].question, None)
+    got = smollm2.score_with_query(docs, [x] * 3, [" Tobias Grint"] * 3)
+    assert len(rows) == 1 and len(rows[0]) == 3  # one call, one row per passage
+    tok = smollm2.tokenizer
+    for (ctx, scored), d in zip(rows[0], docs):
+        assert ctx == tok.encode(d) and scored == tok.encode(x) + tok.encode(" Tobias Grint")
+        assert ctx + scored == tok.encode(d + x) + tok.encode(" Tobias Grint")  # the very tokens REPLUG's pass has
+    monkeypatch.undo()
+    for (q_lps, a_lps), d in zip(got, docs):
+        np.testing.assert_allclose(q_lps, smollm2.score([d], [x])[0], atol=2e-5)
+        np.testing.assert_allclose(a_lps, smollm2.score([d + x], [" Tobias Grint"])[0], atol=2e-5)
+    q_only = smollm2.score_with_query(docs[:1], [x], [""])[0]  # no continuation: the question alone
+    assert q_only[1].shape == (0,) and np.allclose(q_only[0], got[0][0], atol=2e-5)
+    with pytest.raises(ValueError, match="queries \\[0\\] are empty"):
+        smollm2.score_with_query(docs[:1], [""], [" a"])
+
+
+def test_score_with_query_through_the_cache(smollm2, tmp_path):
+    cached = CachedLM(smollm2, str(tmp_path / "c.sqlite"))
+    docs, x = ["Knowledge: Karsk.\n", "Knowledge: Velmora.\n"], "Question: Where?\nAnswer:"
+    first = cached.score_with_query(docs, [x, x], [" Karsk", " Velmora"])
+    again = cached.score_with_query(docs, [x, x], [" Karsk", " Velmora"])
+    assert cached.misses == 2 and cached.hits == 2
+    for (a, b), (c, d), (e, f) in zip(first, again, smollm2.score_with_query(docs, [x, x], [" Karsk", " Velmora"])):
+        assert np.array_equal(a, c) and np.array_equal(b, d) and np.allclose(a, e, atol=1e-6)
+    assert cached.score([docs[0]], [x])[0].shape == first[0][0].shape and cached.misses == 3  # another key
+
+
+def test_rerank_keeps_the_highest_weights_and_renormalises():
+    with np.errstate(divide="ignore"):  # 0.0: a missing passage (-inf)
+        log_w = np.log(np.array([[0.1, 0.6, 0.3, 0.0], [0.25, 0.25, 0.5, 0.0]]))
+    order, kept = posterior.rerank(log_w, 2)
+    assert order.tolist() == [[1, 2], [2, 0]]  # ties: the retriever's order
+    np.testing.assert_allclose(np.exp(kept), [[2 / 3, 1 / 3], [2 / 3, 1 / 3]], atol=1e-6)
+    order, kept = posterior.rerank(np.array([[0.0, -np.inf, -np.inf]]), 2)
+    assert order.tolist() == [[0, -1]] and kept[0, 0] == 0 and kept[0, 1] == -np.inf
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="posterior_alpha"):
+            posterior.posterior_log_weights(SCORES, SCORES > 0, SCORES, 0.1, bad)
+
+
+def test_alpha_zero_is_replug_through_the_qa_job(files, smollm2, tmp_path):  # noqa: F811
+    """α = 0, depth = k: the same passages, weights, answer NLL and predictions as REPLUG, from as many passes of
+    as many tokens; the settings are in results.json."""
+    lm = RecordingLM(smollm2)
+    config = qa_config(files, methods=("replug", "replug_posterior"), posterior_alpha=0.0, temperature=0.1)
+    results = run_job(config, tmp_path, lm)
+    assert results["answer_nll"]["replug_posterior"] == pytest.approx(results["answer_nll"]["replug"], abs=1e-4)
+    assert results["exact_match"]["replug_posterior"] == results["exact_match"]["replug"]
+    rows = [json.loads(line) for line in open(os.path.join(tmp_path, "predictions.jsonl"))]
+    assert [r["replug_posterior"]["prediction"] for r in rows] == [r["replug"]["prediction"] for r in rows]
+    replug_gen, posterior_gen = lm.generate_calls
+    assert posterior_gen["contexts"] == replug_gen["contexts"]
+    for a, b in zip(posterior_gen["log_weights"], replug_gen["log_weights"]):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    (replug_scored,), (posterior_scored,) = lm.score_calls, lm.query_calls  # one scoring call per method
+    tok = smollm2.tokenizer
+    replug_tokens = sum(len(tok.encode(c)) + len(tok.encode(y)) for c, y in zip(replug_scored["contexts"],
+                                                                               replug_scored["continuations"]))
+    posterior_tokens = sum(len(tok.encode(c)) + len(tok.encode(q)) + len(tok.encode(y)) for c, q, y in
+                           zip(posterior_scored["contexts"], posterior_scored["queries"],
+                               posterior_scored["continuations"]))
+    assert len(posterior_scored["contexts"]) == len(replug_scored["contexts"]) and posterior_tokens == replug_tokens
+    saved = json.load(open(os.path.join(tmp_path, "results.json")))
+    assert saved["posterior_alpha"] == 0.0 and saved["rerank_depth"] == config.k
+    assert all(len(r["replug_posterior"]["question_logliks"]) == config.k for r in rows)
