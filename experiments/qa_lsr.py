@@ -7,7 +7,7 @@
         --trained runs/qa_lsr/smollm2/lsr
 
 1. Training (skipped with --trained, or when WORKDIR/lsr/retriever.safetensors exists): the LSR job of
-   experiments/configs/qa_lsr.py on SciQ rows from `train_offset` on, supervised by --lm.
+   experiments/configs/qa_lsr.py on SciQ rows from 300 on (`train_offset`), supervised by --lm.
 2. The QA job of experiments/configs/sciq.py on the first --questions held-out questions (after the demos),
    at τ = 1 (none, REPLUG, concat, REPLUG LSR) and at τ = γ (REPLUG, REPLUG LSR): a gain that a sharper λ
    alone gives is not an LSR gain. Both runs share one LM-score cache, so the answer likelihoods of the
@@ -120,7 +120,7 @@ def main():
         config = config_for("qa_lsr.py", args, "")
         for item in args.set:
             key, value = item.split("=", 1)
-            config[key] = type(config[key])(value) if not isinstance(config[key], bool) else value == "True"
+            config[key] = config.get_type(key)(value) if not isinstance(config[key], bool) else value == "True"
         trained = os.path.join(args.workdir, "lsr")
         train = run_once(config, trained)
     gamma = json.load(open(os.path.join(trained, "results.json")))["lsr"]["gamma"]

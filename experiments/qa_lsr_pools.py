@@ -43,7 +43,7 @@ from replug_jax.passages import QA_DOC_TEMPLATE  # noqa: E402
 from replug_jax import sharding  # noqa: E402
 from replug_jax.train import step as train_step_lib  # noqa: E402
 from replug_jax.train.batch import FrozenDocumentVectors, make_batch, supervise  # noqa: E402
-from replug_jax.train.data import qa_training_examples  # noqa: E402
+from replug_jax.train.data import first_training_row, qa_training_examples, trained_questions_record  # noqa: E402
 from replug_jax.train.lm_cache import LMScoreCache  # noqa: E402
 
 
@@ -107,7 +107,8 @@ def main(argv=None):
                                         embedding_dtype=config.embedding_dtype)
     questions = load_qa(config.train_data, config.train_split)
     first_evaluated = config.shots  # sciq.py: the first `shots` rows are the demos, the evaluated ones follow
-    sets = {"train": qa_training_examples(questions[config.train_offset:], seed=config.seed),
+    first_trained = first_training_row(config.train_data, config.train_offset)  # sciq: 300
+    sets = {"train": qa_training_examples(questions[first_trained:], seed=config.seed),
             "heldout": qa_training_examples(questions[first_evaluated:first_evaluated + args.heldout], seed=0)}
     scorers = {}  # LM name -> its LMScoreCache; the passages stay the ones cut with config.lm's tokenizer
 
@@ -184,8 +185,7 @@ def save_retriever(folder: str, params, config, examples, lsr: dict) -> None:
                 {"encoder": config.encoder, "train_documents": "false", "train_questions": workspace.TRAIN_QUESTIONS,
                  "trained_by": "experiments/qa_lsr_pools.py " + json.dumps(lsr)})
     with open(os.path.join(folder, workspace.TRAIN_QUESTIONS), "w", encoding="utf-8") as f:
-        json.dump({"source": config.train_data, "ids": [e.doc_id for e in examples],
-                   "questions": [e.query for e in examples]}, f)
+        json.dump(trained_questions_record(config.train_data, examples), f)
     with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
         json.dump({"task": "lsr_qa_pools", "train_data": config.train_data, "training_questions": len(examples),
                    "encoder": config.encoder, "lsr": lsr}, f, indent=1)

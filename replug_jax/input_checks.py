@@ -2,11 +2,14 @@
 
 `check_job_inputs(config)` raises `InputError` (a ValueError) naming the config key, what is wrong and what
 would work: files that do not exist, unknown model names, unknown methods or data sets, a missing trained
-retriever. What can only be known later (a hub id without a network, a malformed line deep in a file) is still
-reported where it is found. main.py prints an InputError as one line and exits 2.
+retriever, k below 1 or beyond a datastore whose size is known, a temperature that is not positive. Every job
+reads `--config.methods` through `read_methods` (a comma-separated string or a tuple). What can only be known
+later (a hub id without a network, a malformed line deep in a file, k beyond a large corpus's passages) is
+still reported where it is found. main.py prints an InputError as one line and exits 2.
 """
 from __future__ import annotations
 
+import math
 import os
 
 from replug_jax.models import registry, split_gguf
@@ -15,6 +18,7 @@ DOCUMENT_NAMES = ("gensim_wiki",)  # offline corpora known by name
 CORPUS_NAMES = DOCUMENT_NAMES + ("sciq",)
 QA_NAMES = ("nq_open", "trivia_qa", "sciq", "demo")
 MC_NAMES = ("mmlu", "sciq")
+COUNTED_CORPUS_BYTES = 16 << 20  # a corpus file up to this size is read in the first second to bound its passages
 
 
 class InputError(ValueError):
@@ -85,13 +89,20 @@ def check_job_inputs(config) -> None:
                              "a bucket workdir is staged locally by itself")
     check_model("lm", config.lm)
     check_model("encoder", config.encoder)
+    _check_k_and_temperatures(config)
     if config.job == "lsr":
-        from replug_jax.train.data import QA_SOURCES
+        from replug_jax.train.data import QA_SOURCES, first_training_row
 
         _check_path_or_name("train_data", config.train_data, DOCUMENT_NAMES + QA_SOURCES)
+        _check_lsr_target(config)
         if _trains_on_questions(config):
             _check_path_or_name("corpus", config.corpus, CORPUS_NAMES)
+            try:
+                first_training_row(config.train_data, config.get("train_offset"))
+            except ValueError as e:
+                raise InputError(f"--config.train_offset: {e}") from None
     if config.job == "lm_eval" or config.job == "lsr" and not _trains_on_questions(config):
+        job_methods(config)
         _check_path_or_name("corpus", config.corpus, DOCUMENT_NAMES)
         _check_path_or_name("eval_data", config.eval_data, DOCUMENT_NAMES)
     if config.job in ("qa", "mmlu"):
@@ -105,14 +116,132 @@ def check_job_inputs(config) -> None:
             _check_scoring(config)
         if config.get("demos"):
             _check_path_or_name("demos", config.demos, names)
-        if "replug_lsr" in config.methods:
+        if "replug_posterior" in job_methods(config):
+            _check_posterior(config)
+        if "replug_lsr" in job_methods(config):
             path = os.path.join(config.get("retriever_workdir") or "", "retriever.safetensors")
             if not os.path.isfile(path):
                 raise InputError(f"--config.methods has replug_lsr but {path} does not exist: set "
                                  "--config.retriever_workdir to an LSR job's workdir")
+    bound = passages_at_most(config)
+    if bound is not None:
+        check_depth_fits(config, bound, at_most=True)
+
+
+def _check_posterior(config) -> None:
+    """replug_posterior: α a finite number >= 0, rerank_depth 0 or a whole number >= k, and (mmlu) the options
+    scored by their text, since the letter prompt lists the options between the question and the answer."""
+    from replug_jax.posterior import check_alpha
+
+    try:
+        check_alpha(config.get("posterior_alpha", 1.0))
+    except ValueError as e:
+        raise InputError(f"--config.{e}") from None
+    depth = config.get("rerank_depth", 0)
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0 or 0 < depth < config.k:
+        raise InputError(f"--config.rerank_depth={depth!r}: passages scored before keeping k={config.k}: 0 (k) or a "
+                         "whole number >= k")
+    if config.job == "mmlu" and not config.questions.startswith("olmes:") and config.get("scoring") != "options":
+        raise InputError("--config.methods has replug_posterior, which weighs each passage by log p(question | "
+                         "passage): set --config.scoring=options (the letter prompt puts the options after the question)")
+
+
+def _check_lsr_target(config) -> None:
+    """lsr_target is "answer" or "question"; "answer" refuses a question file whose first row has no answers."""
+    from replug_jax.train.batch import LSR_TARGETS
+
+    target = config.get("lsr_target", "answer")
+    if target not in LSR_TARGETS:
+        raise InputError(f"--config.lsr_target={target!r}: unknown target; use \"answer\" (ℓ = log p(answer | "
+                         "passage, question), the paper) or \"question\" (ℓ = log p(question | passage))")
+    if target == "answer" and config.train_data.endswith(".jsonl") and _trains_on_questions(config):
+        import json
+
+        with open(config.train_data, encoding="utf-8") as f:
+            first = json.loads(next(line for line in f if line.strip()))
+        if first.get("answers", first.get("answer")) is None:
+            raise InputError(f"--config.train_data={config.train_data!r} has questions without \"answers\" and "
+                             "--config.lsr_target='answer' scores the gold answer: give answers, or set "
+                             "--config.lsr_target=question")
 
 
 def _trains_on_questions(config) -> bool:
     from replug_jax.train.data import trains_on_questions
 
     return trains_on_questions(config.train_data)
+
+
+def known_methods(job: str) -> tuple[str, ...]:
+    """What `--config.methods` may name for `job`: the METHODS tuple of its evaluation (where a method is added)."""
+    from replug_jax.evaluate import lm, mmlu, qa
+
+    return {"lm_eval": lm.METHODS, "lsr": lm.METHODS + ("replug_lsr",), "qa": qa.METHODS, "mmlu": mmlu.METHODS}[job]
+
+
+def job_methods(config) -> tuple[str, ...]:
+    """`config.methods` as known names of `config.job`, in order, each once: a comma-separated string ("none,replug",
+    as `--config.methods=none,replug` arrives) or a tuple / list (whose items may hold commas), spaces ignored."""
+    items = [config.methods] if isinstance(config.methods, str) else list(config.methods)
+    names = [name.strip() for item in items for name in str(item).split(",") if name.strip()]
+    known = known_methods(config.job)
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        problem = f"unknown method {', '.join(map(repr, unknown))}" if unknown else "names no method"
+        raise InputError(f"--config.methods={','.join(map(str, items))!r}: {problem}; the {config.job} job knows "
+                         f"{', '.join(known)} (comma-separated)")
+    return tuple(dict.fromkeys(names))
+
+
+def read_methods(config) -> tuple[str, ...]:
+    """`job_methods(config)`, also written back to `config.methods`, so every later read sees the parsed tuple
+    (each job calls this first)."""
+    methods = job_methods(config)
+    with config.ignore_type():  # a config may hold the string form
+        config.methods = methods
+    return methods
+
+
+def _depths(config) -> list[tuple[str, int]]:
+    """(key, passages retrieved per input) of k, eval_k (0: k) and each k_sweep value the config has."""
+    found = [("k", config.k)] + [("k_sweep", k) for k in config.get("k_sweep", ())]
+    return found + ([("eval_k", config.eval_k)] if config.get("eval_k") else [])
+
+
+def _check_k_and_temperatures(config) -> None:
+    """Every k at least 1 and every temperature τ of λ = softmax(s / τ) positive (lsr_temperature 0: temperature)."""
+    for key, k in _depths(config):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError(f"--config.{key}={k!r}: passages per input must be a whole number, at least 1")
+    taus = [("temperature", config.get("temperature", 1.0)), ("bm25_temperature", config.get("bm25_temperature", 1.0)),
+            ("lsr_temperature", config.get("lsr_temperature") or 1.0)]
+    for key, tau in taus + [("temperature_sweep", t) for t in config.get("temperature_sweep", ())]:
+        if not tau > 0:  # NaN too
+            raise InputError(f"--config.{key}={tau!r}: a temperature must be positive (λ = softmax(s / τ))")
+
+
+def check_depth_fits(config, passages: int, at_most: bool = False) -> None:
+    """Refuse a k (eval_k, k_sweep value) beyond the datastore's `passages` (`at_most`: a bound known before the
+    corpus is cut into passages)."""
+    key, k = max(_depths(config), key=lambda kv: kv[1])
+    if k > passages:
+        given = f"--config.k_sweep holds {k}," if key == "k_sweep" else f"--config.{key}={k} is"
+        size = f"{passages:,} passages{' at most' if at_most else ''}"
+        raise InputError(f"{given} larger than the datastore ({size} from --config.corpus={config.corpus!r}): "
+                         f"lower --config.{key} or add documents")
+
+
+def passages_at_most(config) -> int | None:
+    """An upper bound of the datastore's passages known in the first second, or None: DPR's passages (.tsv) cut at
+    max_passages, or a small JSONL / .txt corpus: a document of b UTF-8 bytes has at most b + 2 tokens (each token
+    covers a byte or more, plus a prefix piece), so at most ceil((b + 2) / doc_tokens) passages."""
+    corpus = config.corpus
+    if corpus.endswith(".tsv"):
+        return config.get("max_passages") or None
+    if not (corpus.endswith((".jsonl", ".txt")) and os.path.isfile(corpus)
+            and os.path.getsize(corpus) <= COUNTED_CORPUS_BYTES and config.get("doc_tokens", 0) >= 1):
+        return None
+    from replug_jax.retrieval import datastore as ds
+
+    documents = ds.read_text_files([corpus]) if corpus.endswith(".txt") else ds.read_jsonl(corpus)
+    sizes = [len(d.text.encode("utf-8")) for d in documents]
+    return sum(math.ceil((b + 2) / config.doc_tokens) for b in sizes if b)

@@ -7,58 +7,86 @@
     rag.answer("Who is the mayor of Velmora?")              # the paper's Table 5 QA prompt, ensembled
 
 Each of the top-k passages is prepended to the input separately and the LM's per-token probabilities are
-mixed with λ = softmax(s / τ) (§3.2). The calls go through the very functions the jobs use
-(`passages.document_passes` and `evaluate.lm.ensemble` for scoring, `evaluate.qa.method_passes` for QA),
-so the numbers are the jobs' numbers (tests/test_rag.py).
+mixed with λ = softmax(s / τ) (§3.2), or (`weights="posterior"`) with the LM's posterior over the passages
+(posterior.py). The calls go through the very functions the jobs use (`passages.document_passes` and
+`evaluate.lm.ensemble` for scoring, `evaluate.qa.method_passes` and `evaluate.qa_posterior` for QA), so the
+numbers are the jobs' numbers (tests/test_rag.py).
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
 
-from replug_jax import replug
+from replug_jax import posterior, replug
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa
 from replug_jax.evaluate.lm import ensemble
+from replug_jax.evaluate.qa_posterior import posterior_passes
 from replug_jax.passages import DOC_TEMPLATE, document_passes, passage_text
-from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents
+from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, document_from_record
+
+
+WEIGHTS = ("retrieval", "posterior")
 
 
 class REPLUG:
     """A retriever (anything with `retrieve(queries, k) -> (scores [Q, K], rows [Q, K])`) over `datastore`,
-    and a black-box LM; `k` passages per input, mixed with λ = softmax(s / `temperature`)."""
+    and a black-box LM; `k` passages per input, mixed with λ = softmax(s / `temperature`) (`weights="retrieval"`,
+    the paper) or with the LM's posterior λ ∝ exp(s/τ + α log p(input | passage)) (`weights="posterior"`, α =
+    `posterior_alpha`, posterior.py), which may score the input after the top `rerank_depth` passages and keep
+    the k best."""
 
     def __init__(self, lm, retriever, datastore: Datastore, *, k: int = 4, temperature: float = 1.0,
-                 doc_template: str = DOC_TEMPLATE):
-        if not 1 <= k <= len(datastore):
-            raise ValueError(f"k={k} must be between 1 and the datastore's {len(datastore)} passages")
+                 doc_template: str = DOC_TEMPLATE, weights: str = "retrieval", posterior_alpha: float = 1.0,
+                 rerank_depth: int = 0):
+        check_mixture(k, temperature, len(datastore), weights, posterior_alpha, rerank_depth)
         self.lm, self.retriever, self.datastore = lm, retriever, datastore
         self.k, self.temperature, self.doc_template = k, temperature, doc_template
+        self.weights, self.posterior_alpha = weights, posterior_alpha
+        self.depth = min(max(k, rerank_depth), len(datastore)) if weights == "posterior" else k
 
     @classmethod
     def from_documents(cls, documents, *, lm="smollm2", encoder="minilm", k: int = 4, temperature: float = 1.0,
-                       doc_tokens: int = 128) -> "REPLUG":
-        """Chunk `documents` (texts, `Document`s, or a path as the jobs read it) into `doc_tokens`-token passages
-        with the LM's tokenizer, embed them with `encoder` (a name or a DenseEncoder) into an exact cosine index.
-        `lm`: a name, a server URL, or a loaded LM."""
+                       doc_tokens: int = 128, **mixing) -> "REPLUG":
+        """Chunk `documents` (see `as_documents`: texts, {"text", "title"?, "id"?} dicts, `Document`s, or a path as
+        the jobs read it) into `doc_tokens`-token passages with the LM's tokenizer, embed them with `encoder` (a
+        name or a DenseEncoder) into an exact cosine index. `lm`: a name, a server URL, or a loaded LM. `mixing`:
+        the constructor's weights, posterior_alpha, rerank_depth."""
         import replug_jax as rj
-        from replug_jax import workspace
         from replug_jax.retrieval.index import DenseIndex
         from replug_jax.retrieval.retriever import DenseRetriever, index_meta
 
+        check_mixture(k, temperature, None, **mixing)  # bad settings and documents are refused before any model loads
+        docs = as_documents(documents)
         lm = rj.load_lm(lm) if isinstance(lm, str) else lm
         encoder = rj.load_encoder(encoder) if isinstance(encoder, str) else encoder
-        if isinstance(documents, str):
-            documents = workspace.read_documents(documents)
-        docs = [d if isinstance(d, Document) else Document(f"doc{i}", "", d) for i, d in enumerate(documents)]
         store = chunk_documents(docs, lm.tokenizer, chunk_tokens=doc_tokens)
         index = DenseIndex.build(encoder.embed(store.texts), metric="cosine", meta=index_meta(encoder, store))
-        return cls(lm, DenseRetriever(encoder, index, store), store, k=k, temperature=temperature)
+        return cls(lm, DenseRetriever(encoder, index, store), store, k=k, temperature=temperature, **mixing)
 
     def retrieve(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(scores [Q, k], datastore rows [Q, k]; -1 where fewer) of each query's top-k passages."""
         return self.retriever.retrieve(list(queries), self.k)
+
+    def _mixed_passes(self, query: str, text: str, continuation: str):
+        """(pass contexts, their normalised log λ [k'], continuation log-probs per pass or None) for one input
+        `text` retrieved for by `query`: the top k by retrieval, or by the posterior over the top `depth`, which
+        scores `text` after each passage (with `continuation` in the same pass, when given)."""
+        scores, rows = self.retriever.retrieve([query], self.depth)
+        contexts, _, _ = document_passes(self.datastore, rows, [text], [""], self.doc_template)
+        valid = rows >= 0  # [1, depth]
+        if self.weights == "retrieval":
+            return contexts, np.asarray(replug.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]], None
+        docs = [c[: len(c) - len(text)] for c in contexts]  # the passage part of each pass
+        scored = self.lm.score_with_query(docs, [text] * len(docs), [continuation] * len(docs))
+        evidence = np.zeros(scores.shape)
+        evidence[0, : len(docs)] = [np.sum(q, dtype=np.float64) for q, _ in scored]
+        log_w = posterior.posterior_log_weights(scores, valid, evidence, self.temperature, self.posterior_alpha)
+        order, kept = posterior.rerank(log_w, self.k)
+        pos = order[0][order[0] >= 0]
+        return [contexts[j] for j in pos], kept[0][: len(pos)], [scored[j][1] for j in pos]
 
     def passages(self, query: str) -> list[tuple[float, str, str]]:
         """The query's top-k passages as (score, title, text), best first."""
@@ -69,26 +97,77 @@ class REPLUG:
     def score(self, context: str, continuation: str, query: str | None = None) -> np.ndarray:
         """log p(y_t | context, y_<t) under REPLUG's mixture, per continuation token: [T] float32. Retrieval is
         for `query` (default: the context); each passage is `doc_template` followed by the context."""
-        scores, rows = self.retrieve([query if query is not None else context])
-        contexts, continuations, _ = document_passes(self.datastore, rows, [context], [continuation],
-                                                     self.doc_template)
-        lps = self.lm.score(contexts, continuations)
-        return ensemble([lps], [len(lps[0])], scores, rows, self.k, self.temperature)[0]
+        query = query if query is not None else context
+        if self.weights == "retrieval":  # the LM evaluation's own mixture
+            scores, rows = self.retrieve([query])
+            contexts, continuations, _ = document_passes(self.datastore, rows, [context], [continuation],
+                                                         self.doc_template)
+            lps = self.lm.score(contexts, continuations)
+            return ensemble([lps], [len(lps[0])], scores, rows, self.k, self.temperature)[0]
+        _, log_w, lps = self._mixed_passes(query, context, continuation)
+        per_pass = np.stack([np.asarray(x, np.float64) for x in lps])  # [k, T]
+        return np.logaddexp.reduce(log_w[:, None] + per_pass, axis=0).astype(np.float32)
 
     def generate(self, prompt: str, *, max_new_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  query: str | None = None) -> str:
         """REPLUG's ensembled greedy decoding after `prompt` (each pass: a passage, then the prompt)."""
-        scores, rows = self.retrieve([query if query is not None else prompt])
-        contexts, _, _ = document_passes(self.datastore, rows, [prompt], [""], self.doc_template)
-        valid = rows >= 0
-        log_w = np.asarray(replug.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]]
+        contexts, log_w, _ = self._mixed_passes(query if query is not None else prompt, prompt, "")
         return self.lm.generate([contexts], [log_w], max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
 
     def answer(self, question: str, *, max_new_tokens: int = 16, demos: str = "") -> str:
         """The answer to `question` with the QA job's prompt ("Knowledge: <passage>\\nQuestion: ...\\nAnswer:"
         per passage) and mixture, after the few-shot block `demos` (e.g. `evaluate.qa.demo_block(...)`)."""
-        scores, rows = self.retrieve([question])
+        scores, rows = self.retriever.retrieve([question], self.depth)
         passages = [[passage_text(self.datastore.titles[r], self.datastore.texts[r]) for r in rows[0] if r >= 0]]
-        return qa.answer_questions(self.lm, [QAExample("question", question, ())], passages, scores, method="replug",
-                                   ensemble="replug", demo_prefix=demos, temperature=self.temperature,
+        example = [QAExample("question", question, ())]
+        if self.weights == "retrieval":
+            return qa.answer_questions(self.lm, example, passages, scores, method="replug", ensemble="replug",
+                                       demo_prefix=demos, temperature=self.temperature,
+                                       max_new_tokens=max_new_tokens)[0]["prediction"]
+        scored = posterior_passes(self.lm, example, passages, scores, temperature=self.temperature,
+                                  alpha=self.posterior_alpha, k=self.k, with_answers=False)
+        return qa.generate_answers(self.lm, scored.contexts, scored.log_weights, ensemble="replug", demo_prefix=demos,
                                    max_new_tokens=max_new_tokens)[0]["prediction"]
+
+
+def check_mixture(k: int, temperature: float, passages: int | None = None, weights: str = "retrieval",
+                  posterior_alpha: float = 1.0, rerank_depth: int = 0) -> None:
+    """Refuse k outside [1, `passages`] (the datastore's size, when known), a temperature τ of λ = softmax(s / τ)
+    that is not positive, unknown weights, a negative α and a re-ranking depth below k."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: use one of {', '.join(WEIGHTS)}")
+    posterior.check_alpha(posterior_alpha)
+    if rerank_depth and rerank_depth < k:
+        raise ValueError(f"rerank_depth={rerank_depth} must be 0 (k) or at least k={k}")
+    if not temperature > 0:  # NaN too
+        raise ValueError(f"temperature={temperature!r} must be positive: λ = softmax(s / τ)")
+    if not k >= 1:
+        raise ValueError(f"k={k} must be at least 1 (passages per input)")
+    if passages is not None and k > passages:
+        raise ValueError(f"k={k} must be between 1 and the datastore's {passages} passages")
+
+
+def as_documents(documents) -> list[Document]:
+    """`documents` as `Document`s: a list of texts, of {"text", "title"?, "id"?} dicts or of `Document`s, or the path
+    of a file or folder of documents as the jobs read it (JSONL, .txt, a folder of .txt)."""
+    if isinstance(documents, (str, os.PathLike)):
+        if not os.path.exists(documents):
+            raise ValueError(f"documents={str(documents)[:60]!r} is not a file or folder: pass a list of texts "
+                             "(or of {\"text\", \"title\"} dicts), even for one document")
+        from replug_jax import workspace
+
+        return workspace.read_documents(os.fspath(documents))
+    docs = []
+    for i, d in enumerate(documents):
+        if isinstance(d, (str, dict)):
+            try:
+                d = document_from_record({"text": d} if isinstance(d, str) else d, f"doc{i}")
+            except ValueError as e:
+                raise ValueError(f"documents[{i}]: {e}") from None
+        elif not isinstance(d, Document):
+            raise TypeError(f"documents[{i}] is a {type(d).__name__}: give texts, {{\"text\", \"title\"?, \"id\"?}} "
+                            "dicts or Documents")
+        docs.append(d)
+    if not docs:
+        raise ValueError("no documents given")
+    return docs

@@ -18,6 +18,7 @@ import jax
 
 import replug_jax as rj
 from replug_jax import console, distributed, sharding
+from replug_jax.input_checks import check_depth_fits
 from replug_jax.data import downstream as downstream_data
 from replug_jax.data import wiki
 from replug_jax.evaluate.windows import document_windows
@@ -36,7 +37,7 @@ GENSIM_WIKI = "gensim_wiki"  # the offline demo corpus: gensim's Wikipedia artic
 SCIQ_CORPUS = "sciq"  # SciQ's support paragraphs plus gensim's Wikipedia articles as distractor text
 WIKI_SPLITS = ("by_article", "related")
 TRAINED_RETRIEVER = "retriever.safetensors"  # in an LSR workdir: the trained retriever's parameters
-TRAIN_QUESTIONS = "train_questions.json"  # in a QA-LSR workdir: the ids and texts of the training questions
+TRAIN_QUESTIONS = "train_questions.json"  # in a QA-LSR workdir: the training questions' texts and given ids
 
 
 def read_documents(source: str) -> list[ds.Document]:
@@ -251,6 +252,7 @@ def prepare(config, workdir: str) -> Workspace:
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({kind})")
     store = distributed.lead_first(lambda: build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared))
     console.phase(f"datastore: {len(store):,} passages of up to {config.doc_tokens} LM tokens")
+    check_depth_fits(config, len(store))  # before any embedding
     index = build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
                               embedding_dtype=config.embedding_dtype, backend=config.get("index_backend", "faiss"),
                               device_dtype=config.get("device_index_dtype", "float32"))

@@ -26,6 +26,7 @@ def run_main(*args, env=None):
     (["--config.eval_data=/no/such.jsonl"], "error: --config.eval_data='/no/such.jsonl': no such file or directory"),
     (["--config.lm=smolm2"], "error: --config.lm='smolm2': unknown model; use one of"),
     (["--config.job=train"], "error: --config.job='train': unknown job; use one of lm_eval, lsr, qa, mmlu"),
+    (["--config.methods=replug,bm52"], "error: --config.methods='replug,bm52': unknown method 'bm52'; the lm_eval job"),
 ])
 def test_mistakes_get_one_line_and_exit_2_before_any_model_loads(args, message, tmp_path):
     done, seconds = run_main("--config", DEMO, "--workdir", str(tmp_path / "w"), *args)
@@ -67,6 +68,70 @@ def test_input_checks_cover_every_job(tmp_path):
     lsr.train_data = str(tmp_path / "missing.jsonl")
     with pytest.raises(input_checks.InputError, match="train_data"):
         input_checks.check_job_inputs(lsr)
+
+
+def _config(name: str, **overrides):
+    config = sibling_config(os.path.join(ROOT, "experiments", "configs", name), name)
+    config.update(overrides)
+    return config
+
+
+@pytest.mark.parametrize("name", ["lm_eval.py", "lsr.py", "sciq.py", "sciq_mc.py", "olmes.py"])
+def test_every_job_reads_methods_lists_alike(name, tmp_path):
+    """`--config.methods=none,replug` arrives as ("none,replug",): each job reads it, tuples, spaces and repeats as
+    ("none", "replug") through one parser, and refuses an unknown name before any work, naming what it knows."""
+    from replug_jax.jobs.downstream import run_downstream
+    from replug_jax.jobs.lm_eval import run_lm_eval
+    from replug_jax.jobs.lsr import run_lsr
+
+    config = _config(name)
+    for given in (("none,replug",), ("none", " replug "), ("none, replug", "replug")):
+        config.methods = given
+        assert input_checks.job_methods(config) == ("none", "replug")
+    with config.ignore_type():
+        config.methods = "none , replug"  # a config file or script may hold the string itself
+    assert input_checks.read_methods(config) == ("none", "replug") == config.methods
+    known = input_checks.known_methods(config.job)
+    config.methods = ("replug,bm52",)
+    with pytest.raises(input_checks.InputError, match=rf"^--config.methods='replug,bm52': unknown method 'bm52'; "
+                                                      rf"the {config.job} job knows {', '.join(known)} "):
+        input_checks.job_methods(config)
+    job = {"lm_eval": run_lm_eval, "lsr": run_lsr, "qa": run_downstream, "mmlu": run_downstream}[config.job]
+    config.update(lm="/no/such/lm", encoder="/no/such/encoder")  # reaching them would raise another error
+    with pytest.raises(input_checks.InputError, match="unknown method 'bm52'"):
+        job(config, str(tmp_path / "w"))  # refused before any model or data loads
+    config.methods = (" ",)
+    with pytest.raises(input_checks.InputError, match="names no method"):
+        input_checks.job_methods(config)
+
+
+def test_k_and_temperatures_are_refused_in_the_first_second(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"  # three short documents: one passage each
+    corpus.write_text("".join(f'{{"text": "Document {i} is short."}}\n' for i in range(3)))
+    qa = dict(corpus=str(corpus), lm="smollm2", k=3)
+    lm_eval = dict(corpus=str(corpus), eval_data=str(corpus), k=2, k_sweep=(1, 2))
+    cases = [("sciq.py", dict(qa, k=0), r"--config.k=0: passages per input must be a whole number, at least 1"),
+             ("sciq.py", dict(qa, temperature=0.0), r"--config.temperature=0.0: a temperature must be positive"),
+             ("sciq.py", dict(qa, temperature=-1.0), r"--config.temperature=-1.0: a temperature must be positive"),
+             ("sciq.py", dict(qa, k=4), r"--config.k=4 is larger than the datastore \(3 passages at most from "
+                                        rf"--config.corpus='{corpus}'\)"),
+             ("lm_eval.py", dict(lm_eval, k_sweep=(1, 0)), r"--config.k_sweep=0: passages per input"),
+             ("lm_eval.py", dict(lm_eval, k_sweep=(1, 2, 8)), r"--config.k_sweep holds 8, larger than the datastore"),
+             ("lm_eval.py", dict(lm_eval, temperature_sweep=(0.1, 0.0)), r"--config.temperature_sweep=0.0: a temp"),
+             ("lm_eval.py", dict(lm_eval, bm25_temperature=-0.5), r"--config.bm25_temperature=-0.5: a temperature"),
+             ("lsr.py", dict(lm_eval, train_data=str(corpus), eval_k=0, k=4), r"--config.k=4 is larger than the"),
+             ("lsr.py", dict(lm_eval, train_data=str(corpus), eval_k=-1, k=2), r"--config.eval_k=-1: passages per"),
+             ("sciq.py", dict(qa, methods=("replug", "replug_posterior"), posterior_alpha=-1.0),
+              r"--config.posterior_alpha must be a finite number >= 0"),
+             ("sciq.py", dict(qa, methods=("replug_posterior",), k=2, rerank_depth=1), r"--config.rerank_depth=1: "),
+             ("sciq_mc.py", dict(qa, methods=("replug_posterior",), scoring="letters"), r"set --config.scoring=options")]
+    started = time.time()
+    for name, overrides, message in cases:
+        with pytest.raises(input_checks.InputError, match=message):
+            input_checks.check_job_inputs(_config(name, **overrides))
+    input_checks.check_job_inputs(_config("sciq.py", **qa))  # k = 3 fits three one-passage documents
+    input_checks.check_job_inputs(_config("lm_eval.py", **lm_eval))
+    assert time.time() - started < 5
 
 
 @pytest.mark.parametrize("script", sorted(f for f in os.listdir(os.path.join(ROOT, "experiments")) if f.endswith(".py")))

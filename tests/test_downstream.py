@@ -14,7 +14,7 @@ import pytest
 import replug_jax as rj
 from replug_jax.config_files import sibling_config
 from replug_jax.data.downstream import MMLU_CATEGORIES, MMLU_SUBJECTS, MCExample, QAExample
-from replug_jax.evaluate import mmlu, qa
+from replug_jax.evaluate import demo_passages, mmlu, qa
 from replug_jax.evaluate.qa_metrics import normalize_answer
 from replug_jax.jobs import downstream as job
 from replug_jax import workspace
@@ -595,13 +595,13 @@ def test_answer_bearing_demo_passages(files, smollm2, tmp_path):
     retriever = job.retrievers_for(config, rj.load_encoder("minilm"), store, str(tmp_path))["replug"]
     demos = [QAExample("d0", "Who is the mayor of Velmora?", ("Lisbon",)),  # only Fenn's passage says Lisbon
              QAExample("d1", "Who is the mayor of Velmora?", ("nobody at all",))]
-    passages = lambda choose: [p for p in job._demo_prefix(retriever, store, demos, True, qa.demo_block, choose)
+    passages = lambda choose: [p for p in demo_passages.few_shot_prefix(retriever, store, demos, True, qa.demo_block, choose)
                                .split("\n\n") if p]
     top1, answer = passages("top1"), passages("answer")
     assert "Tobias Grint" in top1[0] and "Tobias Grint" in top1[1]
     assert "Lisbon" in answer[0] and "Tobias Grint" in answer[1]
     with pytest.raises(ValueError, match="demo_passages must be one of"):
-        job._demo_prefix(retriever, store, demos, True, qa.demo_block, "best")
+        demo_passages.few_shot_prefix(retriever, store, demos, True, qa.demo_block, "best")
 
 
 def test_vote_method_decodes_replugs_passes_and_votes(files, smollm2, tmp_path):
@@ -663,9 +663,9 @@ def test_runs_over_one_corpus_share_the_cache_dir(files, smollm2, tmp_path, caps
 
 
 def test_unknown_methods_are_refused(files, smollm2, tmp_path):
-    with pytest.raises(ValueError, match=r"unknown mmlu methods \['vote'\]"):
+    with pytest.raises(ValueError, match=r"--config.methods='none,vote': unknown method 'vote'; the mmlu job knows"):
         run_job(mmlu_config(files, methods=("none", "vote")), tmp_path, RecordingLM(smollm2))
-    with pytest.raises(ValueError, match=r"unknown qa methods \['replgu'\]"):
+    with pytest.raises(ValueError, match=r"--config.methods='replgu': unknown method 'replgu'; the qa job knows"):
         run_job(qa_config(files, methods=("replgu",)), tmp_path, RecordingLM(smollm2))
 
 

@@ -100,11 +100,11 @@ def test_sciq_open_qa_and_support_datastore():
     with_support = [i for i, r in enumerate(raw) if r["support"].strip()]
     qa_set = ds.load_qa("sciq")
     assert len(qa_set) == len(with_support) == 887
-    assert [q.id for q in qa_set] == [f"sciq-{i}" for i in with_support]
+    assert [q.id for q in qa_set] == [f"sciq:validation:{i}" for i in with_support]  # the split is in the id
     assert all(q.question == raw[i]["question"] and q.answers == (raw[i]["correct_answer"],)
                for q, i in zip(qa_set, with_support))
     docs = ds.sciq_support_documents()
-    assert [d.id for d in docs] == [f"sciq-support-{i}" for i in with_support]
+    assert [d.id for d in docs] == [f"sciq:validation:support:{i}" for i in with_support]
     assert all(d.text == raw[i]["support"].strip() for d, i in zip(docs, with_support))
     # the datastore holds the answers: most questions' own support paragraph contains the gold answer
     held = sum(bool(answer_recall(q.answers, d.text)) for q, d in zip(qa_set, docs))
@@ -116,7 +116,7 @@ def test_sciq_multiple_choice_is_shuffled_reproducibly():
     mc = ds.load_mc("sciq", "validation")
     assert len(mc) == 887 and {e.subject for e in mc} == {"sciq"}
     for e in mc:
-        r = raw[int(e.id.split("-")[1])]
+        r = raw[int(e.id.rsplit(":", 1)[1])]
         assert e.choices[e.answer] == r["correct_answer"]
         assert sorted(e.choices) == sorted([r["correct_answer"], r["distractor1"], r["distractor2"], r["distractor3"]])
     positions = collections.Counter(e.answer for e in mc)

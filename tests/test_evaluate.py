@@ -10,7 +10,8 @@ import replug_jax as rj
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.jobs import lm_eval as run
 from replug_jax.workspace import read_documents
-from replug_jax.evaluate.windows import document_windows
+from replug_jax.evaluate import report
+from replug_jax.evaluate.windows import Window, document_windows, retrieval_shortfall
 from replug_jax.passages import format_docs
 from replug_jax.retrieval import build
 from replug_jax.retrieval.bm25 import BM25Index
@@ -48,6 +49,40 @@ def test_windows_tile_the_document(tiny):
         assert text.index(w.query + w.continuation) >= 0
     assert len(document_windows("d", text, lm.tokenizer, stride_tokens=16, query_tokens=10, context_tokens=20,
                                 max_windows=2)) == 2
+
+
+def test_a_document_of_one_stride_or_less_gets_a_retrieval_window(tiny):
+    """With the defaults (128 tokens each), a ~100-token document was one window without retrieval."""
+    tok = tiny[2].tokenizer
+    text = "One two three four five six seven eight nine ten. " * 2
+    n = len(tok.encode(text))
+    assert 40 < n <= 128
+    (w,) = document_windows("d", text, tok, stride_tokens=128, query_tokens=128, context_tokens=128)
+    assert w.query == w.prefix and w.query + w.continuation == text  # first half: query and context; rest scored
+    assert len(tok.encode(w.query)) == n // 2
+    (w,) = document_windows("d", text, tok, stride_tokens=n, query_tokens=10, context_tokens=6)
+    assert len(tok.encode(w.query)) == 10 and len(tok.encode(w.prefix)) == 6 and w.query + w.continuation == text
+    longer = document_windows("d", text, tok, stride_tokens=n - 5, query_tokens=10, context_tokens=6)
+    assert [bool(x.query) for x in longer] == [False, True]  # longer documents: as before, tiled from token 0
+    assert "".join(x.continuation for x in longer) == text
+    assert len(tok.encode("A")) == 1
+    (one_token,) = document_windows("d", "A", tok, stride_tokens=128, query_tokens=128, context_tokens=128)
+    assert one_token.query == "" and one_token.continuation == "A"
+
+
+def test_a_run_mostly_without_retrieval_is_warned_about():
+    """Under half the scored bytes, or under half the documents, with retrieval: a warning naming the keys to
+    change, kept in results.json and printed under the table."""
+    first, later = Window("a", "", "", "x" * 100), Window("a", "query", "prefix", "y" * 120)
+    assert retrieval_shortfall([first, later]) is None
+    warning = retrieval_shortfall([first, Window("a", "query", "prefix", "y" * 80)])
+    assert "2 windows" in warning and "0 of 1 documents" in warning
+    assert all(key in warning for key in ("stride_tokens", "query_tokens", "max_windows_per_doc"))
+    only_first = [Window(d, "", "", "x" * 10) for d in "bcd"]  # e.g. max_windows_per_doc=1, or 1-token documents
+    assert "3 of 4 documents" in retrieval_shortfall([first, later, Window("a", "q", "p", "y" * 500), *only_first])
+    results = {"perplexity": {"none": 2.0}, "bits_per_byte": {"none": 1.0}, "tokens": 4, "bytes": 10, "windows": 4,
+               "windows_with_retrieval": 0, "k": 2, "warnings": [warning]}
+    assert report.markdown_table(results).endswith(f"Warning: {warning}\n")
 
 
 def test_ensemble_and_k_sweep_reuse_match_direct_scoring(tiny, tmp_path):
@@ -224,9 +259,9 @@ def test_every_config_loads_with_the_documented_keys(name):
         for key in ("questions", "demos", "corpus", "encoder", "lm", "k", "shots", "max_new_tokens", "max_questions",
                     "ensemble", "methods", "retriever_workdir", "temperature"):
             assert key in c, f"{name} lacks {key}"
-        from replug_jax.jobs.downstream import JOB_METHODS
+        from replug_jax.input_checks import job_methods
 
-        assert c.ensemble in ("replug", "vote") and set(c.methods) <= set(JOB_METHODS[c.job])
+        assert c.ensemble in ("replug", "vote") and job_methods(c) == tuple(c.methods)
         return
     if c.job == "lsr" and c.train_data in ("sciq", "nq_open", "trivia_qa"):  # LSR on question-answer pairs
         from replug_jax.train.loop import LSRSettings

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from replug_jax import posterior
-from replug_jax.data.records import QAExample
-from replug_jax.evaluate import qa_posterior
+from replug_jax.data.records import MCExample, QAExample
+from replug_jax.evaluate import mmlu, option_text, qa_posterior
 from replug_jax.lm.cache import CachedLM
 from replug_jax.passages import QA_DOC_TEMPLATE, question_block
 
@@ -57,22 +57,27 @@ def test_posterior_weights_equal_a_float64_hand_computation(smollm2, alpha, k):
 
 
 def test_the_question_is_scored_in_the_pass_that_scores_the_answer(smollm2, monkeypatch):
-    """score_with_query: one forward row per passage, `context ∘ question ∘ answer`, no other row; its two parts
-    equal separate scores of the same ids."""
+    """score_with_query: one forward row per passage, exactly REPLUG's tokens `tokens(d ∘ x) + tokens(y)`, the
+    question's tokens those from its first character on (also after "\n\n", where tokenising x apart would merge
+    the two newlines into one token); its two parts equal separate scores of the same ids."""
     rows = []
     inner = smollm2.score_token_pairs
     monkeypatch.setattr(smollm2, "score_token_pairs", lambda pairs, progress=False: rows.append(pairs) or inner(pairs))
-    docs = [QA_DOC_TEMPLATE.format(passage=p) for p in PASSAGES[0]]
+    docs = [QA_DOC_TEMPLATE.format(passage=p) for p in PASSAGES[0]] + ["Karsk is known for its glassworks.\n\n"]
     x = question_block(QUESTIONS[0].question, None)
-    got = smollm2.score_with_query(docs, [x] * 3, [" Tobias Grint"] * 3)
-    assert len(rows) == 1 and len(rows[0]) == 3  # one call, one row per passage
+    got = smollm2.score_with_query(docs, [x] * 4, [" Tobias Grint"] * 4)
+    assert len(rows) == 1 and len(rows[0]) == 4  # one call, one row per passage
     tok = smollm2.tokenizer
+    assert tok.encode(docs[3]) + tok.encode(x) != tok.encode(docs[3] + x)  # the case the offsets are for
     for (ctx, scored), d in zip(rows[0], docs):
-        assert ctx == tok.encode(d) and scored == tok.encode(x) + tok.encode(" Tobias Grint")
-        assert ctx + scored == tok.encode(d + x) + tok.encode(" Tobias Grint")  # the very tokens REPLUG's pass has
+        assert ctx + scored == tok.encode(d + x) + tok.encode(" Tobias Grint")  # the very tokens of REPLUG's pass
+        n_query = len(scored) - len(tok.encode(" Tobias Grint"))
+        assert tok.decode(scored[:n_query]) == x and tok.decode(ctx) == d
     monkeypatch.undo()
     for (q_lps, a_lps), d in zip(got, docs):
-        np.testing.assert_allclose(q_lps, smollm2.score([d], [x])[0], atol=2e-5)
+        joint = tok.encode(d + x)
+        n_ctx = len(tok.encode(d + x)) - len(q_lps)
+        np.testing.assert_allclose(q_lps, smollm2.score_token_pairs([(joint[:n_ctx], joint[n_ctx:])])[0], atol=2e-5)
         np.testing.assert_allclose(a_lps, smollm2.score([d + x], [" Tobias Grint"])[0], atol=2e-5)
     q_only = smollm2.score_with_query(docs[:1], [x], [""])[0]  # no continuation: the question alone
     assert q_only[1].shape == (0,) and np.allclose(q_only[0], got[0][0], atol=2e-5)
@@ -129,3 +134,37 @@ def test_alpha_zero_is_replug_through_the_qa_job(files, smollm2, tmp_path):  # n
     saved = json.load(open(os.path.join(tmp_path, "results.json")))
     assert saved["posterior_alpha"] == 0.0 and saved["rerank_depth"] == config.k
     assert all(len(r["replug_posterior"]["question_logliks"]) == config.k for r in rows)
+
+
+MC = [MCExample("m0", "Who is the mayor of Velmora?", ("Tobias Grint", "Karsk", "the Oster"), 0, "demo"),
+      MCExample("m1", "Which river flows through Karsk?", ("Tobias Grint", "the Oster", "glass"), 1, "demo")]
+MC_PREFIX = {"demo": "Question: What is made in Karsk?\nAnswer: glass\n\n"}
+
+
+def _replug_option_logliks(lm, prompts, k):
+    log_w = [option_text.log_lambda(s, k, 0.1) for s in SCORES]
+    return option_text.option_predictions(lm, prompts, log_w, [option_text.continuations(q) for q in MC])["loglik"]
+
+
+def test_multiple_choice_posterior_at_alpha_zero_is_replug_and_weighs_by_the_question(smollm2):
+    """Option texts (sciq_mc's scoring) and OLMES's prepended passages: α = 0 over the same passages gives REPLUG's
+    option log-likelihoods (the passes' tokens are REPLUG's, "\\n\\n" boundary included); α = 1 weighs by
+    log p(question block | passage) as a float64 computation from the same rows does."""
+    conts = [option_text.continuations(q) for q in MC]
+    docs, blocks = option_text.cloze_passes(MC, PASSAGES, MC_PREFIX)
+    prompts = mmlu.method_prompts("replug", MC, PASSAGES, MC_PREFIX, block=option_text.cloze_block)
+    assert [[d + b for d in ds] for ds, b in zip(docs, blocks)] == prompts  # the job's prompts, split where x begins
+    olmes_docs = [[option_text.PASSAGE_BEFORE_CONTEXT.format(passage=p) for p in ps] for ps in PASSAGES]
+    olmes_prompts = option_text.prepended_prompts("replug", blocks, PASSAGES)
+    for d, b, p in ((docs, blocks, prompts), (olmes_docs, blocks, olmes_prompts)):
+        got = option_text.posterior_option_predictions(smollm2, d, b, SCORES, conts, temperature=0.1, alpha=0.0, k=3)
+        np.testing.assert_allclose(got["loglik"], _replug_option_logliks(smollm2, p, 3), atol=2e-4)
+    got = option_text.posterior_option_predictions(smollm2, docs, blocks, SCORES, conts, temperature=0.1, alpha=1.0,
+                                                   k=2)
+    for i, (ds, b) in enumerate(zip(docs, blocks)):
+        ll = np.array([np.sum(v, dtype=np.float64) for v in smollm2.score(ds, [b] * len(ds))])
+        z = SCORES[i].astype(np.float64) / 0.1 + ll
+        kept = np.argsort(-z, kind="stable")[:2]
+        assert got["kept"][i] == list(kept)
+        np.testing.assert_allclose(got["log_weights"][i], z[kept] - np.logaddexp.reduce(z[kept]), atol=2e-5)
+    assert [PASSAGES[i][got["kept"][i][0]][:9] for i in range(2)] == ["Velmora i", "The river"]  # the answering one

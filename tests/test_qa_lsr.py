@@ -12,11 +12,16 @@ from replug_jax.data import downstream as downstream_data
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa
 from replug_jax.evaluate.answer_nll import answer_nll
+from replug_jax.input_checks import InputError, check_job_inputs
 from replug_jax.jobs import downstream, lsr
-from replug_jax.passages import QA_DOC_TEMPLATE, passage_text, question_block
-from replug_jax.retrieval.datastore import Datastore
+from replug_jax.lsr import lm_log_likelihood
+from replug_jax.passages import DOC_TEMPLATE, QA_DOC_TEMPLATE, passage_text, question_block
+from replug_jax.retrieval.datastore import Datastore, read_jsonl
+from replug_jax.retrieval.retriever import excluded_rows
 from replug_jax.train.batch import supervise
-from replug_jax.train.data import check_disjoint_questions, qa_training_examples, trains_on_questions
+from replug_jax.train import loop
+from replug_jax.train.data import (TrainExample, check_disjoint_questions, qa_training_examples,
+                                   trained_questions_record, trains_on_questions)
 from replug_jax.train.lm_cache import LMScoreCache
 
 from tests import hf_tiny
@@ -42,11 +47,16 @@ class Recording:
         self.calls.append((list(contexts), list(continuations)))
         return self.inner.score(contexts, continuations)
 
+    def score_with_query(self, contexts, queries, continuations, progress=False):
+        self.calls.append((list(contexts), list(queries), list(continuations)))
+        return self.inner.score_with_query(contexts, queries, continuations)
+
 
 def test_qa_training_pairs_are_the_qa_prompts_passes(smollm2, tmp_path):
     examples = qa_training_examples(QUESTIONS, seed=3)
-    assert sorted(e.doc_id for e in examples) == ["q1", "q2", "q3"]
-    by_id = {e.doc_id: e for e in examples}
+    assert sorted(e.question_id for e in examples) == ["q1", "q2", "q3"]
+    assert all(e.excluded_sources == () for e in examples)  # a question is no datastore document: nothing hidden
+    by_id = {e.question_id: e for e in examples}
     for q in QUESTIONS:  # query: the question; x: its closed-book block; y: the first gold answer, leading space
         e = by_id[q.id]
         assert (e.query, e.lm_prefix, e.continuation) == (q.question, f"Question: {q.question}\nAnswer:",
@@ -61,7 +71,7 @@ def test_qa_training_pairs_are_the_qa_prompts_passes(smollm2, tmp_path):
     (contexts, continuations), = lm.calls
     expected = []
     for i, e in enumerate(examples):  # d_k ∘ x is exactly the QA evaluation's pass of passage k
-        q = next(q for q in QUESTIONS if q.id == e.doc_id)
+        q = next(q for q in QUESTIONS if q.id == e.question_id)
         for r in rows[i][rows[i] >= 0]:
             expected.append((question_block(q.question, passage_text(*PASSAGES[r])), e.continuation))
     assert list(zip(contexts, continuations)) == expected
@@ -77,11 +87,92 @@ def test_qa_training_pairs_are_the_qa_prompts_passes(smollm2, tmp_path):
     assert ell[1, 1] == 0.0
 
 
+@pytest.mark.parametrize("kind", ["qa", "text"])
+def test_question_target_is_the_querys_likelihood_after_each_passage(smollm2, tmp_path, kind):
+    """lsr_target="question" (ART): Q = softmax(ℓ / β) with ℓ_k = Σ_t log p(x_t | d_k, x_<t), x the query as it
+    follows the passage (QA: the question block after "Knowledge: ...\\n"; text windows: the window after the
+    document), by hand in float64 from separate LM calls; one pass per pair with an empty continuation, no answer
+    read, and no pair scored twice (mean: divided by x's token count). QA: `lm.score(d_k, x)` (the template ends in
+    a newline, so x scored as a continuation has the same tokens). Text windows: the tokens of d_k ∘ x as one text,
+    as the answer target's pass reads them, x's being those from its first character ("\\n\\n" + "Leaves" is not
+    the "\\n\\n" token then "Leaves": `lm.score(d_k, x)` would score another context)."""
+    store = Datastore(ids=["p0", "p1", "p2"], titles=[t for t, _ in PASSAGES], texts=[x for _, x in PASSAGES],
+                      sources=["d0", "d1", "d2"])
+    rows = np.array([[0, 2, 1], [1, -1, 0]])
+    if kind == "qa":  # questions alone: nothing to score after x
+        examples = qa_training_examples([QAExample(q.id, q.question, ()) for q in QUESTIONS[:2]], target="question")
+        queries = [question_block(e.query, None) for e in examples]
+        docs = [f"Knowledge: {passage_text(t, x)}\n" for t, x in PASSAGES]
+        template = QA_DOC_TEMPLATE
+    else:  # a window's query text (the second one mid-document, with its leading space); y is never read
+        examples = [TrainExample("Leaves of green plants take in", " carbon dioxide.", excluded_sources=("d9",)),
+                    TrainExample(" no stone is harder than", " diamond.", excluded_sources=("d8",))]
+        queries = [e.query for e in examples]
+        docs = [f"{t}\n{x}\n\n" for t, x in PASSAGES]
+        template = DOC_TEMPLATE
+    lm = Recording(smollm2)
+    cache = LMScoreCache(str(tmp_path / "cache.sqlite"), lm)
+    ell = supervise(cache, store, examples, rows, lm_score="sum", doc_template=template, target="question")
+    (contexts, scored, continuations), = lm.calls  # one score_with_query call: document, then x, nothing after
+    assert contexts == [docs[r] for row in rows for r in row if r >= 0] and set(continuations) == {""}
+    assert scored == [queries[i] for i, row in enumerate(rows) for r in row if r >= 0]
+    mean = supervise(cache, store, examples, rows, lm_score="mean", doc_template=template, target="question")
+    assert len(lm.calls) == 1 and cache.stats()["cache_misses"] == 5 and cache.stats()["cache_hits"] == 5
+    cache.close()
+    beta, valid = 5.0, rows >= 0
+    hand, tokens = np.zeros(rows.shape), np.ones(rows.shape)
+    at = list(zip(*np.nonzero(valid)))
+    if kind == "qa":  # x as a continuation
+        lps = smollm2.score([docs[rows[i, j]] for i, j in at], [queries[i] for i, _ in at])
+    else:
+        pairs = []
+        for i, j in at:
+            ids, offsets = smollm2.tokenizer.encode_with_offsets(docs[rows[i, j]] + queries[i])
+            n = sum(start < len(docs[rows[i, j]]) for start, _ in offsets)
+            assert smollm2.tokenizer.decode(ids[n:]) == queries[i]
+            pairs.append((ids[:n], ids[n:]))
+        lps = smollm2.score_token_pairs(pairs)
+    for (i, j), lp in zip(at, lps):
+        hand[i, j], tokens[i, j] = np.sum(np.asarray(lp, np.float64)), len(lp)
+    np.testing.assert_allclose(ell, np.where(valid, hand, 0.0), rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(mean, np.where(valid, hand / tokens, 0.0), rtol=1e-5, atol=1e-4)
+    z = np.where(valid, np.exp((hand - hand.max(axis=1, keepdims=True)) / beta), 0.0)
+    q_hand = z / z.sum(axis=1, keepdims=True)  # float64 softmax(ℓ / β) over the retrieved passages
+    q = np.exp(np.asarray(lm_log_likelihood(ell, valid, beta), np.float64))
+    np.testing.assert_allclose(q, q_hand, atol=2e-4)
+    assert q_hand[0].max() < 0.999  # not one-hot: the comparison has room to fail
+
+
 def test_training_questions_must_not_be_evaluated():
     trained = {"ids": ["q1"], "questions": ["What is the hardest  natural mineral"]}
     check_disjoint_questions(trained, [QUESTIONS[2]])
     with pytest.raises(ValueError, match="2 evaluated questions were LSR training questions"):
         check_disjoint_questions(trained, QUESTIONS)  # q1 by id, q2 by its normalised text
+
+
+def test_line_numbers_are_no_identity_across_files(tmp_path):
+    """JSONL rows without ids get their line numbers: a held-out file's line 1 is not the training file's line 1,
+    and corpus row i (say question i's support passage) is not hidden from question i."""
+    rows = lambda qs: [{"question": q.question, "answers": list(q.answers)} for q in qs]
+    train = downstream_data.read_qa_jsonl(_jsonl(tmp_path / "train.jsonl", rows(QUESTIONS)))
+    held_out = downstream_data.read_qa_jsonl(_jsonl(tmp_path / "test.jsonl", rows(
+        [QAExample("", "Which planet is the largest?", ("Jupiter",))])))
+    assert train[0].id == held_out[0].id == "1" and not train[0].id_given
+    examples = qa_training_examples(train)
+    record = trained_questions_record(str(tmp_path / "train.jsonl"), examples)
+    assert record["ids"] == [] and sorted(record["questions"]) == sorted(q.question for q in QUESTIONS)
+    check_disjoint_questions(record, held_out)  # line 1 of another file: another question
+    again = downstream_data.read_qa_jsonl(_jsonl(tmp_path / "again.jsonl", rows([QUESTIONS[2], held_out[0]])))
+    with pytest.raises(ValueError, match=r"1 evaluated questions .*\['1'\]"):  # a training question, by its text
+        check_disjoint_questions(record, again)
+    given = trained_questions_record("q.jsonl", qa_training_examples(QUESTIONS))  # ids the data gave still count
+    with pytest.raises(ValueError, match="were LSR training questions"):
+        check_disjoint_questions(given, [QAExample("q2", "Reworded: which mineral is hardest?", ("diamond",))])
+    corpus = list(read_jsonl(_jsonl(tmp_path / "corpus.jsonl", [{"text": text} for _, text in PASSAGES])))
+    store = Datastore([f"p{i}" for i in range(3)], ["", "", ""], [d.text for d in corpus], [d.id for d in corpus])
+    assert store.sources == ["1", "2", "3"]
+    exclude = excluded_rows(store, [e.excluded_sources for e in examples], len(examples))
+    assert all(len(rows) == 0 for rows in exclude)  # every support passage can be retrieved for its question
 
 
 def test_answer_nll_is_the_per_token_mixture(smollm2):
@@ -142,11 +233,15 @@ def _qa_config(tiny_qa, questions, retriever_workdir, **overrides):
     return c
 
 
-def test_qa_lsr_job_then_qa_job(tiny_qa, tmp_path):
+def test_qa_lsr_job_then_qa_job(tiny_qa, tmp_path, monkeypatch):
     assert trains_on_questions(tiny_qa["train"]) and trains_on_questions("sciq")
     assert not trains_on_questions(tiny_qa["corpus"]) and not trains_on_questions("gensim_wiki")
     workdir = str(tmp_path / "lsr")
+    excluded = []  # what the training loop excluded from each question's retrieval: nothing
+    monkeypatch.setattr(loop, "excluded_rows", lambda store, sources, n: excluded.extend(sources) or
+                        excluded_rows(store, sources, n))
     trained = lsr.run_lsr(_config(tiny_qa), workdir)
+    assert len(excluded) >= 16 and not any(excluded)
     assert trained["training_questions"] == 16 and trained["lsr"]["doc_template"] == QA_DOC_TEMPLATE
     assert trained["lsr"]["cache_misses"] > 0
     recorded = json.load(open(os.path.join(workdir, lsr.TRAIN_QUESTIONS)))
@@ -220,3 +315,47 @@ def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="were LSR training questions"):
         downstream.run_downstream(_qa_config(tiny_qa, tiny_qa["all"], str(tmp_path / "saved")), str(tmp_path / "qa"))
+
+
+def test_a_users_question_file_trains_on_all_its_rows(tmp_path):
+    """qa_lsr.py skips SciQ's first 300 rows (sciq.py evaluates them), not a user's: a 400-question file trains on
+    400 questions unless --config.train_offset is set."""
+    from replug_jax.config_files import sibling_config
+    from replug_jax.train.data import SCIQ_TRAIN_OFFSET
+
+    configs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "configs")
+    config = sibling_config(os.path.join(configs, "qa_lsr.py"), "qa_lsr.py")
+    assert config.train_data == "sciq"
+    assert lsr.training_questions(config) == downstream_data.load_qa("sciq", "validation")[SCIQ_TRAIN_OFFSET:]
+    rows = [{"id": f"u{i}", "question": f"What is item {i}?", "answers": [f"thing {i}"]} for i in range(400)]
+    config.train_data = _jsonl(tmp_path / "mine.jsonl", rows)
+    assert [q.id for q in lsr.training_questions(config)] == [f"u{i}" for i in range(400)]
+    config.train_offset = 100  # set explicitly: skipped
+    assert [q.id for q in lsr.training_questions(config)] == [f"u{i}" for i in range(100, 400)]
+
+
+def test_question_target_trains_on_questions_without_answers(tiny_qa, tmp_path):
+    """lsr_target="question": a JSONL of questions alone trains (one real step, finite loss) and results.json
+    records the target; the answer target refuses that file naming the key, and an unknown target is refused in
+    the first second."""
+    rows = [json.loads(line) for line in open(tiny_qa["train"])]
+    unlabelled = _jsonl(tmp_path / "questions.jsonl", [{"id": r["id"], "question": r["question"]} for r in rows])
+    config = _config(tiny_qa, train_data=unlabelled, lsr_target="question", steps=1, checkpoint_every=1)
+    check_job_inputs(config)
+    for bad in ("answers", "passage", ""):
+        with pytest.raises(InputError, match="lsr_target"):
+            check_job_inputs(_config(tiny_qa, lsr_target=bad))
+    with pytest.raises(ValueError, match="lsr_target"):
+        loop.LSRSettings(lsr_target="questions")
+    answer = _config(tiny_qa, train_data=unlabelled, lsr_target="answer")
+    with pytest.raises(InputError, match="lsr_target"):  # the first second: the file's first row
+        check_job_inputs(answer)
+    with pytest.raises(ValueError, match=r"line 1: needs \"answers\".*lsr_target=question"):  # the job itself
+        lsr.training_questions(answer)
+    workdir = str(tmp_path / "lsr")
+    results = lsr.run_lsr(config, workdir)
+    assert results["lsr"]["lsr_target"] == "question" and results["training_questions"] == len(rows) == 16
+    assert json.load(open(os.path.join(workdir, "results.json")))["lsr"]["lsr_target"] == "question"
+    logged = [json.loads(line) for line in open(os.path.join(workdir, "lsr", "metrics.jsonl"))]
+    assert [m["step"] for m in logged] == [1] and np.isfinite(logged[0]["loss"])
+    assert results["lsr"]["cache_misses"] == 8 * 3  # every (question, passage) pair of the step scored once

@@ -1,11 +1,11 @@
-"""The REPLUG object of the public API: its numbers are the jobs' (per-token mixture by hand, QA answers equal
-the QA job's function on the same passages), and bad k is refused."""
+"""The REPLUG object of the public API: its numbers are the paper's computed by hand (per-token mixture, Table 5
+prompts and λ for answers, the LM's own ensembled decoding), with retrieval or posterior weights; bad k, τ and
+documents are refused before any model loads; documents may be texts, {"text", "title"} dicts, Documents or a
+path."""
 import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax.data.records import QAExample
-from replug_jax.evaluate import qa
 from replug_jax.passages import DOC_TEMPLATE, passage_text
 
 DOCS = ["Velmora is a small town in the hills. Its mayor is Tobias Grint, elected in 2019.",
@@ -34,17 +34,99 @@ def test_score_is_the_per_token_mixture_of_the_passes(rag, smollm2):
     assert [t for _, _, t in rag.passages(context)][0] == rag.datastore.texts[rows[0][0]]
 
 
-def test_answer_and_generate_are_the_jobs(rag, smollm2):
+def _hand_weights(scores, tau, evidence=None, alpha=0.0, k=None):
+    """(kept positions, normalised λ) in float64: softmax(s/τ + α·evidence), the k highest kept."""
+    z = np.asarray(scores, np.float64) / tau + (alpha * np.asarray(evidence) if evidence is not None else 0.0)
+    kept = np.argsort(-z, kind="stable")[: k or len(z)]
+    lam = np.exp(z[kept] - np.max(z[kept]))
+    return kept, lam / lam.sum()
+
+
+def test_answer_and_generate_are_the_paper_prompts_and_weights(rag, smollm2):
+    """answer: Table 5's prompt per passage, λ = softmax(s/τ) by hand, the LM's own ensembled decoding; generate:
+    each passage (doc template) then the prompt."""
     question = "Who is the mayor of Velmora?"
     scores, rows = rag.retrieve([question])
-    passages = [[passage_text(rag.datastore.titles[r], rag.datastore.texts[r]) for r in rows[0]]]
-    job = qa.answer_questions(smollm2, [QAExample("q", question, ())], passages, scores, method="replug",
-                              ensemble="replug", demo_prefix="", temperature=0.5, max_new_tokens=6)
-    assert rag.answer(question, max_new_tokens=6) == job[0]["prediction"]
-    text = rag.generate("Velmora's mayor", max_new_tokens=4, stop=())
-    assert isinstance(text, str) and text
+    _, lam = _hand_weights(scores[0], 0.5)
+    passes = [f"Knowledge: {passage_text(rag.datastore.titles[r], rag.datastore.texts[r])}\nQuestion: {question}\n"
+              "Answer:" for r in rows[0]]
+    want = smollm2.generate([passes], [np.log(lam)], max_new_tokens=6, stop=("\n",))[0].text.strip()
+    assert rag.answer(question, max_new_tokens=6) == want
+    prompt = "Velmora's mayor"
+    scores, rows = rag.retrieve([prompt])
+    _, lam = _hand_weights(scores[0], 0.5)
+    passes = [DOC_TEMPLATE.format(title=rag.datastore.titles[r], text=rag.datastore.texts[r]) + prompt for r in rows[0]]
+    want = smollm2.generate([passes], [np.log(lam)], max_new_tokens=4, stop=())[0].text
+    assert rag.generate(prompt, max_new_tokens=4, stop=()) == want and want
+
+
+def test_posterior_weights_are_the_lms_posterior_over_the_top_passages(rag, smollm2):
+    """weights="posterior": λ ∝ exp(s/τ + α log p(input | passage)) over the top rerank_depth, the k best kept, by
+    hand from the LM's scores of the same tokens (the input's tokens: those from its first character on)."""
+    post = rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, temperature=0.5, weights="posterior",
+                     posterior_alpha=0.5, rerank_depth=4)
+    context, continuation = "The mayor of Velmora is", " Tobias Grint"
+    scores, rows = rag.retriever.retrieve([context], 4)
+    docs = [DOC_TEMPLATE.format(title=rag.datastore.titles[r], text=rag.datastore.texts[r]) for r in rows[0]]
+    tok = smollm2.tokenizer
+    evidence = []
+    for d in docs:
+        ids, offsets = tok.encode_with_offsets(d + context)
+        n = sum(start < len(d) for start, _ in offsets)
+        evidence.append(np.sum(smollm2.score_token_pairs([(ids[:n], ids[n:])])[0], dtype=np.float64))
+    kept, lam = _hand_weights(scores[0], 0.5, evidence, 0.5, 2)
+    per_pass = np.stack([np.asarray(x, np.float64) for x in smollm2.score([docs[j] + context for j in kept],
+                                                                           [continuation] * 2)])
+    np.testing.assert_allclose(post.score(context, continuation), np.log(lam @ np.exp(per_pass)), atol=1e-4)
+    question = "Who is the mayor of Velmora?"
+    scores, rows = rag.retriever.retrieve([question], 4)
+    texts = [passage_text(rag.datastore.titles[r], rag.datastore.texts[r]) for r in rows[0]]
+    block = f"Question: {question}\nAnswer:"
+    evidence = [np.sum(x, dtype=np.float64) for x in smollm2.score([f"Knowledge: {t}\n" for t in texts], [block] * 4)]
+    kept, lam = _hand_weights(scores[0], 0.5, evidence, 0.5, 2)
+    want = smollm2.generate([[f"Knowledge: {texts[j]}\n{block}" for j in kept]], [np.log(lam)], max_new_tokens=6,
+                            stop=("\n",))[0].text.strip()
+    assert post.answer(question, max_new_tokens=6) == want
+    with pytest.raises(ValueError, match="weights='prior': use one of retrieval, posterior"):
+        rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="prior")
+    with pytest.raises(ValueError, match="rerank_depth=1 must be 0"):
+        rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="posterior", rerank_depth=1)
 
 
 def test_k_larger_than_the_datastore_is_refused(rag):
     with pytest.raises(ValueError, match="k=9 must be between 1 and the datastore's"):
         rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=9)
+
+
+def test_bad_settings_and_a_bare_string_are_refused_before_any_model_loads():
+    from replug_jax.retrieval.datastore import Datastore
+
+    store = Datastore(ids=["p0"], titles=[""], texts=["Velmora is a town."], sources=["d0"])
+    for temperature in (0.0, -1.0):  # λ = softmax(s / τ) needs τ > 0: refused here, not at the first call
+        with pytest.raises(ValueError, match=rf"temperature={temperature} must be positive"):
+            rj.REPLUG(None, None, store, temperature=temperature, k=1)
+        with pytest.raises(ValueError, match=rf"temperature={temperature} must be positive"):
+            rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", temperature=temperature)
+    with pytest.raises(ValueError, match="k=0 must be at least 1"):
+        rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", k=0)
+    with pytest.raises(ValueError, match=r"documents='Velmora is a small town.*' is not a file or folder: pass a list "
+                                         "of texts"):
+        rj.REPLUG.from_documents(DOCS[0], lm="/no/such/lm")
+
+
+def test_documents_may_be_texts_dicts_documents_or_a_path(smollm2, minilm, tmp_path):
+    from replug_jax.rag import as_documents
+    from replug_jax.retrieval.datastore import Document
+
+    given = [DOCS[1], {"title": "Velmora", "text": DOCS[0]}, {"id": "k2", "text": DOCS[2]},
+             Document("t", "Grint", DOCS[3])]
+    expected = [Document("doc0", "", DOCS[1]), Document("doc1", "Velmora", DOCS[0]), Document("k2", "", DOCS[2]),
+                Document("t", "Grint", DOCS[3])]
+    assert as_documents(given) == expected
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"title": "Velmora", "text": "Velmora has a mayor."}\n')
+    assert as_documents(str(path)) == [Document("1", "Velmora", "Velmora has a mayor.")]
+    with pytest.raises(ValueError, match=r'documents\[1\]: expected an object with a string "text" field'):
+        as_documents([DOCS[0], {"title": "no text"}])
+    rag = rj.REPLUG.from_documents(given[1:3], lm=smollm2, encoder=minilm, k=2)
+    assert rag.datastore.titles == ["Velmora", ""] and rag.datastore.sources == ["doc0", "k2"]

@@ -26,7 +26,7 @@ def test_examples_are_query_and_continuation_windows(tiny_lm):
     tok = tiny_lm.tokenizer
     docs = [Document("a", "", TEXT), Document("b", "", TEXT[:100])]
     examples = training_examples(docs, tok, query_tokens=40, continuation_tokens=24, seed=3)
-    assert {e.doc_id for e in examples} == {"a", "b"}
+    assert {e.excluded_sources for e in examples} == {("a",), ("b",)}  # a window never retrieves its own document
     for e in examples:
         assert len(tok.encode(e.query)) == 40 and len(tok.encode(e.continuation)) == 24
         assert (e.query + e.continuation) in TEXT

@@ -25,7 +25,8 @@ def get_config():
     c.doc_tokens = 128  # datastore chunk length in LM tokens (the paper: 128)
     c.query_tokens = 128  # retrieval query: the previous tokens of the held-out document
     c.context_tokens = 128  # LM context before each continuation
-    c.stride_tokens = 128  # tokens scored per window (short documents want short strides)
+    c.stride_tokens = 128  # tokens scored per window; a document's first has no retrieval (one of at most
+    # stride_tokens tokens is scored after its first half, which is the query); a mostly unretrieved run warns
     c.max_eval_docs = 100
     c.max_windows_per_doc = 0  # 0: all windows
     c.methods = ("replug", "random", "concat", "bm25")

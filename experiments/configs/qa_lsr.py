@@ -6,12 +6,16 @@ evaluated, over SciQ's datastore (support paragraphs plus gensim's Wikipedia art
         --config.lm=smollm2 --config.methods=none,replug,concat,replug_lsr --config.retriever_workdir=runs/qa_lsr
 
 x is each question as the QA prompt shows it without demos ("Question: ...\\nAnswer:"), after the passage as
-"Knowledge: ...\\n"; y is its gold answer; ℓ_k = Σ_t log p(y_t | d_k ∘ x, y_<t). Training takes SciQ's rows from
-`train_offset` on, past the demos and the evaluated questions of sciq.py (the QA job refuses to evaluate a
-question the retriever was trained on). Query side only by default: the document encoder and the index stay
-as they are (no re-embedding). `experiments/qa_lsr.py` runs training and both evaluations (τ = 1 and τ = γ)
-and writes the table; the settings are the ones its table in experiments/README.md used.
+"Knowledge: ...\\n"; y is its gold answer; ℓ_k = Σ_t log p(y_t | d_k ∘ x, y_<t) (`lsr_target="question"`:
+ℓ_k = Σ_t log p(x_t | d_k, x_<t), no answers needed). Training takes SciQ's rows from
+300 on, past the demos and the evaluated questions of sciq.py (the QA job refuses to evaluate a question the
+retriever was trained on); your own `train_data` trains on all its rows unless `train_offset` is set. Query
+side only by default: the document encoder and the index stay as they are (no re-embedding).
+`experiments/qa_lsr.py` runs training and both evaluations (τ = 1 and τ = γ) and writes the table; the
+settings are the ones its table in experiments/README.md used.
 """
+from ml_collections import config_dict
+
 from replug_jax.config_files import sibling_config
 
 LSR_KEYS = ("learning_rate", "warmup_fraction", "clip_norm", "direction", "swap_after", "query_max_tokens",
@@ -27,7 +31,8 @@ def get_config():
     c.lm = "smollm2"
     c.train_data = "sciq"  # or "nq_open", "trivia_qa", a JSONL of {"question", "answers"}
     c.train_split = "validation"
-    c.train_offset = 300  # rows of train_data before this are never trained on (sciq.py evaluates from row 4)
+    c.train_offset = config_dict.placeholder(int)  # rows of train_data skipped (None: 300 for "sciq", whose first
+    # rows sciq.py evaluates from row 4 on; 0 for any other train_data)
     c.k = 8  # passages scored per training question (the QA evaluation mixes the top 4)
     c.steps = 40
     c.batch_size = 8
@@ -35,6 +40,8 @@ def get_config():
     c.gamma = 0.1  # P_R = softmax(s / γ)
     c.beta = 1.0  # Q = softmax(ℓ / β): ℓ sums a few answer tokens, whole nats apart between passages
     c.lm_score = "sum"  # ℓ = Σ_t log p(y_t | d ∘ x, y_<t), the paper's
+    c.lsr_target = "answer"  # "question": ℓ = Σ_t log p(x_t | d, x_<t), the question block's own likelihood after
+    # the passage (ART); needs no answers: train_data may then be a JSONL of {"question"} rows alone
     c.direction = "q_pr"  # KL(Q ‖ P_R) as Atlas; "pr_q" = KL(P_R ‖ Q) as the paper
     c.train_documents = False  # query side only: no refresh; True retrains both sides with refreshes
     c.refresh_every = 1_000

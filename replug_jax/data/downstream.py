@@ -89,7 +89,7 @@ def load_mmlu(split: str = "test", subjects: str | Iterable[str] | None = None) 
 def _read_jsonl(path: str, make) -> list:
     """make(id, question, record, where) for each non-blank line; ValueError naming file and line, or empty file.
 
-    The id defaults to the 1-based line number."""
+    The id defaults to the 1-based line number (`QAExample.id_given` says which)."""
     examples = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
@@ -109,18 +109,27 @@ def _read_jsonl(path: str, make) -> list:
     return examples
 
 
-def _qa_example(id_: str, question: str, record: dict, where: str) -> QAExample:
-    """One QAExample from a JSONL record with "answers" (or "answer") as a string or a list of strings."""
+class MissingAnswers(ValueError):
+    """A QA row without gold answers where answers are required."""
+
+
+def _qa_example(id_: str, question: str, record: dict, where: str, answers_required: bool = True) -> QAExample:
+    """One QAExample from a JSONL record with "answers" (or "answer") as a string or a list of strings; without
+    `answers_required` a row without them (or with an empty list) is a question alone (answers ())."""
     answers = record.get("answers", record.get("answer"))
+    if not answers_required and answers in (None, []):
+        return QAExample(id_, question, (), id_given="id" in record)
     answers = [answers] if isinstance(answers, str) else answers
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
-        raise ValueError(f"{where}: needs \"answers\": a non-empty list of non-empty strings")
-    return QAExample(id_, question, tuple(answers))
+        error = MissingAnswers if answers is None else ValueError
+        raise error(f"{where}: needs \"answers\": a non-empty list of non-empty strings")
+    return QAExample(id_, question, tuple(answers), id_given="id" in record)
 
 
-def read_qa_jsonl(path: str) -> list[QAExample]:
-    """QA examples from lines {"question", "answers": [str, ...] (or "answer": str | list), "id"?}."""
-    return _read_jsonl(path, _qa_example)
+def read_qa_jsonl(path: str, answers_required: bool = True) -> list[QAExample]:
+    """QA examples from lines {"question", "answers": [str, ...] (or "answer": str | list), "id"?}; without
+    `answers_required` rows may be questions alone (answers (): what LSR's question target trains on)."""
+    return _read_jsonl(path, functools.partial(_qa_example, answers_required=answers_required))
 
 
 def _mc_example(id_: str, question: str, record: dict, where: str) -> MCExample:
@@ -173,9 +182,10 @@ def read_tfds_qa(name: str, split: str, question_key: str = "question", answer_k
     return examples
 
 
-def load_qa(source: str, split: str = "validation") -> list[QAExample]:
+def load_qa(source: str, split: str = "validation", answers_required: bool = True) -> list[QAExample]:
     """QA examples from "nq_open", "trivia_qa", a .jsonl file (`split` ignored for files), or
-    "tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]" (a TFDS build under $TFDS_DATA_DIR; its own split wins)."""
+    "tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]" (a TFDS build under $TFDS_DATA_DIR; its own split wins).
+    `answers_required=False`: a .jsonl file's rows may be questions without answers (`read_qa_jsonl`)."""
     if source in ("nq_open", "trivia_qa", SCIQ):
         return {"nq_open": load_nq_open, "trivia_qa": load_trivia_qa, SCIQ: load_sciq}[source](split)
     if source.startswith("tfds:"):
@@ -184,7 +194,7 @@ def load_qa(source: str, split: str = "validation") -> list[QAExample]:
             raise ValueError(f"bad TFDS QA source {source!r}: use tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]")
         return read_tfds_qa(name, tfds_split, *keys)
     if source.endswith(".jsonl") or os.path.isfile(source):
-        return read_qa_jsonl(source)
+        return read_qa_jsonl(source, answers_required)
     raise ValueError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\", \"sciq\", \"tfds:NAME:SPLIT\" "
                      "or a .jsonl file")
 

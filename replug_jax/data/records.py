@@ -20,6 +20,7 @@ class QAExample:
     id: str
     question: str
     answers: tuple[str, ...]
+    id_given: bool = True  # False: the data gave no id and `id` is a JSONL line number (no identity across files)
 
 
 @dataclasses.dataclass(frozen=True)

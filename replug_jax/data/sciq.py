@@ -26,8 +26,8 @@ def _sciq_rows(split: str) -> list[dict]:
 
 def load_sciq(split: str = "validation") -> list[QAExample]:
     """SciQ as open QA: questions with a support paragraph (887 of the 1,000), the correct answer as gold;
-    ids "sciq-<row>"."""
-    return [QAExample(f"sciq-{r['row']}", r["question"], (r["correct_answer"],)) for r in _sciq_rows(split)]
+    ids "sciq:<split>:<row>"."""
+    return [QAExample(f"{SCIQ}:{split}:{r['row']}", r["question"], (r["correct_answer"],)) for r in _sciq_rows(split)]
 
 
 def load_sciq_mc(split: str = "validation", seed: int = 0) -> list[MCExample]:
@@ -37,11 +37,11 @@ def load_sciq_mc(split: str = "validation", seed: int = 0) -> list[MCExample]:
     for r in _sciq_rows(split):
         options = [r["correct_answer"], r["distractor1"], r["distractor2"], r["distractor3"]]
         order = np.random.default_rng([seed, r["row"]]).permutation(len(options))
-        out.append(MCExample(f"sciq-{r['row']}", r["question"], tuple(options[i] for i in order),
+        out.append(MCExample(f"{SCIQ}:{split}:{r['row']}", r["question"], tuple(options[i] for i in order),
                              int(np.argmax(order == 0)), SCIQ))
     return out
 
 
 def sciq_support_documents(split: str = "validation") -> list[Document]:
-    """Every SciQ support paragraph of `split` as a document (id "sciq-support-<row>", no title)."""
-    return [Document(f"sciq-support-{r['row']}", "", r["support"].strip()) for r in _sciq_rows(split)]
+    """Every SciQ support paragraph of `split` as a document (id "sciq:<split>:support:<row>", no title)."""
+    return [Document(f"{SCIQ}:{split}:support:{r['row']}", "", r["support"].strip()) for r in _sciq_rows(split)]

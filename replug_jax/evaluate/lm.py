@@ -24,6 +24,10 @@ from replug_jax import console, distributed, replug
 from replug_jax.evaluate.windows import Window
 from replug_jax.passages import DOC_TEMPLATE, document_passes, format_docs
 
+# what the LM-evaluation job's --config.methods may name ("none" and "replug" always run; the LSR job adds
+# "replug_lsr"): add a method here
+METHODS = ("none", "replug", "random", "concat", "bm25")
+
 
 @dataclasses.dataclass
 class Totals:

@@ -26,6 +26,8 @@ from replug_jax import replug
 from replug_jax.data.downstream import MMLU_CATEGORIES
 
 LETTERS = ("A", "B", "C", "D", "E", "F")
+# what the mmlu job's --config.methods may name; "replug_posterior" needs scoring="options" (option_text.py)
+METHODS = ("none", "replug", "concat", "replug_lsr", "replug_posterior")
 
 
 def question_block(example, passage: str | None, with_answer: bool = False) -> str:

@@ -14,10 +14,12 @@ from replug_jax.evaluate import option_text
 from replug_jax.passages import passages_of
 
 
-def predictions(lm, questions, methods, retrieve, store, metric: str, temperature: float, label: str = "") -> list[dict]:
+def predictions(lm, questions, methods, retrieve, store, metric: str, temperature: float, label: str = "", *,
+                posterior_alpha: float = 1.0, k: int = 0) -> list[dict]:
     """One row per question: id, subject, answer, and per method its prediction by `metric` and
     "<method>_options" (every metric's prediction and the options' log-likelihoods).
-    retrieve(method, queries) -> (scores [Q, k], rows [Q, k]) from that method's retriever."""
+    retrieve(method, queries) -> (scores [Q, D], rows [Q, D]) from that method's retriever; "replug_posterior" keeps
+    the k (0: D) passages of highest posterior, x being the request's whole context (its own shots included)."""
     rows = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in questions]
     for method in methods:
         console.phase(f"olmes {label} {method}: {len(questions)} questions")
@@ -25,6 +27,13 @@ def predictions(lm, questions, methods, retrieve, store, metric: str, temperatur
         if method != "none":
             scores, retrieved = retrieve(method, [q.question for q in questions])
             passages = passages_of(store, retrieved)
+            if method == "replug_posterior":
+                by_metric = option_text.posterior_option_predictions(
+                    lm, [[option_text.PASSAGE_BEFORE_CONTEXT.format(passage=p) for p in ps] for ps in passages],
+                    [q.context for q in questions], scores, [q.continuations for q in questions],
+                    temperature=temperature, alpha=posterior_alpha, k=k or scores.shape[1])
+                option_text.record(rows, method, by_metric, metric)
+                continue
             if method != "concat":
                 log_w = [option_text.log_lambda(s, len(p), temperature) for s, p in zip(scores, passages)]
         prompts = option_text.prepended_prompts(method, [q.context for q in questions], passages)

@@ -17,10 +17,12 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import replug
-from replug_jax.evaluate.answer_nll import continuation_logliks
+from replug_jax import posterior, replug
+from replug_jax.evaluate.answer_nll import continuation_logliks, mixture_loglik, query_and_continuation_scores
+from replug_jax.passages import QA_DOC_TEMPLATE
 
 SCORINGS = ("letters", "options")
+PASSAGE_BEFORE_CONTEXT = "{passage}\n\n"  # a passage before a fixed prompt (OLMES's request contexts)
 OPTION_METRICS = ("acc", "acc_per_char", "acc_per_token")
 
 
@@ -33,9 +35,17 @@ def check_scoring(scoring: str, option_metric: str) -> None:
 
 def cloze_block(example, passage: str | None, with_answer: bool = False) -> str:
     """The question without its options; a shot's ends with its correct option's text."""
-    knowledge = f"Knowledge: {passage}\n" if passage is not None else ""
+    knowledge = QA_DOC_TEMPLATE.format(passage=passage) if passage is not None else ""
     end = f" {example.choices[example.answer]}\n\n" if with_answer else ""
     return f"{knowledge}Question: {example.question}\nAnswer:{end}"
+
+
+def cloze_passes(questions, passages: Sequence[Sequence[str]], prefixes: dict[str, str]):
+    """("replug_posterior"'s passes) per question: [subject prefix ∘ "Knowledge: <passage>\\n"] and the question
+    block that follows each (`cloze_block` without a passage): cloze_block's prompt split where x begins."""
+    docs = [[prefixes.get(q.subject, "") + QA_DOC_TEMPLATE.format(passage=p) for p in ps]
+            for q, ps in zip(questions, passages)]
+    return docs, [cloze_block(q, None) for q in questions]
 
 
 def continuations(example) -> list[str]:
@@ -47,7 +57,34 @@ def option_predictions(lm, prompts: Sequence[Sequence[str]], log_weights: Sequen
     """{metric: [Q] predicted option} for "acc", "acc_per_char" and "acc_per_token", and "loglik": per question
     the options' mixture log-likelihoods. prompts[q]: the question's passes; log_weights[q]: their log λ;
     conts[q]: its options' continuations (`continuations`)."""
-    logliks = continuation_logliks(lm, prompts, log_weights, conts)
+    return predictions_by_metric(continuation_logliks(lm, prompts, log_weights, conts), conts)
+
+
+def posterior_option_predictions(lm, doc_contexts: Sequence[Sequence[str]], queries: Sequence[str], scores: np.ndarray,
+                                 conts: Sequence[Sequence[str]], *, temperature: float, alpha: float, k: int) -> dict:
+    """`option_predictions` for "replug_posterior": pass i of question q is doc_contexts[q][i] ∘ queries[q] ∘ option,
+    scored once (`lm.score_with_query`); λ ∝ exp(s/τ + α log p(query | doc)) over the retrieved passes (scores
+    [Q, D]), the k highest kept (posterior.py). Adds "kept" (positions) and "log_weights" per question."""
+    query_ll, cont_scores = query_and_continuation_scores(lm, doc_contexts, queries, conts)
+    valid = np.array([[j < len(d) for j in range(scores.shape[1])] for d in doc_contexts])  # [Q, D]
+    evidence = np.zeros(scores.shape, np.float64)
+    for i, ll in enumerate(query_ll):
+        evidence[i, : len(ll)] = ll
+    order, log_w = posterior.rerank(posterior.posterior_log_weights(scores, valid, evidence, temperature, alpha), k)
+    logliks = []
+    for i, per_option in enumerate(cont_scores):  # per_option[o][j]: option o's token log-probs in pass j
+        pos = order[i][order[i] >= 0]
+        logliks.append([(mixture_loglik(log_w[i][: len(pos)], [passes[j] for j in pos]), len(passes[0]))
+                        for passes in per_option])
+    out = predictions_by_metric(logliks, conts)
+    out["kept"] = [[int(j) for j in row if j >= 0] for row in order]
+    out["log_weights"] = [[float(w) for w in row if np.isfinite(w)] for row in log_w]
+    return out
+
+
+def predictions_by_metric(logliks: Sequence[Sequence[tuple[float, int]]], conts: Sequence[Sequence[str]]) -> dict:
+    """{metric: [Q] predicted option, "loglik": per question the options' log-likelihoods} from each option's
+    (mixture log-likelihood, token count)."""
     out = {metric: [] for metric in OPTION_METRICS}
     out["loglik"] = []
     for row, texts in zip(logliks, conts):
@@ -82,4 +119,4 @@ def prepended_prompts(method: str, contexts: Sequence[str], passages: Sequence[S
         return [[c] for c in contexts]
     if method == "concat":
         return [[" ".join(reversed(ps)) + "\n\n" + c] for c, ps in zip(contexts, passages)]
-    return [[f"{p}\n\n{c}" for p in ps] for c, ps in zip(contexts, passages)]
+    return [[PASSAGE_BEFORE_CONTEXT.format(passage=p) + c for p in ps] for c, ps in zip(contexts, passages)]

@@ -17,6 +17,7 @@ import numpy as np
 
 from replug_jax import posterior
 from replug_jax.evaluate.answer_nll import mixture_loglik, query_and_continuation_scores
+from replug_jax.evaluate.qa import generate_answers
 from replug_jax.passages import QA_DOC_TEMPLATE, question_block
 
 
@@ -62,3 +63,22 @@ def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarra
             nll.append(-max((mixture_loglik(weights[-1], [per_pass[j] for j in pos]) for per_pass in cont_scores[i]),
                             default=-np.inf))
     return PosteriorPasses(contexts, weights, kept_ll, kept, np.array(nll) if with_answers else None)
+
+
+def predict(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, demo_prefix: str, k: int,
+            temperature: float, alpha: float, ensemble: str, max_new_tokens: int, with_answers: bool = True,
+            nll_with_demos: bool = False) -> tuple[list[dict], list[list[str]]]:
+    """The QA job's rows for "replug_posterior": each question's generated answer from its kept passes (weights fixed
+    before decoding), the kept ranks, their log λ and log p(x | d), and the answer NLL (zero-shot passes unless
+    `nll_with_demos`); and the kept passages per question (for answer recall)."""
+    scored = posterior_passes(lm, questions, retrieved, scores, temperature=temperature, alpha=alpha, k=k,
+                              with_answers=with_answers, prefix=demo_prefix if nll_with_demos else "")
+    preds = generate_answers(lm, scored.contexts, scored.log_weights, ensemble=ensemble, demo_prefix=demo_prefix,
+                             max_new_tokens=max_new_tokens, progress=True)
+    for i, p in enumerate(preds):
+        p.update(kept_ranks=[int(j) for j in scored.kept[i]], log_weights=[round(float(w), 6) for w in
+                                                                            scored.log_weights[i]],
+                 question_logliks=[round(float(x), 4) for x in scored.query_logliks[i]])
+        if with_answers:
+            p["answer_nll"] = float(scored.answer_nll[i])
+    return preds, [[ps[j] for j in kept] for ps, kept in zip(retrieved, scored.kept)]

@@ -38,6 +38,7 @@ def markdown_table(results: dict) -> str:
             by_value = {float(t): x for t, x in taus[m].items()}
             lines.append(f"| {m} | " + " | ".join(f"{by_value[t]['perplexity']:.3f}" if t in by_value else ""
                                                    for t in values) + " |")
+    lines += [f"\nWarning: {w}" for w in results.get("warnings", ())]
     return "\n".join(lines) + "\n"
 
 

@@ -3,9 +3,11 @@
 A document of n LM tokens is scored in consecutive continuations of `stride_tokens`
 tokens. For the window starting at token a, the LM context is the previous
 `context_tokens` tokens and the retrieval query the previous `query_tokens` tokens; the
-first window (a = 0) has neither, so every method scores it without retrieval. Windows
-are cut at token boundaries of the LM's tokenizer but kept as text (exact substrings of
-the document), because the black-box LM contract takes text.
+first window (a = 0) has neither, so every method scores it without retrieval. A document
+of at most `stride_tokens` tokens, which would have only that window, is scored from token
+min(query_tokens, n // 2) on instead: its first part is the query and context. Windows are
+cut at token boundaries of the LM's tokenizer but kept as text (exact substrings of the
+document), because the black-box LM contract takes text.
 """
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ class Window:
         return len(self.continuation.encode("utf-8"))
 
 
+def first_scored_token(num_tokens: int, *, stride_tokens: int, query_tokens: int) -> int:
+    """Where scoring starts: 0, or for a document of one stride or less, after its query (half of it at most)."""
+    return 0 if num_tokens > stride_tokens else min(query_tokens, num_tokens // 2)
+
+
 def document_windows(doc_id: str, text: str, tokenizer: TextTokenizer, *, stride_tokens: int, query_tokens: int,
                      context_tokens: int, max_windows: int | None = None) -> list[Window]:
     """The evaluation windows of one document, in order."""
@@ -34,7 +41,7 @@ def document_windows(doc_id: str, text: str, tokenizer: TextTokenizer, *, stride
     starts = token_starts(tokenizer, text)
     n = len(starts) - 1
     windows = []
-    for a in range(0, n, stride_tokens):
+    for a in range(first_scored_token(n, stride_tokens=stride_tokens, query_tokens=query_tokens), n, stride_tokens):
         b = min(a + stride_tokens, n)
         cut = lambda back: text[starts[max(0, a - back)] : starts[a]] if a else ""
         continuation = text[starts[a] : starts[b]]
@@ -43,3 +50,19 @@ def document_windows(doc_id: str, text: str, tokenizer: TextTokenizer, *, stride
         if max_windows is not None and len(windows) >= max_windows:
             break
     return windows
+
+
+def retrieval_shortfall(windows: list[Window]) -> str | None:
+    """A warning when most scored bytes, or most documents, get no retrieval (every method then scores them
+    alike, as `none`); None otherwise."""
+    scored = sum(w.num_bytes for w in windows)
+    retrieved = sum(w.num_bytes for w in windows if w.query)
+    documents = {w.doc_id for w in windows}
+    without = documents - {w.doc_id for w in windows if w.query}
+    if 2 * retrieved >= scored and 2 * len(without) <= len(documents):
+        return None
+    return (f"retrieval reaches only {retrieved / max(scored, 1):.0%} of the scored text: "
+            f"{sum(not w.query for w in windows)} of {len(windows)} windows, and {len(without)} of {len(documents)} "
+            "documents entirely, are scored without retrieval (a document's first stride_tokens tokens have no "
+            "query), so every method scores them as none does. Lower stride_tokens (with query_tokens and "
+            "context_tokens) for short documents, or raise max_windows_per_doc (0: all windows).")

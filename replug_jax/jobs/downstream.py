@@ -25,14 +25,14 @@ from replug_jax import console, distributed, workspace
 from replug_jax.models import precision
 from replug_jax.data import downstream as data
 from replug_jax.data import olmes, wiki
-from replug_jax.evaluate import (answer_nll, downstream_report, mmlu, olmes_tasks, option_text, qa, qa_metrics,
+from replug_jax.evaluate import (answer_nll, demo_passages, downstream_report, mmlu, olmes_tasks, option_text, qa,
                                  qa_posterior)
+from replug_jax.input_checks import check_depth_fits, read_methods
 from replug_jax.passages import passages_of
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
 
 DEMO = "demo"
-JOB_METHODS = {"qa": qa.METHODS, "mmlu": ("none", "replug", "concat", "replug_lsr")}
 
 
 def load_sets(config, kind: str):
@@ -100,9 +100,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     started = time.time()
     os.makedirs(workdir, exist_ok=True)
     kind = config.job
-    unknown = [m for m in config.methods if m not in JOB_METHODS[kind]]
-    if unknown:
-        raise ValueError(f"unknown {kind} methods {unknown}; known: {', '.join(JOB_METHODS[kind])}")
+    read_methods(config)  # config.methods: the parsed tuple from here on (unknown names refused)
     dtype = precision.resolve(config.dtype)
     encoder = workspace.load_job_encoder(config, dtype)
     lm = lm if lm is not None else workspace.load_job_lm(config, dtype)
@@ -119,8 +117,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     store = distributed.lead_first(lambda: workspace.build_corpus(  # one writer of the files
         config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
         max_passages=config.get("max_passages") or None))
-    if config.k > len(store):
-        raise ValueError(f"k={config.k} is larger than the datastore ({len(store)} passages)")
+    check_depth_fits(config, len(store))
     console.phase(f"datastore: {len(store):,} passages")
     retrievers = retrievers_for(config, encoder, store, shared)
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
@@ -170,34 +167,11 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> di
     return out
 
 
-DEMO_PASSAGES = ("top1", "answer")
-
-
-def _demo_prefix(retriever, store, demos, with_knowledge: bool, block, choose: str = "top1", depth: int = 20) -> str:
-    """The shared few-shot block: each demo with one retrieved passage (none for closed book).
-
-    choose "top1": the demo's own top-1 passage. "answer" (QA): the best-ranked of its top-`depth` passages that
-    contains one of the demo's gold answers (the top-1 when none does), so that the demos show the LM a passage
-    worth reading; it uses the demos' labels only, never the evaluated questions'."""
-    if not with_knowledge:
-        return block(demos, [None] * len(demos))
-    if choose not in DEMO_PASSAGES:
-        raise ValueError(f"demo_passages must be one of {DEMO_PASSAGES}, got {choose!r}")
-    _, rows = retriever.retrieve([d.question for d in demos], 1 if choose == "top1" else min(depth, len(store)))
-    chosen = []
-    for demo, passages in zip(demos, passages_of(store, rows)):
-        if choose == "answer":
-            passages = [p for p in passages if qa_metrics.answer_recall(demo.answers, p)] or passages
-        chosen.append(passages[0] if passages else None)
-    return block(demos, chosen)
-
-
 def _run_qa(config, lm, store, retrievers, questions, demos):
     """Predictions of `questions` (this process's share) by every method: (settings for results, rows with each
     method's prediction and its exact-match / answer-in-passages flags)."""
     results = {"ensemble": config.ensemble}
-    if "replug_posterior" in config.methods:
-        results.update(posterior_alpha=config.posterior_alpha, rerank_depth=max(config.k, config.rerank_depth))
+    results.update(_posterior_settings(config))
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in questions]
     for method in config.methods:
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
@@ -205,7 +179,7 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
         console.phase(f"qa {method}: {len(questions)} questions" + (f", k={config.k}" if method != "none" else "")
                       + mixing)
         retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
-        prefix = _demo_prefix(retriever, store, demos, method != "none", qa.demo_block,
+        prefix = demo_passages.few_shot_prefix(retriever, store, demos, method != "none", qa.demo_block,
                               choose=config.get("demo_passages", "top1"))
         if method == "replug_posterior":
             preds, passages = _posterior_predictions(config, lm, retriever, store, questions, prefix)
@@ -231,26 +205,28 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
     return results, predictions
 
 
+def _posterior_settings(config) -> dict:
+    """What "replug_posterior" ran with, for results.json (nothing when it did not run)."""
+    if "replug_posterior" not in config.methods:
+        return {}
+    return {"posterior_alpha": config.posterior_alpha, "rerank_depth": _depth(config, "replug_posterior")}
+
+
+def _depth(config, method: str) -> int:
+    """Passages retrieved per question: k, or for "replug_posterior" its re-ranking depth (at least k)."""
+    return max(config.k, config.get("rerank_depth", 0) or 0) if method == "replug_posterior" else config.k
+
+
 def _posterior_predictions(config, lm, retriever, store, questions, demo_prefix):
-    """"replug_posterior" (evaluate/qa_posterior.py): the top `rerank_depth` (>= k) passages scored with the
-    question once, the k of highest posterior kept and mixed; (prediction rows, the kept passages per question)."""
-    depth = max(config.k, config.get("rerank_depth", 0) or config.k)
-    scores, rows = retriever.retrieve([q.question for q in questions], min(depth, len(store)))
-    retrieved = passages_of(store, rows)
-    with_answers = config.get("answer_nll", True)
-    scored = qa_posterior.posterior_passes(lm, questions, retrieved, scores, temperature=config.temperature,
-                                           alpha=config.posterior_alpha, k=config.k, with_answers=with_answers,
-                                           prefix=demo_prefix if config.get("answer_nll_demos", False) else "")
-    preds = qa.generate_answers(lm, scored.contexts, scored.log_weights, ensemble=config.ensemble,
-                                demo_prefix=demo_prefix, max_new_tokens=config.max_new_tokens, progress=True)
-    for p, kept, log_w, ll in zip(preds, scored.kept, scored.log_weights, scored.query_logliks):
-        p.update(kept_ranks=[int(j) for j in kept], log_weights=[round(float(w), 6) for w in log_w],
-                 question_logliks=[round(float(x), 4) for x in ll])
-    if with_answers:
-        for p, value in zip(preds, scored.answer_nll):
-            p["answer_nll"] = float(value)
-    kept_passages = [[ps[j] for j in kept] for ps, kept in zip(retrieved, scored.kept)]
-    return preds, kept_passages
+    """"replug_posterior" (evaluate/qa_posterior.py) over the top `rerank_depth` (>= k) passages: (prediction rows,
+    the kept passages per question)."""
+    depth = min(_depth(config, "replug_posterior"), len(store))
+    scores, rows = retriever.retrieve([q.question for q in questions], depth)
+    return qa_posterior.predict(lm, questions, passages_of(store, rows), scores, demo_prefix=demo_prefix, k=config.k,
+                                temperature=config.temperature, alpha=config.posterior_alpha,
+                                ensemble=config.ensemble, max_new_tokens=config.max_new_tokens,
+                                with_answers=config.get("answer_nll", True),
+                                nll_with_demos=config.get("answer_nll_demos", False))
 
 
 def _run_olmes(config, lm, store, retrievers, questions, task: tuple[str, str]):
@@ -261,9 +237,10 @@ def _run_olmes(config, lm, store, retrievers, questions, task: tuple[str, str]):
     option_text.check_scoring("options", metric)
     results = {"olmes": info, "scoring": "options", "option_metric": metric, "shots": info["num_shots"]}
     retrieve = lambda method, queries: retrievers["replug_lsr" if method == "replug_lsr" else "replug"].retrieve(
-        queries, config.k)
+        queries, min(_depth(config, method), len(store)))
     predictions = olmes_tasks.predictions(lm, questions, config.methods, retrieve, store, metric, config.temperature,
-                                          label=":".join(task))
+                                          label=":".join(task), posterior_alpha=config.get("posterior_alpha", 1.0),
+                                          k=config.k)
     return results, predictions
 
 
@@ -291,11 +268,18 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
         console.phase(f"mmlu {method}: {len(questions)} questions, k={config.k}, scoring by {scoring}")
         retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
         queries = [mmlu.retrieval_query(q, config.query_with_options) for q in questions]
-        scores, rows = retriever.retrieve(queries, config.k)
+        scores, rows = retriever.retrieve(queries, min(_depth(config, method), len(store)))
         passages = passages_of(store, rows)
         shots_block = functools.partial(mmlu.shots_block, block=block)
-        prefixes = {s: _demo_prefix(retriever, store, shots[: config.shots], method != "none", shots_block)
+        prefixes = {s: demo_passages.few_shot_prefix(retriever, store, shots[: config.shots], method != "none", shots_block)
                     for s, shots in shots_by_subject.items()}
+        if method == "replug_posterior":  # the question block (no options) after each passage: its likelihood
+            docs, blocks = option_text.cloze_passes(questions, passages, prefixes)
+            by_metric = option_text.posterior_option_predictions(
+                lm, docs, blocks, scores, [option_text.continuations(q) for q in questions],
+                temperature=config.temperature, alpha=config.posterior_alpha, k=config.k)
+            option_text.record(predictions, method, by_metric, option_metric)
+            continue
         prompts = mmlu.method_prompts(method, questions, passages, prefixes, block=block)
         passes = method not in ("none", "concat")
         if scoring == "options":

@@ -6,12 +6,14 @@ still valid (fingerprints of encoder and datastore are checked on load).
 from __future__ import annotations
 
 from replug_jax import workspace
+from replug_jax.input_checks import read_methods
 from replug_jax.jobs.window_report import evaluate_and_report
 
 
 def run_lm_eval(config, workdir: str) -> dict:
     """Build or reuse the retrieval side, score every method, write and print the results."""
+    methods = read_methods(config)  # unknown names refused before any work
     prepared = workspace.prepare(config, workdir)
-    retrievers = workspace.make_retrievers(config.methods, prepared.encoder, prepared.store, prepared.index,
+    retrievers = workspace.make_retrievers(methods, prepared.encoder, prepared.store, prepared.index,
                                            config.seed)
     return evaluate_and_report(config, workdir, prepared, retrievers)

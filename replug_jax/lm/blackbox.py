@@ -146,18 +146,24 @@ def pair_token_ids(tokenizer: TextTokenizer, context: str, continuation: str, ma
 
 def query_token_ids(tokenizer: TextTokenizer, context: str, query: str, continuation: str, max_length: int | None,
                     start_id: int | None) -> tuple[list[int], list[int], list[int]]:
-    """(context ids, query ids, continuation ids) of one `score_with_query` pass: the three texts tokenised apart
-    and concatenated (the contract's rule with the query as a second, scored segment), the context cut from the
-    LEFT to fit; the query must not be empty, the continuation may. Errors name the problem."""
-    query_ids = tokenizer.encode(query)
+    """(context ids, query ids, continuation ids) of one `score_with_query` pass. `context + query` is tokenised as
+    one text, as REPLUG's pass context `d ∘ x` is, and the query's tokens are those that start at or after its first
+    character (a token straddling the boundary stays with the context); the continuation is tokenised apart (the
+    contract's rule). A tokenizer without character offsets (a server's /tokenize) tokenises the three apart. The
+    context is cut from the LEFT to fit; the query must keep a token, the continuation may be empty."""
+    if context and hasattr(tokenizer, "encode_with_offsets"):
+        ids, offsets = tokenizer.encode_with_offsets(context + query)
+        n_ctx = sum(1 for start, _ in offsets if start < len(context))
+        ctx, query_ids = ids[:n_ctx], ids[n_ctx:]
+    else:
+        ctx, query_ids = (tokenizer.encode(context) if context else []), tokenizer.encode(query)
     if not query_ids:
-        raise ValueError(f"query {query[:40]!r} has no tokens: there is nothing to score")
+        raise ValueError(f"query {query[:40]!r} has no tokens of its own after its context: there is nothing to score")
     cont = tokenizer.encode(continuation) if continuation else []
     scored = len(query_ids) + len(cont)
     if max_length is not None and scored >= max_length:
         raise ValueError(f"query and continuation of {scored} tokens do not fit the LM's {max_length}-token window "
                          "with at least one context token")
-    ctx = tokenizer.encode(context) if context else []
     if not ctx:
         if start_id is None:
             raise ValueError("empty context and the tokenizer has no document-start token to condition on")

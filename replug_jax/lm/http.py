@@ -36,12 +36,12 @@ from replug_jax.lm.blackbox import (check_pairs, check_query_triples, continuati
                                    split_query_scores)
 from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
                                      parse_text_echo, select_continuation)
-from replug_jax.lm.http_transport import BlackBoxServerError, Refused, Transport
+from replug_jax.lm.http_probe import BATCH_PROMPTS, probe_batching
+from replug_jax.lm.http_transport import BlackBoxServerError, Transport
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, token_starts, tokenizer_fingerprint
 
 __all__ = ["HTTPLM", "BlackBoxServerError"]
 
-BATCH_PROMPTS = 16  # prompts per completions request where the probe finds the server answers lists exactly
 
 
 class HTTPLM:
@@ -93,7 +93,7 @@ class HTTPLM:
     def score(self, contexts: Sequence[str], continuations: Sequence[str], progress: bool = False) -> list[np.ndarray]:
         """log p of each continuation token given its context: a list of float32 [T_i] (module docstring)."""
         check_pairs(contexts, continuations)
-        items = [self._prepare(c, y) for c, y in zip(contexts, continuations)]  # every error before any request
+        items = [self.prepare_prompt(c, y) for c, y in zip(contexts, continuations)]  # every error before any request
         return self._score_items(items, progress)
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
@@ -106,14 +106,12 @@ class HTTPLM:
                                       f"server is scored with text prompts ({self._findings.get('prompt_format')}); "
                                       "use the method replug (retrieval weights only) with this server")
         window = self.max_length - self._leading - self._max_tokens if self.max_length else None
-        items, lengths = [], []
-        for c, q, y in zip(contexts, queries, continuations):
-            ctx, q_ids, y_ids = query_token_ids(self.tokenizer, c, q, y, window, self.start_id)
-            if not c and self._start == "server" and self._leading:  # its own start token conditions it
-                ctx = []
-            items.append((ctx + q_ids + y_ids, len(q_ids) + len(y_ids)))
-            lengths.append(len(q_ids))
-        return split_query_scores(self._score_items(items, progress), lengths)
+        triples = [query_token_ids(self.tokenizer, c, q, y, window, self.start_id)
+                   for c, q, y in zip(contexts, queries, continuations)]
+        own_start = self._start == "server" and self._leading  # an empty context: the server's start token
+        items = [(([] if own_start and not c else ctx) + q + y, len(q) + len(y)) for c, (ctx, q, y) in
+                 zip(contexts, triples)]
+        return split_query_scores(self._score_items(items, progress), [len(q) for _, q, _ in triples])
 
     def _score_items(self, items: list, progress: bool) -> list[np.ndarray]:
         """Prepared prompts scored in chunks of `prompts_per_request`, `concurrency` requests at a time."""
@@ -124,7 +122,7 @@ class HTTPLM:
 
         pool = ThreadPoolExecutor(max(1, self.concurrency))
         try:
-            futures = {pool.submit(self._score_chunk, [items[i] for i in chunk]): chunk for chunk in chunks}
+            futures = {pool.submit(self.score_chunk, [items[i] for i in chunk]): chunk for chunk in chunks}
             for future in tqdm(as_completed(futures), total=len(futures), disable=not progress, desc="http score",
                                unit="req"):
                 for i, lps in zip(futures[future], future.result()):
@@ -182,30 +180,10 @@ class HTTPLM:
         self.max_length = self.max_length or result.max_length
         self._max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
         self.token_prompts, self._leading, self.top_logprobs = result.token_prompts, result.leading, result.top_logprobs
-        self.prompts_per_request, batching = self._probe_batching()
+        self.prompts_per_request, batching = probe_batching(self, self._batch_setting)
         with self._lock:
             self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), "prompts_per_request": batching}
         return self._findings
-
-    def _probe_batching(self) -> tuple[int, str]:
-        """(prompts per request, the finding): `BATCH_PROMPTS` where the server answers a list of two probe pairs
-        with each pair's own numbers (1e-4), else 1; a size given to the constructor is kept as it is."""
-        if self._batch_setting is not None:
-            return self._batch_setting, f"{self._batch_setting} (as given)"
-        from replug_jax.lm.http_probe import PROBE_TEXT
-
-        try:
-            pairs = [self._prepare(PROBE_TEXT[:24], PROBE_TEXT[24:40]), self._prepare(PROBE_TEXT[:12], PROBE_TEXT[12:30])]
-        except ValueError:  # a window too small for the probe pairs
-            return 1, "1: not probed (the server's window is too small for the probe pairs)"
-        alone = [self._score_chunk([pair], probing=True)[0] for pair in pairs]
-        try:
-            together = self._score_chunk(pairs, probing=True)
-        except (Refused, BlackBoxServerError) as e:
-            return 1, f"1: the server refused a list of prompts ({str(e)[:120]})"
-        if not all(a.shape == b.shape and np.allclose(a, b, atol=1e-4) for a, b in zip(alone, together)):
-            return 1, "1: the server answered a list of prompts with other numbers than one prompt at a time"
-        return BATCH_PROMPTS, f"{BATCH_PROMPTS}: the server answers a list of prompts with each prompt's own numbers"
 
     def _tokenizer_kind(self) -> str:
         if self.tokenizer is None:
@@ -259,7 +237,7 @@ class HTTPLM:
 
     # ---- scoring ----------------------------------------------------------------------------------------------
 
-    def _prepare(self, context: str, continuation: str):
+    def prepare_prompt(self, context: str, continuation: str):
         """A token-id prompt (ids, continuation length) or a text prompt (text, boundary offset)."""
         reserve = self._leading + self._max_tokens  # window entries that are not the prompt's own tokens
         window = self.max_length - reserve if self.max_length else None
@@ -286,7 +264,7 @@ class HTTPLM:
                          "the first prompt token (it adds no start-of-document token) and no start_text is usable "
                          f"({self._findings.get('start', 'not probed')}); pass start_text=")
 
-    def _score_chunk(self, items: list, probing: bool = False) -> list[np.ndarray]:
+    def score_chunk(self, items: list, probing: bool = False) -> list[np.ndarray]:
         """One request's scores; probing: one try, a refusal or failure raises `Refused`, prompts not counted."""
         prompts = [p for p, _ in items]
         retries = 0 if probing else None

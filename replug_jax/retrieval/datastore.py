@@ -31,6 +31,13 @@ class Document:
     text: str
 
 
+def document_from_record(record, default_id: str) -> Document:
+    """A `Document` from a {"text": ..., "title"?: ..., "id"?: ...} mapping; id defaults to `default_id`."""
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise ValueError("expected an object with a string \"text\" field")
+    return Document(str(record.get("id", default_id)), str(record.get("title") or ""), record["text"])
+
+
 def read_jsonl(path: str) -> Iterator[Document]:
     """Documents from a JSONL file of {"text": ..., "title"?: ..., "id"?: ...}; id defaults to the 1-based line number."""
     with open(path, encoding="utf-8") as f:
@@ -38,12 +45,12 @@ def read_jsonl(path: str) -> Iterator[Document]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                document = document_from_record(json.loads(line), str(line_no))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}, line {line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ValueError(f"{path}, line {line_no}: expected an object with a string \"text\" field")
-            yield Document(str(record.get("id", line_no)), str(record.get("title") or ""), record["text"])
+            except ValueError as e:
+                raise ValueError(f"{path}, line {line_no}: {e}") from None
+            yield document
 
 
 def read_text_files(paths: Iterable[str]) -> Iterator[Document]:

@@ -8,8 +8,10 @@ passage that contains y is retrieved).
 Question–answer pairs (`qa_training_examples`): the retriever embeds the question (as the QA evaluation
 retrieves), x is the question as the QA prompt presents it without demos ("Question: ...\nAnswer:"), after
 the document as `passages.QA_DOC_TEMPLATE` writes it, and y is the gold answer with its leading space. So
-ℓ_k = log p(y | d_k ∘ x) is the score of exactly the pass the QA evaluation builds. Training questions must
-be disjoint from the evaluated ones (`check_disjoint_questions`).
+ℓ_k = log p(y | d_k ∘ x) is the score of exactly the pass the QA evaluation builds; no passage is excluded
+from a question's retrieval (a question is not a datastore document). Training questions must be disjoint
+from the evaluated ones (`check_disjoint_questions`: by normalised text, and by the ids the data gave).
+With LSR's question target (ℓ_k = log p(x | d_k)) y is never read, and questions need no answers.
 """
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ from replug_jax.passages import question_block
 
 @dataclasses.dataclass(frozen=True)
 class TrainExample:
-    doc_id: str  # its source: datastore rows of this source are never retrieved for it
     query: str  # what the retriever embeds (text windows: also x, query_tokens tokens)
     continuation: str  # y: what the LM scores (the next continuation_tokens tokens, or the gold answer)
     prompt: str | None = None  # x as the LM reads it after the document, when it is not the query itself
+    excluded_sources: tuple[str, ...] = ()  # datastore sources never retrieved for it (text windows: its document)
+    question_id: str | None = None  # question-answer pairs: the id the data gave the question (None: none given)
 
     @property
     def lm_prefix(self) -> str:
@@ -39,6 +42,17 @@ class TrainExample:
 
 
 QA_SOURCES = ("nq_open", "trivia_qa", "sciq")  # packaged question-answer sets LSR can train on
+SCIQ_TRAIN_OFFSET = 300  # "sciq" trains from this row on: the rows before are sciq.py's demos and evaluated questions
+
+
+def first_training_row(train_data: str, train_offset: int | None) -> int:
+    """The first row of `train_data` that LSR trains on: `train_offset` when set, else SCIQ_TRAIN_OFFSET for the
+    packaged "sciq" and 0 for any other source (a user's file trains on all its rows)."""
+    if train_offset is None:
+        return SCIQ_TRAIN_OFFSET if train_data == "sciq" else 0
+    if isinstance(train_offset, bool) or not isinstance(train_offset, int) or train_offset < 0:
+        raise ValueError(f"{train_offset!r} is not a row count: give 0 or more (rows of train_data skipped)")
+    return train_offset
 
 
 def trains_on_questions(train_data: str) -> bool:
@@ -56,13 +70,18 @@ def trains_on_questions(train_data: str) -> bool:
     return False
 
 
-def qa_training_examples(questions, *, seed: int = 0, max_examples: int | None = None) -> list[TrainExample]:
+def qa_training_examples(questions, *, seed: int = 0, max_examples: int | None = None,
+                         target: str = "answer") -> list[TrainExample]:
     """One example per question (`QAExample`s, in the order given, then shuffled with `seed`): query the
-    question, x its closed-book QA block, y its first gold answer with a leading space."""
-    examples = [TrainExample(q.id, q.question, f" {q.answers[0]}", prompt=question_block(q.question, None))
-                for q in questions if q.answers and q.answers[0].strip()]
+    question, x its closed-book QA block, y its first gold answer with a leading space. `target="answer"` keeps
+    the questions with a gold answer; "question" (LSR scores x itself) keeps every question, y "" where none."""
+    answered = lambda q: bool(q.answers) and bool(q.answers[0].strip())  # noqa: E731
+    examples = [TrainExample(q.question, f" {q.answers[0]}" if answered(q) else "",
+                             prompt=question_block(q.question, None), question_id=q.id if q.id_given else None)
+                for q in questions if target == "question" or answered(q)]
     if not examples:
-        raise ValueError("no training question with a gold answer")
+        raise ValueError("no training question" if target == "question" else
+                         "no training question with a gold answer (questions alone train with lsr_target='question')")
     order = np.random.default_rng(seed).permutation(len(examples))
     examples = [examples[i] for i in order]
     return examples[:max_examples] if max_examples else examples
@@ -73,15 +92,22 @@ def question_key(question: str) -> str:
     return normalize_answer(question)
 
 
-def check_disjoint_questions(trained_on, evaluated) -> None:
-    """Refuse evaluated questions that training saw (by id or by normalised question text).
+def trained_questions_record(source: str, examples: list[TrainExample]) -> dict:
+    """What WORKDIR/train_questions.json holds: the training questions' texts and the ids their data gave."""
+    return {"source": source, "ids": [e.question_id for e in examples if e.question_id is not None],
+            "questions": [e.query for e in examples]}
 
-    trained_on: {"ids": [...], "questions": [...]} as the LSR job records it; evaluated: `QAExample`s."""
+
+def check_disjoint_questions(trained_on, evaluated) -> None:
+    """Refuse evaluated questions that training saw: by normalised question text, or by an id both data gave
+    (a JSONL row's line number, the id of a row without one, is no identity across files).
+
+    trained_on: `trained_questions_record`'s dict; evaluated: `QAExample`s."""
     ids, texts = set(trained_on.get("ids", ())), {question_key(q) for q in trained_on.get("questions", ())}
-    seen = [q.id for q in evaluated if q.id in ids or question_key(q.question) in texts]
+    seen = [q.id for q in evaluated if (q.id_given and q.id in ids) or question_key(q.question) in texts]
     if seen:
-        raise ValueError(f"{len(seen)} evaluated questions were LSR training questions (e.g. {seen[:3]}): "
-                         "evaluate on questions the retriever was not trained on")
+        raise ValueError(f"{len(seen)} evaluated questions were LSR training questions (e.g. {seen[:3]}; same "
+                         "normalised text or same given id): evaluate on questions the retriever was not trained on")
 
 
 def training_examples(documents, tokenizer: TextTokenizer, *, query_tokens: int = 128, continuation_tokens: int = 128,
@@ -96,7 +122,7 @@ def training_examples(documents, tokenizer: TextTokenizer, *, query_tokens: int 
             x = doc.text[starts[a] : starts[a + query_tokens]]
             y = doc.text[starts[a + query_tokens] : starts[a + span]]
             if x.strip() and y.strip():
-                examples.append(TrainExample(doc.id, x, y))
+                examples.append(TrainExample(x, y, excluded_sources=(doc.id,)))
     if not examples:
         raise ValueError(f"no training example of {span} tokens: documents are too short "
                          "(lower train_query_tokens / train_continuation_tokens)")

@@ -1,9 +1,10 @@
 """The REPLUG LSR training loop (§4, §5.2): retrieve, ask the black-box LM, update the retriever.
 
 Each step: embed the batch's queries with the current retriever, search the current index
-(top-k, the query's own source excluded), get ℓ(x, d, y) for every (query, document) pair
-from the LM through the persistent cache, and run the jitted train step, which re-encodes
-queries and documents with the current parameters and minimises KL(P_R ‖ Q). Every
+(top-k, a text window's own document excluded), get ℓ(x, d, y) (with `lsr_target="question"`:
+ℓ(x, d) = log p(x | d)) for every (query, document) pair from the LM through the persistent cache,
+and run the jitted train step, which re-encodes queries and documents with the current parameters and
+minimises KL(P_R ‖ Q). Every
 `refresh_every` steps the refresher re-embeds the datastore on a background thread and
 swaps the new index in `swap_after` steps later (a refresh is requested only when that swap falls
 within the run). Checkpoints are taken only when no refresh is pending (the final step's always),
@@ -46,7 +47,7 @@ from replug_jax.retrieval.refresh import IndexRefresher
 from replug_jax.retrieval.retriever import excluded_rows
 from replug_jax.train import step as train_step_lib
 from replug_jax.train.checkpoint import Checkpointer
-from replug_jax.train.batch import LM_SCORES, FrozenDocumentVectors, make_batch, supervise
+from replug_jax.train.batch import LM_SCORES, LSR_TARGETS, FrozenDocumentVectors, make_batch, supervise
 from replug_jax.train.lm_cache import LMScoreCache
 from replug_jax.train.metrics import MetricsLogger, plot_loss
 
@@ -66,6 +67,7 @@ class LSRSettings:
     beta: float = 0.1  # LM likelihood temperature
     direction: str = "pr_q"  # KL(P_R ‖ Q) as the paper writes it; "q_pr": KL(Q ‖ P_R) as Atlas
     lm_score: str = "sum"  # ℓ = Σ_t log p(y_t | d ∘ x, y_<t); "mean" divides by the token count
+    lsr_target: str = "answer"  # what ℓ scores after d: y (the paper); "question": x itself, Σ_t log p(x_t | d, x_<t)
     train_documents: bool = True  # False: query-side only (document encoder and index frozen, no refresh)
     pipeline: bool = False  # retrieve and LM-score step t+1 on a thread while step t runs (queries one step stale)
     refresh_every: int = 3_000
@@ -89,8 +91,8 @@ class LSRSettings:
                 if not getattr(self, name) > 0]
         if bad:
             raise ValueError(f"LSRSettings: {', '.join(bad)} must be positive (token lengths: >= 0)")
-        choices = {"direction": lsr.DIRECTIONS, "lm_score": LM_SCORES, "metric": ("cosine", "ip"),
-                   "embedding_dtype": ("float32", "float16")}
+        choices = {"direction": lsr.DIRECTIONS, "lm_score": LM_SCORES, "lsr_target": LSR_TARGETS,
+                   "metric": ("cosine", "ip"), "embedding_dtype": ("float32", "float16")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"LSRSettings: {name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -190,10 +192,11 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
         scores = None
         if rows is None:
             queries = encoder.embed([e.query for e in batch_examples], params=params)
-            exclude = excluded_rows(datastore, [[e.doc_id] for e in batch_examples], len(batch_examples))
+            exclude = excluded_rows(datastore, [e.excluded_sources for e in batch_examples], len(batch_examples))
             scores, rows = refresher.current.search(queries, s.k, exclude=exclude)
         lm_started = time.perf_counter()
-        lm_scores = supervise(cache, datastore, batch_examples, rows, lm_score=s.lm_score, doc_template=s.doc_template)
+        lm_scores = supervise(cache, datastore, batch_examples, rows, lm_score=s.lm_score, doc_template=s.doc_template,
+                              target=s.lsr_target)
         lm_seconds = time.perf_counter() - lm_started
         batch = make_batch(encoder, datastore, batch_examples, rows, lm_scores, query_max_tokens=s.query_max_tokens,
                            doc_max_tokens=s.doc_max_tokens, doc_vectors=doc_vectors)
