@@ -148,8 +148,8 @@ def test_read_qa_jsonl(tmp_path):
     path = _write(tmp_path, "qa.jsonl", json.dumps({"question": "q1?", "answers": ["a", "b"], "id": "x"}) + "\n\n"
                   + json.dumps({"question": "q2?", "answer": "c"}) + "\n"
                   + json.dumps({"question": "q3?", "answer": ["d", "e"]}) + "\n")
-    assert ds.load_qa(path) == [ds.QAExample("x", "q1?", ("a", "b")), ds.QAExample("3", "q2?", ("c",)),
-                                ds.QAExample("4", "q3?", ("d", "e"))]
+    assert ds.load_qa(path) == [ds.QAExample("x", "q1?", ("a", "b")), ds.QAExample("3", "q2?", ("c",), id_given=False),
+                                ds.QAExample("4", "q3?", ("d", "e"), id_given=False)]  # line numbers: no identity
     bad = _jsonl(tmp_path, "bad.jsonl", [{"question": "q?", "answers": ["a"]}, {"question": "no answers"}])
     with pytest.raises(ValueError, match=r"bad\.jsonl, line 2: .*answers"):
         ds.read_qa_jsonl(bad)

@@ -218,7 +218,16 @@ def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeyp
     monkeypatch.setattr(build, "embed_corpus_split", lambda *a, **k: pytest.fail("re-embedded a valid corpus"))
     again = run.run_lm_eval(config_dict.ConfigDict({**config.to_dict(), "lm_model_parallel": 4}), workdir)
     assert again["perplexity"] == pytest.approx(results["perplexity"], rel=1e-5)
-    assert json.load(open(os.path.join(workdir, "results.json")))["lm_mesh"] == {"data": 2, "model": 4}
+    latest = json.load(open(os.path.join(workdir, "results.json")))
+    assert latest["lm_mesh"] == {"data": 2, "model": 4}
+    # what ran is recorded, and the first run's results are kept beside the second's (issue 38 item 5)
+    assert {key: latest["config"][key] for key in ("corpus", "eval_data", "encoder", "lm", "methods")} == {
+        "corpus": config.corpus, "eval_data": config.eval_data, "encoder": enc_dir, "lm": lm_dir,
+        "methods": ["replug", "random", "concat", "bm25"]}
+    history = sorted(os.listdir(os.path.join(workdir, "history")))
+    assert history == sorted(f"results-{r['run_id']}.json" for r in (saved, latest)) and len(history) == 2
+    assert json.load(open(os.path.join(workdir, "history", f"results-{saved['run_id']}.json")))["lm_mesh"] == {
+        "data": 8, "model": 1}
     # runs sharing cache_dir (datastore and index) and lm_cache: the second one neither embeds nor scores anything
     monkeypatch.undo()
     shared = dict(cache_dir=str(tmp_path / "shared"), lm_cache=str(tmp_path / "shared" / "lm.sqlite"))

@@ -113,11 +113,15 @@ def test_alpha_zero_is_replug_through_the_qa_job(files, smollm2, tmp_path):  # n
     """α = 0, depth = k: the same passages, weights, answer NLL and predictions as REPLUG, from as many passes of
     as many tokens; the settings are in results.json."""
     lm = RecordingLM(smollm2)
-    config = qa_config(files, methods=("replug", "replug_posterior"), posterior_alpha=0.0, temperature=0.1)
-    results = run_job(config, tmp_path, lm)
+    demos = tmp_path / "demos.jsonl"  # two demos for 16 shots: results say 2 (issue 38 item 5)
+    demos.write_text("".join(json.dumps({"question": q, "answers": [a]}) + "\n" for q, a in
+                             [("What is made in Karsk?", "glass"), ("Where is Velmora?", "in the hills")]))
+    config = qa_config(files, methods=("replug", "replug_posterior"), posterior_alpha=0.0, temperature=0.1,
+                       demos=str(demos), shots=16)
+    results = run_job(config, tmp_path / "run", lm)
     assert results["answer_nll"]["replug_posterior"] == pytest.approx(results["answer_nll"]["replug"], abs=1e-4)
     assert results["exact_match"]["replug_posterior"] == results["exact_match"]["replug"]
-    rows = [json.loads(line) for line in open(os.path.join(tmp_path, "predictions.jsonl"))]
+    rows = [json.loads(line) for line in open(os.path.join(tmp_path, "run", "predictions.jsonl"))]
     assert [r["replug_posterior"]["prediction"] for r in rows] == [r["replug"]["prediction"] for r in rows]
     replug_gen, posterior_gen = lm.generate_calls
     assert posterior_gen["contexts"] == replug_gen["contexts"]
@@ -131,8 +135,13 @@ def test_alpha_zero_is_replug_through_the_qa_job(files, smollm2, tmp_path):  # n
                            zip(posterior_scored["contexts"], posterior_scored["queries"],
                                posterior_scored["continuations"]))
     assert len(posterior_scored["contexts"]) == len(replug_scored["contexts"]) and posterior_tokens == replug_tokens
-    saved = json.load(open(os.path.join(tmp_path, "results.json")))
+    saved = json.load(open(os.path.join(tmp_path, "run", "results.json")))
     assert saved["posterior_alpha"] == 0.0 and saved["rerank_depth"] == config.k
+    assert saved["shots"] == 2 and saved["methods"] == ["replug", "replug_posterior"]  # what ran
+    assert saved["config"]["demos"] == str(demos) and saved["config"]["corpus"] == files["corpus"]
+    assert saved["config"]["methods"] == ["replug", "replug_posterior"] and saved["config"]["lm"] == "smollm2"
+    history = os.listdir(os.path.join(tmp_path, "run", "history"))
+    assert history == [f"results-{saved['run_id']}.json"]
     assert all(len(r["replug_posterior"]["question_logliks"]) == config.k for r in rows)
 
 

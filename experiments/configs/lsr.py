@@ -27,6 +27,7 @@ def get_config():
     c.beta = 0.02  # Q = softmax(ℓ / β); the paper's 0.1 is for ℓ summed over y (pile_lsr.py)
     c.direction = "q_pr"  # KL(Q ‖ P_R) as Atlas (measured best here); "pr_q" = KL(P_R ‖ Q) as the paper
     c.lm_score = "mean"  # ℓ = mean_t log p(y_t | d ∘ x); "sum" (the paper) makes Q one-hot at β = 0.1
+    c.lsr_target = "answer"  # ℓ scores y after d ∘ x (the paper); "question": x after d, log p(x | d) (ART)
     c.train_documents = True  # False: query-side only (document encoder and index frozen, no refresh)
     c.lsr_temperature = 0.0  # τ of REPLUG LSR at evaluation (0: config.temperature); τ = γ is always reported too
     c.refresh_every = 3_000

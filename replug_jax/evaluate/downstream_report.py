@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from replug_jax import results_file
 from replug_jax.data.downstream import MMLU_CATEGORIES
 from replug_jax.evaluate.report import METHOD_ORDER
 
@@ -92,12 +93,8 @@ def plot(results: dict, path: str) -> str:
 
 
 def write(results: dict, predictions: list[dict], workdir: str) -> str:
-    """results.json, results.md, the plot and predictions.jsonl in `workdir`; returns the table."""
-    os.makedirs(workdir, exist_ok=True)
-    tmp = os.path.join(workdir, "results.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2, sort_keys=True)
-    os.replace(tmp, os.path.join(workdir, "results.json"))
+    """results.json (and its copy under history/), results.md, the plot and predictions.jsonl in `workdir`; returns the table."""
+    results_file.save(results, workdir)  # results.json, and the run's copy under history/
     with open(os.path.join(workdir, "predictions.jsonl"), "w", encoding="utf-8") as f:
         for row in predictions:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -1,8 +1,9 @@
 """Results on disk: results.json, a Markdown table (also printed), and a plot of perplexity against k."""
 from __future__ import annotations
 
-import json
 import os
+
+from replug_jax import results_file
 
 METHOD_ORDER = ("none", "replug", "replug_lsr", "random", "concat", "bm25")
 
@@ -70,12 +71,8 @@ def plot_k_sweep(results: dict, path: str) -> str | None:
 
 
 def write_results(results: dict, workdir: str) -> str:
-    """results.json, results.md and perplexity_vs_k.png in `workdir`; returns the table."""
-    os.makedirs(workdir, exist_ok=True)
-    tmp = os.path.join(workdir, "results.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2, sort_keys=True)
-    os.replace(tmp, os.path.join(workdir, "results.json"))
+    """results.json (and its copy under history/), results.md and perplexity_vs_k.png in `workdir`; returns the table."""
+    results_file.save(results, workdir)  # results.json, and the run's copy under history/
     table = markdown_table(results)
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)

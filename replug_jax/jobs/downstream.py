@@ -21,7 +21,7 @@ import time
 import jax
 import numpy as np
 
-from replug_jax import console, distributed, workspace
+from replug_jax import console, distributed, results_file, workspace
 from replug_jax.models import precision
 from replug_jax.data import downstream as data
 from replug_jax.data import olmes, wiki
@@ -135,7 +135,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     results.update(_metrics(kind, config, questions, demos, predictions))
     results = {"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
-               "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k, "shots": config.shots,
+               "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k,
+               "shots": len(demos) if kind == "qa" else config.shots, "config": results_file.config_record(config),
                "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
                "processes": jax.process_count(), **results}  # the run's own settings win (OLMES: the file's shots)
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share

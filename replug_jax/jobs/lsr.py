@@ -17,7 +17,7 @@ import time
 
 from absl import logging
 
-from replug_jax import console, distributed, sharding, workspace
+from replug_jax import console, distributed, results_file, sharding, workspace
 from replug_jax.data import downstream as downstream_data
 from replug_jax.input_checks import check_depth_fits, read_methods
 from replug_jax.jobs.window_report import evaluate_and_report
@@ -127,9 +127,9 @@ def run_lsr_on_questions(config, workdir: str) -> dict:
     results = {"task": "lsr_qa", "train_data": config.train_data, "training_questions": len(examples),
                "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder, "lm": config.lm,
                "lsr": {**dataclasses.asdict(settings), **trained["stats"]}, "seconds": time.time() - started}
+    results["config"] = results_file.config_record(config)
     if distributed.is_lead():
-        with ds.atomic_open(os.path.join(workdir, "results.json")) as f:
-            json.dump(results, f, indent=1)
+        results_file.save(results, workdir)
         console.phase(f"trained retriever in {os.path.join(workdir, workspace.TRAINED_RETRIEVER)}; evaluate it with "
                       f"the QA job: --config.methods=...,replug_lsr --config.retriever_workdir={workdir}")
     return results

@@ -9,7 +9,7 @@ import time
 import jax
 from absl import logging
 
-from replug_jax import distributed, workspace
+from replug_jax import distributed, results_file, workspace
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
 from replug_jax.evaluate.windows import retrieval_shortfall
@@ -38,6 +38,7 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
                     "metric": config.metric, "warnings": warnings, "seconds": time.time() - prepared.started,
+                    "config": results_file.config_record(config),
                     "processes": jax.process_count(),
                     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **(extra or {})})
     if hasattr(prepared.lm, "stats"):  # several processes: one entry per process, each for its own share

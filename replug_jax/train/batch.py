@@ -8,6 +8,7 @@ from replug_jax.passages import DOC_TEMPLATE, document_passes
 from replug_jax.train.lm_cache import LMScoreCache
 
 LM_SCORES = ("sum", "mean")
+LSR_TARGETS = ("answer", "question")  # what the LM scores after each document: y (the paper) or x itself (ART)
 
 
 class FrozenDocumentVectors:
@@ -42,16 +43,26 @@ def make_batch(encoder, datastore, examples, rows: np.ndarray, lm_scores: np.nda
 
 
 def supervise(cache: LMScoreCache, datastore, examples, rows: np.ndarray, *, lm_score: str = "sum",
-              doc_template: str = DOC_TEMPLATE, progress: bool = False) -> np.ndarray:
-    """ℓ(x, d, y) for every example and retrieved row: [B, K] (0 where no document); the LM reads
-    `doc_template`'s document, then x (`TrainExample.lm_prefix`), and scores y.
+              doc_template: str = DOC_TEMPLATE, target: str = "answer", progress: bool = False) -> np.ndarray:
+    """ℓ for every example and retrieved row: [B, K] (0 where no document); the LM reads `doc_template`'s
+    document, then x (`TrainExample.lm_prefix`), then y (`TrainExample.continuation`).
 
-    lm_score "sum": Σ_t log p(y_t | d ∘ x, y_<t); "mean": divided by the continuation's token count."""
+    target "answer" (the paper): ℓ = Σ_t log p(y_t | d ∘ x, y_<t). target "question" (ART, Sachan et al. 2023):
+    ℓ = Σ_t log p(x_t | d, x_<t), x's own likelihood after the document, from one `score_with_query` pass with an
+    empty continuation (y is never read: questions need no answers). lm_score "sum" as written; "mean": divided
+    by the scored text's token count (y's or x's)."""
     if lm_score not in LM_SCORES:
         raise ValueError(f"lm_score must be one of {LM_SCORES}, got {lm_score!r}")
-    contexts, continuations, where = document_passes(datastore, rows, [e.lm_prefix for e in examples],
-                                                     [e.continuation for e in examples], doc_template)
-    sums, counts = cache.score(contexts, continuations, progress=progress)
+    if target not in LSR_TARGETS:
+        raise ValueError(f"lsr_target must be one of {LSR_TARGETS}, got {target!r}")
+    if target == "question":  # contexts: the documents alone; x is scored after each
+        contexts, queries, where = document_passes(datastore, rows, [""] * len(examples),
+                                                   [e.lm_prefix for e in examples], doc_template)
+        sums, counts = cache.score_query(contexts, queries, progress=progress)
+    else:
+        contexts, continuations, where = document_passes(datastore, rows, [e.lm_prefix for e in examples],
+                                                         [e.continuation for e in examples], doc_template)
+        sums, counts = cache.score(contexts, continuations, progress=progress)
     scores = np.zeros(rows.shape, np.float32)
     for (i, j), total, n in zip(where, sums, counts):
         scores[i, j] = total / n if lm_score == "mean" else total
