@@ -5,13 +5,14 @@ would work: files that do not exist, unknown model names, unknown methods or dat
 retriever, k below 1 or beyond a datastore whose size is known, a temperature that is not positive. Every job
 reads `--config.methods` through `read_methods` (a comma-separated string or a tuple). What can only be known
 later (a hub id without a network, a malformed line deep in a file, k beyond a large corpus's passages) is
-still reported where it is found. main.py prints an InputError as one line and exits 2.
+still reported where it is found. main.py prints an InputError as one line and exits 2 (replug_jax/errors.py).
 """
 from __future__ import annotations
 
 import math
 import os
 
+from replug_jax.errors import InputError  # noqa: F401 (the jobs' input errors; re-exported)
 from replug_jax.models import registry, split_gguf
 
 DOCUMENT_NAMES = ("gensim_wiki",)  # offline corpora known by name
@@ -19,10 +20,6 @@ CORPUS_NAMES = DOCUMENT_NAMES + ("sciq",)
 QA_NAMES = ("nq_open", "trivia_qa", "sciq", "demo")
 MC_NAMES = ("mmlu", "sciq")
 COUNTED_CORPUS_BYTES = 16 << 20  # a corpus file up to this size is read in the first second to bound its passages
-
-
-class InputError(ValueError):
-    """A user's input the job cannot run with (reported as one line)."""
 
 
 def _check_path_or_name(key: str, value: str, names: tuple[str, ...]) -> None:
@@ -102,7 +99,8 @@ def check_job_inputs(config) -> None:
             except ValueError as e:
                 raise InputError(f"--config.train_offset: {e}") from None
     if config.job == "lm_eval" or config.job == "lsr" and not _trains_on_questions(config):
-        job_methods(config)
+        if "replug_posterior" in job_methods(config):
+            _check_posterior(config)
         _check_path_or_name("corpus", config.corpus, DOCUMENT_NAMES)
         _check_path_or_name("eval_data", config.eval_data, DOCUMENT_NAMES)
     if config.job in ("qa", "mmlu"):

@@ -131,6 +131,46 @@ def test_ensemble_and_k_sweep_reuse_match_direct_scoring(tiny, tmp_path):
     assert results["bits_per_byte"]["none"] == pytest.approx(-none * results["tokens"] / np.log(2) / nbytes, rel=1e-6)
 
 
+def test_posterior_is_the_lms_posterior_over_replugs_own_passes(tiny, tmp_path):
+    """replug_posterior: λ ∝ exp(s/τ + α log p(prefix | document)) over the top rerank_depth documents, the k best
+    mixed, by hand from the LM's scores of REPLUG's own tokens (the prefix's: those from its first character on);
+    α = 0 is REPLUG; REPLUG's numbers are the same whether its passes also score the prefix or not."""
+    _, _, lm, enc = tiny
+    store = chunk_documents(docs("c", 6), lm.tokenizer, chunk_tokens=32)
+    index = DenseIndex.build(embed_corpus(enc, store.texts, str(tmp_path / "e.npy"), progress=False),
+                             meta=index_meta(enc, store))
+    retriever = DenseRetriever(enc, index, store)
+    wins = []
+    for d in docs("h", 2):
+        wins += document_windows(d.id, d.text, lm.tokenizer, stride_tokens=24, query_tokens=16, context_tokens=16)
+    run_with = lambda alpha: lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=2, temperature=0.5,
+                                                 progress=False, posterior_alpha=alpha, rerank_depth=4)
+    results = run_with(1.0)  # the plain run retrieves the same top 4 (its k sweep's), as ties order by depth
+    plain = lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=2, k_sweep=(4,), temperature=0.5,
+                                progress=False)
+    assert results["perplexity"]["replug"] == pytest.approx(plain["perplexity"]["replug"], rel=1e-6)
+    queried = [w for w in wins if w.query]
+    scores, rows = retriever.retrieve([w.query for w in queried], 4, exclude_sources=[[w.doc_id] for w in queried])
+    total, tokens = 0.0, 0
+    for w in wins:
+        lps = lm.score([w.prefix], [w.continuation])[0].astype(np.float64)
+        if w.query:
+            i = queried.index(w)
+            evidence, per_doc = [], []
+            for d in format_docs(store, rows[i]):
+                ids, offsets = lm.tokenizer.encode_with_offsets(d + w.prefix)
+                n = sum(start < len(d) for start, _ in offsets)
+                evidence.append(np.sum(lm.score_token_pairs([(ids[:n], ids[n:])])[0], dtype=np.float64))
+                per_doc.append(lm.score([d + w.prefix], [w.continuation])[0].astype(np.float64))
+            z = scores[i].astype(np.float64) / 0.5 + np.array(evidence)
+            kept = np.argsort(-z, kind="stable")[:2]
+            lam = np.exp(z[kept] - z[kept].max()) / np.exp(z[kept] - z[kept].max()).sum()
+            lps = np.log(lam @ np.exp(np.stack([per_doc[j] for j in kept])))
+        total, tokens = total + lps.sum(), tokens + len(lps)
+    assert results["perplexity"]["replug_posterior"] == pytest.approx(np.exp(-total / tokens), rel=1e-5)
+    assert run_with(0.0)["perplexity"]["replug_posterior"] == pytest.approx(plain["perplexity"]["replug"], rel=1e-6)
+
+
 def test_concat_and_bm25_match_direct_scoring(tiny, tmp_path):
     """concat: one prompt of the top-k dense documents (best last), cut from the left by the LM's window;
     bm25: a REPLUG mixture over BM25 rows with its own temperature. Both against lm.score by hand.

@@ -22,6 +22,8 @@ def get_config():
     c.temperature = 1.0  # λ = softmax(s / τ); the paper uses τ = 1 on cosine similarity
     c.bm25_temperature = 1.0  # τ for BM25 scores (appendix D)
     c.temperature_sweep = ()  # other τ values also reported for REPLUG (the same passes, re-weighted)
+    c.posterior_alpha = 1.0  # "replug_posterior": λ ∝ exp(s/τ + α log p(window context | document)); 0: REPLUG's λ
+    c.rerank_depth = 0  # "replug_posterior": score the context after the top N >= k documents, keep the k best (0: k)
     c.doc_tokens = 128  # datastore chunk length in LM tokens (the paper: 128)
     c.query_tokens = 128  # retrieval query: the previous tokens of the held-out document
     c.context_tokens = 128  # LM context before each continuation

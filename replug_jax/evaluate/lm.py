@@ -4,7 +4,10 @@ Methods, all scored on the same continuations through the black-box `lm.score`:
   none     the LM alone, context = the previous tokens of the document;
   <name>   a REPLUG ensemble over the top-k documents of retriever <name> (dense, BM25,
            random, a trained retriever), each document prepended separately;
-  concat   the top-k dense documents concatenated into one prompt (as far as they fit).
+  concat   the top-k dense documents concatenated into one prompt (as far as they fit);
+  replug_posterior  the dense passes weighted by λ ∝ exp(s/τ + α log p(prefix | d)), the window's LM context
+           after each document, read from the same passes (`score_with_query`); with `rerank_depth` the
+           prefix is scored after the top rerank_depth documents and the k best kept.
 A k sweep reuses the passes of the largest k: the top-k' documents of a top-k search are
 its first k' rows. Windows without a retrieval query (a document's first) use `none`.
 
@@ -20,13 +23,14 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import console, distributed, replug
+from replug_jax import console, distributed, posterior, replug
 from replug_jax.evaluate.windows import Window
 from replug_jax.passages import DOC_TEMPLATE, document_passes, format_docs
 
 # what the LM-evaluation job's --config.methods may name ("none" and "replug" always run; the LSR job adds
 # "replug_lsr"): add a method here
-METHODS = ("none", "replug", "random", "concat", "bm25")
+METHODS = ("none", "replug", "random", "concat", "bm25", "replug_posterior")
+POSTERIOR = "replug_posterior"  # REPLUG's dense passes weighted by the LM's posterior (posterior.py), no extra pass
 
 
 @dataclasses.dataclass
@@ -65,15 +69,34 @@ def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.nda
     return {w: mixed[w, : lengths[w]] for w in range(len(doc_lps)) if mask[w].any()}
 
 
+def posterior_ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.ndarray, rows: np.ndarray,
+                       query_logliks: np.ndarray, k: int, temperature: float, alpha: float) -> dict[int, np.ndarray]:
+    """`ensemble` with the posterior's weights: of each window's documents [W, D], the k highest by
+    softmax(s/τ + α·query_logliks) mixed with those weights renormalised (posterior.py)."""
+    valid = rows >= 0  # [W, D]
+    order, log_w = posterior.rerank(posterior.posterior_log_weights(scores, valid, query_logliks, temperature, alpha),
+                                    k)  # [W, k]
+    out = {}
+    for w, per_doc in enumerate(doc_lps):
+        kept = [j for j in order[w] if j >= 0]
+        if kept:
+            per_pass = np.stack([np.asarray(per_doc[j][: lengths[w]], np.float64) for j in kept])  # [k', T]
+            out[w] = np.logaddexp.reduce(log_w[w, : len(kept), None] + per_pass, axis=0).astype(np.float32)
+    return out
+
+
 def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: int, k_sweep: Sequence[int] = (),
                 sweep_retrievers: Sequence[str] = ("replug", "random"), concat_retriever: str | None = "replug",
                 temperature: float = 1.0, temperatures: dict | None = None, temperature_sweep: Sequence[float] = (),
-                doc_template: str = DOC_TEMPLATE, progress: bool = True) -> dict:
+                doc_template: str = DOC_TEMPLATE, progress: bool = True, posterior_alpha: float | None = None,
+                rerank_depth: int = 0) -> dict:
     """Perplexity and bits per byte of every method; see the module docstring.
 
     retrievers: name -> object with `retrieve(queries, k, exclude_sources) -> (scores [Q,k], rows [Q,k])`.
     temperatures: per-retriever softmax temperature (default `temperature`).
     temperature_sweep: τ values also reported for the sweep retrievers at k (the same passes, re-weighted).
+    posterior_alpha: also report "replug_posterior" (None: not), from the "replug" retriever's passes, which then
+    go to the top max(k, rerank_depth) documents.
     """
     temperatures = temperatures or {}
     say = console.phases(progress)
@@ -91,11 +114,19 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     sweep: dict[str, dict[int, Totals]] = {}
     tau_sweep: dict[str, dict[float, Totals]] = {}
     for name, retriever in retrievers.items():
+        posterior_here = name == "replug" and posterior_alpha is not None
         depth = max([k, *k_sweep]) if name in sweep_retrievers else k
+        depth = max(depth, rerank_depth) if posterior_here else depth
         say(f"scoring {name}: top-{depth} documents for {len(queries)} windows, each prepended separately")
         scores, rows = retriever.retrieve(queries, depth, exclude_sources=exclude)
-        doc_lps = _score_with_docs(lm, [windows[i] for i in queried], datastore, rows, doc_template, progress)
+        doc_lps, query_ll = _score_with_docs(lm, [windows[i] for i in queried], datastore, rows, doc_template,
+                                             progress, with_query=posterior_here)
         tau = temperatures.get(name, temperature)
+        if posterior_here and queried:
+            mixed = posterior_ensemble(doc_lps, lengths, scores, rows, query_ll, k, tau, posterior_alpha)
+            totals[POSTERIOR] = _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
+        elif posterior_here:
+            totals[POSTERIOR] = _totals(windows, base, {})
 
         def mixture_totals(kk: int, t: float) -> Totals:  # the first kk documents mixed with λ = softmax(s / t)
             mixed = ensemble(doc_lps, lengths, scores, rows, kk, t) if queried else {}
@@ -151,15 +182,24 @@ def _totals_in(tree):
             yield from _totals_in(value)
 
 
-def _score_with_docs(lm, windows, datastore, rows, template, progress) -> list[list[np.ndarray]]:
-    """doc_lps[w][i]: log-probs of window w's continuation with its i-th document prepended."""
+def _score_with_docs(lm, windows, datastore, rows, template, progress, with_query: bool = False):
+    """(doc_lps[w][i]: log-probs of window w's continuation with its i-th document prepended; with_query: [W, D]
+    Σ log p(prefix | document) from the same passes, `lm.score_with_query` (None without))."""
     contexts, continuations, where = document_passes(datastore, rows, [w.prefix for w in windows],
                                                      [w.continuation for w in windows], template)
-    flat = lm.score(contexts, continuations, progress=progress) if contexts else []
+    query_ll = np.zeros(rows.shape, np.float64) if with_query else None  # [W, D]
+    if with_query and contexts:  # the pass is document ∘ prefix ∘ continuation, as REPLUG's: split where x begins
+        docs = [c[: len(c) - len(windows[w].prefix)] for c, (w, _) in zip(contexts, where)]
+        pairs = lm.score_with_query(docs, [windows[w].prefix for w, _ in where], continuations, progress=progress)
+        flat = [c for _, c in pairs]
+        for (w, rank), (q, _) in zip(where, pairs):
+            query_ll[w, rank] = np.sum(q, dtype=np.float64)
+    else:
+        flat = lm.score(contexts, continuations, progress=progress) if contexts else []
     out: list[list[np.ndarray]] = [[] for _ in windows]
     for (w, _), lps in zip(where, flat):
         out[w].append(lps)
-    return out
+    return out, query_ll
 
 
 def _score_concat(lm, windows, window_ids, datastore, rows, template, progress) -> dict[int, np.ndarray]:

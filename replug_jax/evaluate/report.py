@@ -5,7 +5,7 @@ import os
 
 from replug_jax import results_file
 
-METHOD_ORDER = ("none", "replug", "replug_lsr", "random", "concat", "bm25")
+METHOD_ORDER = ("none", "replug", "replug_posterior", "replug_lsr", "random", "concat", "bm25")
 
 
 def _ordered(methods):

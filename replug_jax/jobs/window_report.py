@@ -32,7 +32,9 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
         k_sweep=tuple(config.k_sweep), sweep_retrievers=("replug", "replug_lsr", "random"),
         concat_retriever="replug" if "concat" in config.methods else None, temperature=config.temperature,
         temperatures={"bm25": config.bm25_temperature, **(temperatures or {})},
-        temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})))
+        temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})),
+        posterior_alpha=config.get("posterior_alpha", 1.0) if lm_eval.POSTERIOR in config.methods else None,
+        rerank_depth=config.get("rerank_depth", 0))
     results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(prepared.lm),
                     "datastore_chunks": len(prepared.store),
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
