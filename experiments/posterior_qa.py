@@ -89,7 +89,8 @@ def main():
                      "nll_vs_replug_percent": rel, "nll_diff_ci": [lo, hi], "em_diff_ci": [elo, ehi],
                      "minutes": results["seconds"] / 60, "questions": len(preds)})
         lines.append(f"| {label} | {100 * em.mean():.1f} | {nll.mean():.3f} | {rel:+.1f}% ({lo:+.3f}, {hi:+.3f}) | "
-                     f"{100 * (em.mean() - base_em.mean()):+.1f} ({elo:+.1f}, {ehi:+.1f}) | {results['seconds'] / 60:.1f} |")
+                     f"{100 * (em.mean() - base_em.mean()):+.1f} ({elo:+.1f}, {ehi:+.1f}) | "
+                     f"{results['seconds'] / 60:.1f} |")
     text = (f"SciQ open QA, LM {args.lm}, {len(base)} held-out questions, 4 demos, k = 4 (minutes: the run that "
             f"row comes from)\n\n" + "\n".join(lines) + f"\n\nTotal {(time.time() - started) / 60:.1f} min")
     with open(os.path.join(args.workdir, "table.json"), "w") as f:

@@ -38,7 +38,7 @@ from lsr_headroom import spearman  # noqa: E402
 from replug_jax import workspace  # noqa: E402
 from replug_jax.config_files import sibling_config  # noqa: E402
 from replug_jax.data.downstream import load_qa  # noqa: E402
-from replug_jax.models.weights import save_params  # noqa: E402
+from replug_jax import results_file, trained_retriever  # noqa: E402
 from replug_jax.passages import QA_DOC_TEMPLATE  # noqa: E402
 from replug_jax import sharding  # noqa: E402
 from replug_jax.train import step as train_step_lib  # noqa: E402
@@ -180,15 +180,11 @@ def save_retriever(folder: str, params, config, examples, lsr: dict) -> None:
     """The trained query encoder as the LSR job leaves it (query side: the QA job searches the original index with
     it), the training questions, which the QA job refuses to evaluate, and results.json with the settings `lsr`
     (qa_lsr.py --trained reads γ there)."""
-    os.makedirs(folder, exist_ok=True)
-    save_params(params, os.path.join(folder, workspace.TRAINED_RETRIEVER),
-                {"encoder": config.encoder, "train_documents": "false", "train_questions": workspace.TRAIN_QUESTIONS,
-                 "trained_by": "experiments/qa_lsr_pools.py " + json.dumps(lsr)})
-    with open(os.path.join(folder, workspace.TRAIN_QUESTIONS), "w", encoding="utf-8") as f:
-        json.dump(trained_questions_record(config.train_data, examples), f)
-    with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"task": "lsr_qa_pools", "train_data": config.train_data, "training_questions": len(examples),
-                   "encoder": config.encoder, "lsr": lsr}, f, indent=1)
+    trained_retriever.save(folder, params, encoder=config.encoder, train_documents=False,
+                           questions=trained_questions_record(config.train_data, examples),
+                           trained_by="experiments/qa_lsr_pools.py " + json.dumps(lsr))
+    results_file.save({"task": "lsr_qa_pools", "train_data": config.train_data, "training_questions": len(examples),
+                       "encoder": config.encoder, "lsr": lsr}, folder)
     print(f"saved the trained retriever in {folder}", flush=True)
 
 

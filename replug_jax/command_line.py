@@ -1,5 +1,5 @@
-"""What a person at the command line sees: one-line errors for their mistakes, `--help` that lists the configs
-and a config's keys with their defaults."""
+"""What a person at the command line sees: one-line errors for their mistakes, a fault's type and message with
+where its traceback is, `--help` that lists the configs and a config's keys with their defaults."""
 from __future__ import annotations
 
 import contextlib
@@ -11,12 +11,14 @@ DEBUG_ENV = "REPLUG_JAX_DEBUG"
 
 
 def user_errors() -> tuple:
-    """What a user's input causes: a bad value, a missing file, an unknown model, an index built for something
-    else. (Imported when needed: FAISS must load after the job's log file is set up, which records its loader.)"""
+    """What a user's input causes (replug_jax/errors.py): a value, file or data set a job refuses on purpose
+    (`InputError`), an unknown model, an index built for something else. Any other exception is a fault.
+    (Imported when needed: FAISS must load after the job's log file is set up, which records its loader.)"""
+    from replug_jax.errors import InputError
     from replug_jax.models.registry import ModelNotFound
     from replug_jax.retrieval.index import IndexRefused
 
-    return ValueError, FileNotFoundError, NotADirectoryError, ModelNotFound, IndexRefused
+    return InputError, ModelNotFound, IndexRefused
 
 
 def debug_requested() -> bool:
@@ -34,8 +36,9 @@ def one_line(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def user_errors_as_one_line(debug: bool = False, usage: str = "", also: tuple = ()):
-    """Inside: a user error (`user_errors()`, plus `also`) prints `error: <message>` (and `usage`) on stderr and
-    exits 2, unless `debug` or $REPLUG_JAX_DEBUG is set (then it propagates with its traceback)."""
+    """Inside (flag parsing, before a workdir exists): a user error (`user_errors()`, plus `also`) prints
+    `error: <message>` (and `usage`) on stderr and exits 2, unless `debug` or $REPLUG_JAX_DEBUG is set (then it
+    propagates with its traceback)."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 (sorted below: only a user's mistake becomes one line)
@@ -44,6 +47,32 @@ def user_errors_as_one_line(debug: bool = False, usage: str = "", also: tuple = 
         print(f"error: {one_line(e)}", file=sys.stderr)
         print(usage or f"(--debug or {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
         sys.exit(2)
+
+
+@contextlib.contextmanager
+def job_failures_reported(debug: bool = False):
+    """Inside (a job, whose log file `console.setup` opened and which logs every failure's traceback there, see
+    `console.log_failure`): a user error prints `error: <message>` and exits 2; any other exception prints
+    `error: <Type>: <message>` and where its traceback is, and exits 1. With `debug` or $REPLUG_JAX_DEBUG, or
+    before the log file exists, the exception propagates with its traceback (a user error before it: one line)."""
+    from replug_jax import console
+
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 (reported below, the traceback kept in the log file)
+        log = console.log_path()
+        if debug or debug_requested():
+            raise
+        if isinstance(e, user_errors()):
+            print(f"error: {one_line(e)}", file=sys.stderr)
+            print(f"(--debug or {DEBUG_ENV}=1 shows the traceback{f'; it is also in {log}' if log else ''})",
+                  file=sys.stderr)
+            sys.exit(2)
+        if log is None:
+            raise
+        print(f"error: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
+        print(f"the traceback is in {log} (--debug or {DEBUG_ENV}=1 shows it here)", file=sys.stderr)
+        sys.exit(1)
 
 
 def config_dir() -> str:

@@ -95,7 +95,8 @@ def encode_address(record: dict):
 
     text = json.dumps(record, separators=(",", ":"))
     if len(text) > ADDRESS_CHARS:
-        raise ValueError(f"host store address too long to broadcast: {text!r}")
+        raise ValueError(f"host store address too long to broadcast: {len(text)} characters, at most {ADDRESS_CHARS} "
+                         f"(host {record.get('host')!r})")  # the record itself holds the secret
     return np.array([ord(c) for c in text] + [0] * (ADDRESS_CHARS - len(text)), np.int32)
 
 

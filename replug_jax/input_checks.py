@@ -85,6 +85,7 @@ def check_job_inputs(config) -> None:
             raise InputError(f"--config.{key}={config[key]!r}: must be a local path (SQLite, memory-mapped files); "
                              "a bucket workdir is staged locally by itself")
     check_model("lm", config.lm)
+    _check_lm_tokenizer(config)
     check_model("encoder", config.encoder)
     _check_k_and_temperatures(config)
     if config.job == "lsr":
@@ -117,13 +118,38 @@ def check_job_inputs(config) -> None:
         if "replug_posterior" in job_methods(config):
             _check_posterior(config)
         if "replug_lsr" in job_methods(config):
-            path = os.path.join(config.get("retriever_workdir") or "", "retriever.safetensors")
+            from replug_jax import workdirs
+
+            given = config.get("retriever_workdir") or ""
+            try:  # a bucket folder (gs://): its trained retriever staged locally, as the job reads it
+                folder = workdirs.local_folder(given, ("retriever.safetensors", "train_questions.json"))
+            except ValueError as e:
+                raise InputError(f"--config.retriever_workdir={e}") from None
+            path = os.path.join(folder, "retriever.safetensors")
             if not os.path.isfile(path):
-                raise InputError(f"--config.methods has replug_lsr but {path} does not exist: set "
+                where = f"{given.rstrip('/')}/retriever.safetensors" if workdirs.is_remote(given) else path
+                raise InputError(f"--config.methods has replug_lsr but {where} does not exist: set "
                                  "--config.retriever_workdir to an LSR job's workdir")
     bound = passages_at_most(config)
     if bound is not None:
         check_depth_fits(config, bound, at_most=True)
+
+
+def _check_lm_tokenizer(config) -> None:
+    """lm_tokenizer: "" (the LM's own; a server's /tokenize), or for a server URL a model name whose tokenizer
+    is loaded locally; a local LM cuts with its own tokenizer, so another name there would be ignored."""
+    name = config.get("lm_tokenizer") or ""
+    if not name:
+        return
+    if not config.lm.startswith(("http://", "https://")):
+        if name != config.lm:
+            raise InputError(f"--config.lm_tokenizer={name!r} is for an LM behind a server URL; --config.lm="
+                             f"{config.lm!r} cuts text with its own tokenizer: leave lm_tokenizer empty")
+        return
+    if name.startswith(("http://", "https://")):
+        raise InputError(f"--config.lm_tokenizer={name!r}: a model name or path whose tokenizer is loaded locally "
+                         "(\"\": the server's own /tokenize), not a URL")
+    check_model("lm_tokenizer", name)
 
 
 def _check_posterior(config) -> None:

@@ -4,8 +4,9 @@ Single values are overridden on the command line (`--config.k=4`). The config's 
 names what runs; the work itself lives in importable modules. The console shows one line per
 phase, progress bars and the results; library logging goes to WORKDIR/log.txt (`--verbosity=0`
 shows it on the console too). `--help` lists the configs (with `--config`, that config's keys).
-A user error (a missing file, an unknown key or name) prints one line and exits 2; `--debug` (or
-REPLUG_JAX_DEBUG=1) shows its traceback.
+A user error (a bad flag or key, a missing file, an unknown name: replug_jax/errors.py) prints one line and
+exits 2; any other failure prints `error: <Type>: <message>` and exits 1. Every failure's traceback is in
+WORKDIR/log.txt; `--debug` (or REPLUG_JAX_DEBUG=1) shows it on the console too.
 """
 from __future__ import annotations
 
@@ -17,16 +18,17 @@ from ml_collections import config_flags
 
 from replug_jax import command_line, console, distributed, workdirs
 from replug_jax.dispatch import run_job as run_named_job
+from replug_jax.errors import InputError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory for datastore, embeddings, index and results")
-flags.DEFINE_bool("debug", False, "show the traceback of a user error (or set REPLUG_JAX_DEBUG=1)")
+flags.DEFINE_bool("debug", False, "show the traceback of a failure here too (or set REPLUG_JAX_DEBUG=1)")
 USAGE = "usage: python -m replug_jax.main --config CONFIG.py --workdir DIR [--config.KEY=VALUE ...] [--debug]"
 
 
 def main(argv):
     del argv
-    with command_line.user_errors_as_one_line(debug=flags.FLAGS.debug):
+    with command_line.job_failures_reported(debug=flags.FLAGS.debug):
         distributed.fail_fast(run_job, _CONFIG.value)
 
 
@@ -36,7 +38,10 @@ def run_job(config):
     if distributed.initialize(config.get("multihost", False)):
         lead = distributed.is_lead()
     verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else -1
-    staging = workdirs.staged(_WORKDIR.value)  # a bucket workdir: checked and pulled before any work
+    try:
+        staging = workdirs.staged(_WORKDIR.value)  # a bucket workdir: checked and pulled before any work
+    except ValueError as e:  # the --workdir flag refused, before any log file exists: one line, as a flag error
+        raise InputError(str(e)) from e
     workdir = staging.local if staging else _WORKDIR.value
     try:
         log_path = console.setup(workdir, verbosity, enabled=lead)
@@ -46,6 +51,10 @@ def run_job(config):
         logging.info("config:\n%s", config)
         run_named_job(config, workdir)
         distributed.barrier(f"{config.job} job done")  # several processes leave together
+    except BaseException as e:
+        if not isinstance(e, SystemExit):
+            console.log_failure(e)  # every failure's traceback in WORKDIR/log.txt (before a bucket workdir's push)
+        raise
     finally:
         workdirs.finish(staging)  # pushed back to the bucket, failed or not
 
@@ -57,8 +66,8 @@ def parse_flags(argv: list[str]) -> list[str]:
         print(command_line.help_text(argv, USAGE))
         sys.exit(0)
     debug = "--debug" in argv or command_line.debug_requested()
-    with command_line.user_errors_as_one_line(debug=debug, usage=USAGE, also=(flags.Error, AttributeError,
-                                                                              KeyError, TypeError)):
+    with command_line.user_errors_as_one_line(debug=debug, usage=USAGE, also=(  # no workdir yet: all one line
+            flags.Error, AttributeError, KeyError, TypeError, ValueError, FileNotFoundError, NotADirectoryError)):
         try:
             rest = flags.FLAGS(argv)
         except AttributeError as e:  # ml_collections: an override of a key the config does not have

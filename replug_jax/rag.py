@@ -49,18 +49,28 @@ class REPLUG:
 
     @classmethod
     def from_documents(cls, documents, *, lm="smollm2", encoder="minilm", k: int = 4, temperature: float = 1.0,
-                       doc_tokens: int = 128, **mixing) -> "REPLUG":
+                       doc_tokens: int = 128, tokenizer=None, **mixing) -> "REPLUG":
         """Chunk `documents` (see `as_documents`: texts, {"text", "title"?, "id"?} dicts, `Document`s, or a path as
         the jobs read it) into `doc_tokens`-token passages with the LM's tokenizer, embed them with `encoder` (a
-        name or a DenseEncoder) into an exact cosine index. `lm`: a name, a server URL, or a loaded LM. `mixing`:
-        the constructor's weights, posterior_alpha, rerank_depth."""
+        name or a DenseEncoder) into an exact cosine index. `lm`: a name, a server URL, or a loaded LM. With a URL,
+        `tokenizer` (a model name as `rj.load_tokenizer` takes, or a TextTokenizer: the server's model's) builds
+        token-id prompts and cuts the passages; None: the server's own /tokenize does both (passages cut by
+        `models.tokenizer.piece_token_starts`), as the jobs' `lm_tokenizer` key. `mixing`: the constructor's
+        weights, posterior_alpha, rerank_depth."""
         import replug_jax as rj
         from replug_jax.retrieval.index import DenseIndex
         from replug_jax.retrieval.retriever import DenseRetriever, index_meta
 
         check_mixture(k, temperature, None, **mixing)  # bad settings and documents are refused before any model loads
         docs = as_documents(documents)
-        lm = rj.load_lm(lm) if isinstance(lm, str) else lm
+        remote = isinstance(lm, str) and lm.startswith(("http://", "https://"))
+        if tokenizer is not None and not remote:
+            raise TypeError("tokenizer= is for an LM given as a server URL (a local or loaded LM has its own)")
+        if isinstance(lm, str):
+            lm = rj.load_lm(lm, **({"tokenizer": tokenizer} if tokenizer is not None else {}))
+        if getattr(lm, "tokenizer", None) is None:
+            raise ValueError(f"{lm!r} has no tokenizer to cut passages with (a server without /tokenize): pass "
+                             "tokenizer=, the server's model's tokenizer")
         encoder = rj.load_encoder(encoder) if isinstance(encoder, str) else encoder
         store = chunk_documents(docs, lm.tokenizer, chunk_tokens=doc_tokens)
         index = DenseIndex.build(encoder.embed(store.texts), metric="cosine", meta=index_meta(encoder, store))

@@ -5,44 +5,38 @@
 
 Endpoints (Starlette + uvicorn):
   POST /v1/completions  `prompt` a string, a list of strings, token ids or a list of token-id lists (a token
-                        prompt is scored as given). With `echo` and `logprobs`, every prompt token comes back with its text (`tokens`), its character offset (`text_offset`)
-                        and log p(token | tokens before it) (`token_logprobs`; null for the first token,
-                        which nothing precedes). `top_logprobs` is null for prompt tokens (only the
-                        chosen tokens' log-probs are computed) and the real top-k for generated tokens.
-                        vLLM's `prompt_logprobs: 0` form is answered too. The prompt is scored as given,
-                        with no start token added (as OpenAI's servers do), unless the server was started
-                        with --add-start-token: then the LM's document-start token conditions the first
-                        prompt token and is echoed as a zero-width token with a null log-prob.
-                        `max_tokens` (default 16, at most 16) generates greedily, whatever the temperature;
-                        0 scores the prompt only. Prompts from all concurrent requests are batched together
-                        through LocalLM (up to --max-batch-rows prompts per call, waiting
-                        up to --batch-wait-ms for more).
+                        prompt is scored as given). With `echo` and `logprobs`, every prompt token comes back
+                        with its text (`tokens`), its character offset (`text_offset`), log p(token | tokens
+                        before it) (`token_logprobs`; null for the first token, which nothing precedes) and its
+                        position's real top-`logprobs` tokens (`top_logprobs`: a second forward pass over the
+                        prompt; `logprobs: 0` skips it). vLLM's `prompt_logprobs: k` form is answered too (the
+                        token and the top k). The prompt is scored as given, with no start token added (as
+                        OpenAI's servers do), unless the server was started with --add-start-token: then the
+                        LM's document-start token conditions the first prompt token and is echoed as a
+                        zero-width token with a null log-prob. `max_tokens` (default 16, at most 16) generates
+                        greedily: `temperature` above 0 is refused (400) unless max_tokens is 0 (the prompt
+                        scored only). A `model` other than the served one is refused with OpenAI's 404
+                        `model_not_found`. Prompts from all concurrent requests are batched together through
+                        LocalLM (up to --max-batch-rows prompts per call, waiting up to --batch-wait-ms for more).
   GET  /v1/models       the model id and `max_model_len`.
   POST /tokenize        vLLM's form: {"prompt": text} -> {"tokens": [...], "count": n, "max_model_len": L}.
   GET  /health          200 {"status": "ok"}.
 
-With --api-key-env NAME, requests must carry `Authorization: Bearer $NAME`.
+Limits: a body over 8 MiB gets 413 before it is read; more than 1,024 prompts or --max-prompt-tokens prompt
+tokens in one request, a response over 32 MiB or a body nested too deeply for the JSON parser, 400; more than
+--max-concurrent requests at once, 429 with Retry-After. Errors are OpenAI's JSON error bodies (404 for an
+unknown path, e.g. /v1/chat/completions). With --api-key-env NAME, requests must carry `Authorization: Bearer
+$NAME`; without a key the server answers loopback addresses only (a non-loopback --host is refused at start).
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-from replug_jax.server.app import BackgroundServer, make_app
+from replug_jax.server.app import MAX_CONCURRENT, BackgroundServer, check_exposure, is_loopback, make_app
+from replug_jax.server.completions import MAX_PROMPT_TOKENS
 
-__all__ = ["BackgroundServer", "make_app", "main"]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (a name or an address) only serves this machine."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+__all__ = ["BackgroundServer", "is_loopback", "make_app", "main"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="begin text prompts (not token-id prompts) with the start token, as vLLM does")
     parser.add_argument("--max-top-logprobs", type=int, default=20,
                         help="the largest 'logprobs' accepted (OpenAI's API: 5)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS,
+                        help="prompt tokens in one request, all its prompts together")
+    parser.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT,
+                        help="requests answered at once (more get 429)")
     parser.add_argument("--api-key-env", default=None, help="require 'Bearer $VAR' (the key is read from VAR)")
     args = parser.parse_args(argv)
     import uvicorn
@@ -71,13 +69,15 @@ def main(argv: list[str] | None = None) -> None:
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:
         parser.error(f"--api-key-env {args.api_key_env}: the variable is not set")
-    if not api_key and not is_loopback(args.host):
-        parser.error(f"--host {args.host} serves beyond this machine: require a key with --api-key-env VAR "
-                     "(clients send 'Authorization: Bearer $VAR'), or serve on 127.0.0.1")
+    try:
+        check_exposure(args.host, api_key)
+    except ValueError as e:
+        parser.error(f"--{e}")
     lm = rj.load_lm(args.lm, batch_size=args.batch_size, max_length=args.max_length or None, dtype=args.dtype)
     app = make_app(lm, model_name=args.model_name or args.lm, max_batch_rows=args.max_batch_rows,
                    batch_wait=args.batch_wait_ms / 1000, add_start_token=args.add_start_token, api_key=api_key,
-                   max_top_logprobs=args.max_top_logprobs, start_token_on_text=args.start_token_on_text)
+                   max_top_logprobs=args.max_top_logprobs, start_token_on_text=args.start_token_on_text,
+                   max_prompt_tokens=args.max_prompt_tokens, max_concurrent=args.max_concurrent)
     print(f"serving {args.lm} at http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 

@@ -17,6 +17,8 @@ import time
 import jax
 
 import replug_jax as rj
+from replug_jax.trained_retriever import TRAIN_QUESTIONS, TRAINED_RETRIEVER  # noqa: F401 (re-exported)
+from replug_jax.errors import InputError, MissingInput
 from replug_jax import console, distributed, sharding
 from replug_jax.input_checks import check_depth_fits
 from replug_jax.data import downstream as downstream_data
@@ -25,7 +27,7 @@ from replug_jax.evaluate.windows import document_windows
 from replug_jax.lm.cache import CachedLM
 from replug_jax.models import precision
 from replug_jax.models.weights import load_params
-from replug_jax.models.tokenizer import TextTokenizer, tokenizer_fingerprint
+from replug_jax.models.tokenizer import tokenizer_fingerprint
 from replug_jax.retrieval import build
 from replug_jax.retrieval import datastore as ds
 from replug_jax.retrieval.bm25 import BM25Index
@@ -36,15 +38,13 @@ from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, Random
 GENSIM_WIKI = "gensim_wiki"  # the offline demo corpus: gensim's Wikipedia articles
 SCIQ_CORPUS = "sciq"  # SciQ's support paragraphs plus gensim's Wikipedia articles as distractor text
 WIKI_SPLITS = ("by_article", "related")
-TRAINED_RETRIEVER = "retriever.safetensors"  # in an LSR workdir: the trained retriever's parameters
-TRAIN_QUESTIONS = "train_questions.json"  # in a QA-LSR workdir: the training questions' texts and given ids
 
 
 def read_documents(source: str) -> list[ds.Document]:
     """Documents from a JSONL file, a .txt file, a directory of .txt files, or "tfds:NAME:SPLIT[:TEXT_KEY[:TITLE_KEY]]"
     (an array_record TFDS dataset under $TFDS_DATA_DIR, or downloaded by TFDS)."""
     if not source:
-        raise ValueError("no document source given (set --config.corpus / --config.eval_data)")
+        raise InputError("no document source given (set --config.corpus / --config.eval_data)")
     if source.startswith("tfds:"):  # tfds:NAME:SPLIT[:TEXT_KEY[:TITLE_KEY]], prepared under $TFDS_DATA_DIR
         name, split, *keys = source.split(":")[1:]
         return list(ds.read_tfds(name, split, text_key=keys[0] if keys else "text",
@@ -53,10 +53,10 @@ def read_documents(source: str) -> list[ds.Document]:
     if os.path.isdir(source):
         paths = sorted(glob.glob(os.path.join(source, "*.txt")))
         if not paths:
-            raise ValueError(f"{source}: directory has no .txt files")
+            raise InputError(f"{source}: directory has no .txt files")
         return list(ds.read_text_files(paths))
     if not os.path.isfile(source):
-        raise ValueError(f"{source}: no such file")
+        raise InputError(f"{source}: no such file")
     if source.endswith(".txt"):
         return list(ds.read_text_files([source]))
     return list(ds.read_jsonl(source))
@@ -114,8 +114,9 @@ def load_job_encoder(config, dtype):
 
 
 def load_job_lm(config, dtype):
-    """The job's black-box LM: a local model, or a server URL whose tokenizer is `config.lm_tokenizer`
-    (then HTTPLM sends token-id prompts, the contract's rule)."""
+    """The job's black-box LM: a local model, or a server URL whose tokenizer is `config.lm_tokenizer` (a model
+    name, loaded locally) or, when that is "", the server's own /tokenize (either way HTTPLM sends token-id
+    prompts, the contract's rule)."""
     remote = config.lm.startswith(("http://", "https://"))
     if remote:
         options = {"tokenizer": config.lm_tokenizer} if config.get("lm_tokenizer") else {}
@@ -135,12 +136,12 @@ def lm_mesh_record(lm) -> dict | None:
 
 
 def lm_tokenizer(lm, config):
-    """The tokenizer that cuts passages and windows: the LM's own, or config.lm_tokenizer for a remote LM."""
-    if isinstance(getattr(lm, "tokenizer", None), TextTokenizer):  # (a server's /tokenize cannot cut text)
+    """The tokenizer that cuts passages and windows: the LM's own; for a server, config.lm_tokenizer (which
+    `load_job_lm` gave it) or its /tokenize (without character offsets: `models.tokenizer.piece_token_starts`)."""
+    if getattr(lm, "tokenizer", None) is not None:
         return lm.tokenizer
-    if config.get("lm_tokenizer"):
-        return rj.load_tokenizer(config.lm_tokenizer)
-    raise ValueError(f"LM {config.lm!r} has no local tokenizer to cut passages and windows: set --config.lm_tokenizer")
+    raise InputError(f"--config.lm={config.lm!r}: the server has no /tokenize to cut passages and windows with: set "
+                     "--config.lm_tokenizer to its model's tokenizer (a model name, as --config.lm takes)")
 
 
 def demo_split(workdir: str, eval_fraction: float, train_fraction: float, seed: int, how: str = "by_article",
@@ -156,7 +157,7 @@ def demo_split(workdir: str, eval_fraction: float, train_fraction: float, seed: 
         parts = wiki.split_related(articles, eval_fraction=eval_fraction, train_fraction=train_fraction,
                                    held_out_fraction=held_out_fraction, seed=seed)
     else:
-        raise ValueError(f"wiki_split must be one of {WIKI_SPLITS}, got {how!r}")
+        raise InputError(f"wiki_split must be one of {WIKI_SPLITS}, got {how!r}")
     paths = {}
     for name, docs in parts.items():
         paths[name] = os.path.join(workdir, "data", f"{name}.jsonl")
@@ -210,7 +211,7 @@ def make_windows(eval_path: str, tokenizer, config) -> list:
                                     query_tokens=config.query_tokens, context_tokens=config.context_tokens,
                                     max_windows=config.max_windows_per_doc or None)
     if not windows:
-        raise ValueError(f"{eval_path}: no evaluation windows (empty held-out documents?)")
+        raise InputError(f"{eval_path}: no evaluation windows (empty held-out documents?)")
     return windows
 
 
@@ -259,16 +260,23 @@ def prepare(config, workdir: str) -> Workspace:
     return Workspace(paths, encoder, lm, tokenizer, store, index, started)
 
 
+def retriever_folder(lsr_workdir: str) -> str:
+    """An LSR job's workdir as a local folder: from a bucket (gs://), its trained retriever files staged."""
+    from replug_jax import workdirs
+
+    return workdirs.local_folder(lsr_workdir or "", (TRAINED_RETRIEVER, TRAIN_QUESTIONS))
+
+
 def load_trained_encoder(encoder, lsr_workdir: str):
     """(`encoder` with the parameters an LSR job trained (WORKDIR/retriever.safetensors), named "+lsr",
     whether the documents were trained too: False means the trained encoder embeds queries only and
     searches an index built by the original `encoder`)."""
     path = os.path.join(lsr_workdir, TRAINED_RETRIEVER)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no trained retriever (run the LSR job with --workdir {lsr_workdir} first)")
+        raise MissingInput(f"{path}: no trained retriever (run the LSR job with --workdir {lsr_workdir} first)")
     params, meta = load_params(path, jax.device_get(encoder.params))
     if meta.get("encoder") not in (None, encoder.name):
-        raise ValueError(f"{path} was trained from encoder {meta['encoder']!r}, not {encoder.name!r}")
+        raise InputError(f"{path} was trained from encoder {meta['encoder']!r}, not {encoder.name!r}")
     return encoder.with_params(params, name=f"{encoder.name}+lsr"), meta.get("train_documents", "true") == "true"
 
 

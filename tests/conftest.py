@@ -77,17 +77,18 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: files keep their order after these, tests their order within a file
 
 
-@pytest.fixture(autouse=True)
-def _memory_lock(request):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
     """Under pytest-xdist, a test marked `exclusive` waits until no other worker is in a test and keeps them out
-    while it runs; every other test runs beside any unmarked one. Without xdist, nothing to lock."""
+    while it runs, its set-up and tear-down included (so the module and session fixtures it builds, a reader LM of
+    ~15 GB, are built and freed alone too); every other test runs beside any unmarked one. Without xdist, no lock."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
     import fcntl
 
     with open(os.environ["REPLUG_JAX_TEST_LOCK"]) as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("exclusive") else fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH)
         yield  # closing the file releases the lock
 
 

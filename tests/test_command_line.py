@@ -42,6 +42,61 @@ def test_debug_shows_the_traceback(tmp_path):
     assert done.returncode != 0 and "Traceback" in done.stderr and "InputError" in done.stderr
 
 
+@pytest.fixture
+def main_in_process(monkeypatch):
+    """`python -m replug_jax.main --config demo.py ARGS` run in this process: returns (exit code, stderr, the
+    workdir's log.txt). The flags, the log file and the logging levels are put back afterwards."""
+    import logging
+
+    from absl import logging as absl_logging
+    from absl.testing import flagsaver
+
+    from replug_jax import console, main as entry
+
+    monkeypatch.delenv("REPLUG_JAX_DEBUG", raising=False)
+    root = logging.getLogger()
+    levels = (root.level, [(h, h.level) for h in root.handlers], absl_logging.get_verbosity())
+
+    def run(workdir, *args, capsys):
+        argv = ["replug_jax.main", "--config", os.path.join(ROOT, DEMO), "--workdir", str(workdir), *args]
+        monkeypatch.setattr(sys, "argv", argv)  # where ml_collections finds the --config.KEY overrides
+        with pytest.raises(SystemExit) as exit_info:
+            entry.main(entry.parse_flags(argv))
+        log = open(os.path.join(workdir, "log.txt"), encoding="utf-8").read()
+        return exit_info.value.code, capsys.readouterr().err, log
+
+    with flagsaver.flagsaver():
+        yield run
+    console.close()
+    root.setLevel(levels[0])
+    for handler, level in levels[1]:
+        handler.setLevel(level)
+    absl_logging.set_verbosity(levels[2])
+
+
+def test_a_fault_inside_a_job_says_where_its_traceback_is_and_exits_1(main_in_process, monkeypatch, tmp_path, capsys):
+    """A ValueError that is no user's mistake (deep in a job) is not passed off as one: its type and message, the
+    log file holding its traceback, exit 1."""
+    from replug_jax import workspace
+
+    def shape_check(*args, **kwargs):
+        raise ValueError("shape mismatch")
+
+    monkeypatch.setattr(workspace, "demo_split", shape_check)  # under run_lm_eval -> prepare -> data_paths
+    code, err, log = main_in_process(tmp_path / "w", capsys=capsys)
+    assert code == 1 and "Traceback" not in err
+    assert "error: ValueError: shape mismatch" in err and f"the traceback is in {tmp_path / 'w' / 'log.txt'}" in err
+    assert "Traceback (most recent call last)" in log and "in data_paths" in log and "ValueError: shape mismatch" in log
+
+
+def test_a_user_error_inside_a_job_is_one_line_and_its_traceback_is_logged(main_in_process, tmp_path, capsys):
+    code, err, log = main_in_process(tmp_path / "w", "--config.k=0", capsys=capsys)
+    assert code == 2 and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: --config.k=0: passages per input must be a whole number, at least 1"]
+    assert "Traceback (most recent call last)" in log and "InputError: --config.k=0" in log
+
+
 def test_help_lists_the_configs_and_a_configs_keys():
     done, _ = run_main("--help")
     assert done.returncode == 0 and "demo.py" in done.stdout and "qa_lsr.py" in done.stdout
@@ -74,6 +129,20 @@ def _config(name: str, **overrides):
     config = sibling_config(os.path.join(ROOT, "experiments", "configs", name), name)
     config.update(overrides)
     return config
+
+
+def test_every_config_takes_a_server_url_as_its_lm_with_lm_tokenizer():
+    """--config.lm=http://... with --config.lm_tokenizer: a key of every config ("": the server's /tokenize, or a
+    model name whose tokenizer is loaded locally), checked in the first second."""
+    configs = sorted(f for f in os.listdir(os.path.join(ROOT, "experiments", "configs")) if f.endswith(".py"))
+    assert all("lm_tokenizer" in _config(name) for name in configs)
+    for name in ("demo.py", "sciq.py", "qa_lsr.py"):
+        for tokenizer in ("", "smollm2"):
+            input_checks.check_job_inputs(_config(name, lm="http://127.0.0.1:8000/v1", lm_tokenizer=tokenizer))
+        with pytest.raises(input_checks.InputError, match="--config.lm_tokenizer='smolm2': unknown model"):
+            input_checks.check_job_inputs(_config(name, lm="http://127.0.0.1:8000/v1", lm_tokenizer="smolm2"))
+        with pytest.raises(input_checks.InputError, match="--config.lm_tokenizer='gpt2' is for an LM behind a server"):
+            input_checks.check_job_inputs(_config(name, lm="smollm2", lm_tokenizer="gpt2"))
 
 
 @pytest.mark.parametrize("name", ["lm_eval.py", "lsr.py", "sciq.py", "sciq_mc.py", "olmes.py"])

@@ -327,8 +327,44 @@ def test_client_errors_are_not_retried(proxy, tiny):
 
 
 def test_connection_refused_after_retries():
-    with pytest.raises(BlackBoxServerError, match="failed after 1 retries"):
-        HTTPLM(f"http://127.0.0.1:{free_port()}/v1", max_retries=1, backoff=0.01)
+    remote = HTTPLM(f"http://127.0.0.1:{free_port()}/v1", max_retries=1, backoff=0.01, probe=False)
+    with pytest.raises(BlackBoxServerError, match="failed after 1 retries"):  # a server gone after first contact
+        remote.score(["Hello"], [" world"])
+
+
+def test_a_dead_address_fails_in_seconds_naming_it():
+    """Nothing listening (connection refused): refused after 3 tries over 0.75 s, not after the probe's retries
+    with backoff (52 s before), by HTTPLM and by the REPLUG object (before its encoder loads)."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    for build in (lambda: HTTPLM(url), lambda: rj.REPLUG.from_documents(["a document"], lm=url)):
+        started = time.time()
+        with pytest.raises(BlackBoxServerError, match=f"nothing is listening at 127.0.0.1:{url.split(':')[2][:-3]}"):
+            build()
+        assert time.time() - started < 10
+
+
+def test_a_server_url_is_an_lm_for_the_replug_object(tiny, tiny_server, minilm):
+    """REPLUG.from_documents(lm=URL): passages cut with the server's /tokenize (which has no character offsets),
+    or with tokenizer=, are the local LM's; the LM's and the REPLUG scores are the local LM's (an empty context:
+    the document-start token the probe found, through the server's /tokenize)."""
+    from replug_jax.retrieval.datastore import Document, chunk_documents
+
+    docs = ["Velmora is a town in the hills. Its mayor is Tobias Grint, elected in 2019.",
+            "The river Oster flows through Karsk.", "Karsk is known for its bridges and its annual fish market."]
+    want = chunk_documents([Document(f"doc{i}", "", d) for i, d in enumerate(docs)], tiny[1].tokenizer,
+                           chunk_tokens=24)
+    assert len(want) > len(docs)  # several passages per document
+    for tokenizer in (None, tiny[1].tokenizer):
+        remote = rj.REPLUG.from_documents(docs, lm=tiny_server.url, encoder=minilm, k=2, doc_tokens=24,
+                                          tokenizer=tokenizer)
+        assert remote.lm.stats()["tokenizer"] == ("the server's /tokenize" if tokenizer is None else "local")
+        assert remote.datastore.texts == want.texts and remote.datastore.ids == want.ids
+        assert_close(local_scores(remote.lm, PAIRS), local_scores(tiny[1], PAIRS))  # an empty context too
+    local = rj.REPLUG(tiny[1], remote.retriever, remote.datastore, k=2)
+    assert_close([remote.score("The mayor of Velmora is", " Tobias Grint")],
+                 [local.score("The mayor of Velmora is", " Tobias Grint")])
+    with pytest.raises(TypeError, match="server URL"):
+        rj.REPLUG.from_documents(docs, lm=tiny[1], encoder=minilm, tokenizer=tiny[1].tokenizer)
 
 
 def test_dropped_logprobs_are_refused_at_probe_and_later(proxy, tiny):
@@ -483,8 +519,8 @@ def _raw_http(port: int, head: str, body: bytes = b"", timeout: float = 10) -> t
 
 
 def test_server_refuses_huge_bodies_and_too_many_prompts_while_health_answers(tiny):
-    """A 50 MB body is refused with 413 at once (before it is read) while /health answers, too many prompts get
-    400, and the server still scores."""
+    """A 50 MB body is refused with 413 at once (before it is read) while /health answers, a chunked body that grows
+    past the limit gets 413 too, too many prompts get 400, and the server still scores."""
     import threading
     import time
 
@@ -501,6 +537,12 @@ def test_server_refuses_huge_bodies_and_too_many_prompts_while_health_answers(ti
         checker.join()
         assert status == 413 and "larger than 1048576 bytes" in body["error"]["message"]
         assert time.time() - started < 5 and health["status"] == (200, {"status": "ok"})
+        chunked = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")  # no length declared: it grows
+        piece = b"4" * (256 << 10)
+        status, body = _raw_http(port, chunked, b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(5))
+                                 + b"0\r\n\r\n")
+        assert status == 413 and "larger than 1048576 bytes" in body["error"]["message"]
         request = urllib.request.Request(server.url + "/completions", method="POST",
                                          data=json.dumps({"prompt": ["a"] * 5, "max_tokens": 0}).encode())
         with pytest.raises(urllib.error.HTTPError) as info:
@@ -541,3 +583,113 @@ def test_http_fingerprint_is_the_cache_key_of_what_changes_a_score(tiny, tiny_se
     assert_close(again.score(["Hello"], [" world"]), want)
     assert (again.hits, again.misses) == (1, 0)
     again.close()
+
+
+def _post(url: str, body, method: str = "POST") -> tuple[int, dict, dict]:
+    """(status, JSON body, headers) of one request to our server; `body` a dict or raw bytes."""
+    data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.load(r), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), e.headers
+
+
+def test_server_refusals_are_openai_json_errors(tiny_server):
+    """An unknown model is OpenAI's 404 model_not_found; sampling (temperature > 0) is refused, since the server
+    decodes greedily; a deeply nested body is a 400, not a 500; an unknown path (chat) a JSON 404."""
+    url = tiny_server.url
+    served = _post(url + "/models", None, "GET")[1]["data"][0]["id"]
+    assert _post(url + "/completions", {"prompt": "Hi", "max_tokens": 1, "model": served})[0] == 200
+    status, body, _ = _post(url + "/completions", {"prompt": "Hi", "model": "gpt-4o"})
+    assert status == 404 and body["error"]["code"] == "model_not_found" and "gpt-4o" in body["error"]["message"]
+    status, body, _ = _post(url + "/completions", {"prompt": "Hi", "max_tokens": 2, "temperature": 0.9})
+    assert status == 400 and "decodes greedily" in body["error"]["message"]
+    assert body["error"]["param"] == "temperature"
+    assert _post(url + "/completions", {"prompt": "Hi", "max_tokens": 0, "temperature": 0.9})[0] == 200
+    status, body, _ = _post(url + "/completions", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and "nested too deeply" in body["error"]["message"]
+    status, body, _ = _post(url + "/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+    assert status == 404 and "/v1/completions" in body["error"]["message"]
+    assert _post(url + "/completions", None, "GET")[0] == 405
+    assert _post(url + "/tokenize", {"prompt": "Hi", "model": "other"})[0] == 404
+
+
+def test_server_caps_prompt_tokens_responses_and_concurrent_requests(tiny):
+    """Too many prompt tokens in one request (ids or text) and a too large response get 400; a request beyond the
+    concurrency limit gets 429 with Retry-After while the one in flight is answered."""
+    with BackgroundServer(tiny[1], max_prompt_tokens=50, max_response_bytes=4000, max_concurrent=1) as server:
+        url = server.url + "/completions"
+        status, body, _ = _post(url, {"prompt": [[5] * 30, [6] * 30], "max_tokens": 0})
+        assert status == 400 and "60 prompt tokens in one request: at most 50" in body["error"]["message"]
+        assert _post(url, {"prompt": "word " * 60, "max_tokens": 0})[0] == 400
+        status, body, _ = _post(url, {"prompt": [7] * 40, "max_tokens": 0, "echo": True, "logprobs": 20})
+        assert status == 400 and "over this server's limit of 4000" in body["error"]["message"]
+        assert _post(url, {"prompt": [7] * 40, "max_tokens": 0, "echo": True, "logprobs": 0})[0] == 200
+        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+        payload = json.dumps({"prompt": "Hi", "max_tokens": 0}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as first:
+            first.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode() + payload[:3])
+            deadline = time.time() + 10
+            while (answer := _post(url, {"prompt": "Hi", "max_tokens": 0}))[0] != 429 and time.time() < deadline:
+                time.sleep(0.05)  # until the server has taken the first request in
+            status, body, headers = answer
+            assert status == 429 and headers.get("Retry-After") == "1" and body["error"]["type"] == "rate_limit_error"
+            first.sendall(payload[3:])
+            assert first.makefile("rb").readline().split()[1] == b"200"
+        assert _post(url, {"prompt": "Hi", "max_tokens": 0})[0] == 200
+
+
+def test_echoed_tokens_get_their_positions_real_top_logprobs(tiny, tiny_server):
+    """Echoed prompt tokens carry the top-`logprobs` of their position, as generated tokens do: the entry after the
+    prompt equals the generated token's; vLLM's prompt_logprobs: k lists the token and the top k with ranks."""
+    lm, url = tiny[1], tiny_server.url + "/completions"
+    ids = lm.tokenizer.encode("The capital of France is")
+    generated = _post(url, {"prompt": ids, "max_tokens": 1, "logprobs": 3})[1]["choices"][0]["logprobs"]
+    status, body, _ = _post(url, {"prompt": ids + [lm.tokenizer.encode(generated["tokens"][0])[0]], "max_tokens": 0,
+                                  "echo": True, "logprobs": 3})
+    echoed = body["choices"][0]["logprobs"]
+    assert status == 200 and echoed["top_logprobs"][0] is None and len(echoed["top_logprobs"]) == len(ids) + 1
+    last, want = echoed["top_logprobs"][-1], generated["top_logprobs"][0]
+    assert list(last) == list(want) and np.allclose(list(last.values()), list(want.values()), atol=1e-4)
+    for token, value, top in zip(echoed["tokens"][1:], echoed["token_logprobs"][1:], echoed["top_logprobs"][1:]):
+        values = list(top.values())
+        # tokens decoding to the same text (byte pieces: "\ufffd") share a key, as in OpenAI's format
+        assert 1 <= len(top) <= 3 and values == sorted(values, reverse=True) and values[0] >= value - 1e-4
+        assert token not in top or abs(top[token] - value) < 1e-4
+    entries = _post(url, {"prompt": ids, "max_tokens": 1, "prompt_logprobs": 2})[1]["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None and all(2 <= len(e) <= 3 for e in entries[1:])
+    ranked = sorted((v["rank"], v["logprob"]) for e in entries[1:] for v in e.values() if v["rank"] in (1, 2))
+    assert len(ranked) == 2 * (len(ids) - 1)
+
+
+def test_a_public_address_needs_a_key_in_the_library_too(tiny, tiny_server):
+    """BackgroundServer refuses a non-loopback host without a key; make_app's app answers a request that reached
+    it on a non-loopback address with 403 when it has no key (however it is served)."""
+    import asyncio
+
+    with pytest.raises(ValueError, match="require a key"):
+        BackgroundServer(tiny[1], host="0.0.0.0")
+    sent = []
+
+    async def call(server):
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                 "path": "/v1/models", "raw_path": b"/v1/models", "query_string": b"", "headers": [],
+                 "server": server, "client": ("10.0.0.9", 40000), "scheme": "http", "root_path": ""}
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive():
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        await tiny_server.app(scope, receive, send)
+        return sent.pop(0)["status"], json.loads(b"".join(m.get("body", b"") for m in sent))
+
+    status, body = asyncio.run(call(("10.0.0.2", 8000)))
+    assert status == 403 and "loopback" in body["error"]["message"]
+    sent.clear()
+    assert asyncio.run(call(("127.0.0.1", 8000)))[0] == 200

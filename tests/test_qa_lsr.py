@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
+from replug_jax.evaluate import report
 from replug_jax import workspace
 from replug_jax.data import downstream as downstream_data
 from replug_jax.data.records import QAExample
@@ -258,6 +259,9 @@ def test_qa_lsr_job_then_qa_job(tiny_qa, tmp_path, monkeypatch):
         assert results["answer_nll"][m] == pytest.approx(np.mean([r[m]["answer_nll"] for r in rows]))
     # the trained query encoder ranks differently from the initial one: another mixture, another likelihood
     assert results["answer_nll"]["replug_lsr"] != results["answer_nll"]["replug"]
+    direction = trained["lsr"]["direction"]  # the table names the KL direction the retriever was trained with
+    assert results["lsr_direction"] == direction and direction in ("pr_q", "q_pr")
+    assert f"| replug_lsr ({report.KL_NAMES[direction]}) |" in open(tmp_path / "qa" / "results.md").read()
 
     with pytest.raises(ValueError, match="were LSR training questions"):  # evaluated ∩ trained is refused
         downstream.run_downstream(_qa_config(tiny_qa, tiny_qa["all"], workdir), str(tmp_path / "qa_all"))

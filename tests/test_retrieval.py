@@ -70,6 +70,26 @@ def test_chunks_with_a_real_wordpiece_tokenizer(minilm):
         assert abs(len(minilm.tokenizer.encode(chunk)) - 24) <= 2
 
 
+class EncodeOnly:
+    """What a server's /tokenize gives a client (lm/http_tokenize.py): ids, no character offsets, no decode."""
+
+    def __init__(self, tokenizer):
+        self.encode = tokenizer.encode
+
+
+def test_chunks_with_a_tokenizer_without_offsets(byte_tokenizer, minilm):
+    """Cut by `piece_token_starts` (each word with the whitespace before it encoded alone): still exact substrings
+    that tile the document; the same chunks as the offsets give where a word is one token per character."""
+    docs = [Document("a", "A", "x" * 100), Document("b", "", "short"), Document("c", "C", " ".join(SENTENCES))]
+    assert chunk_documents(docs, EncodeOnly(byte_tokenizer), 32, 8) == chunk_documents(docs, byte_tokenizer, 32, 8)
+    text = " ".join(SENTENCES * 3) + "  Ünïcödé tail…\n"
+    ds = chunk_documents([Document("d", "", text)], EncodeOnly(minilm.tokenizer), chunk_tokens=24)
+    assert "".join(ds.texts) == text and len(ds) == len(chunk_documents([Document("d", "", text)], minilm.tokenizer,
+                                                                         chunk_tokens=24))
+    for chunk in ds.texts[:-1]:
+        assert abs(len(minilm.tokenizer.encode(chunk)) - 24) <= 2
+
+
 def test_datastore_round_trip_and_errors(tmp_path, byte_tokenizer):
     ds = chunk_documents([Document("a", "Title é", "some text " * 20), Document("b", "", "b\n\"quoted\"")],
                          byte_tokenizer, chunk_tokens=40)

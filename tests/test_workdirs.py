@@ -114,3 +114,89 @@ def test_sync_pushes_the_active_staging_mid_job(bucket, tmp_path, monkeypatch):
     assert epath.Path("gs://bucket/lsr/lsr/checkpoints/20/state").read_text() == "step 20"
     workdirs.finish(staging)
     workdirs.sync()  # no active staging: nothing to do
+
+
+def test_pull_mirrors_the_bucket_by_checksum(bucket, tmp_path):
+    """A same-size stale file is replaced, local files the bucket lacks (a stale staged checkpoint, an SQLite
+    journal) are deleted, and an unchanged file is not copied again."""
+    from etils import epath
+
+    remote = epath.Path("gs://bucket/run")
+    (remote / "index").mkdir(parents=True, exist_ok=True)
+    (remote / "index" / "meta.json").write_text('{"v": 2}')
+    (remote / "cache.sqlite-wal").write_text("a WAL without its database's state")
+    stage = tmp_path / "stage"
+    (stage / "index").mkdir(parents=True)
+    (stage / "index" / "meta.json").write_text('{"v": 1}')  # same size, other bytes
+    (stage / "checkpoints" / "40").mkdir(parents=True)
+    (stage / "checkpoints" / "40" / "state").write_text("a stale checkpoint of an earlier run")
+    (stage / "cache.sqlite-journal").write_text("stale")
+    staging = workdirs.Staging("gs://bucket/run", local=str(stage))
+    assert staging.pull() == 1
+    assert (stage / "index" / "meta.json").read_text() == '{"v": 2}'
+    assert sorted(os.listdir(stage)) == ["index"]  # no checkpoint, journal or WAL
+    assert staging.pull() == 0
+    assert staging.push() == 0 and (remote / "cache.sqlite-wal").exists() is False  # the bucket = the local copy
+
+
+def test_push_mirrors_the_local_copy_and_skips_unfinished_files(bucket, tmp_path):
+    """The bucket loses what the local copy lacks; temporary files and SQLite side files stay local; an SQLite
+    database written through a WAL (still open) arrives as a consistent snapshot with every committed row."""
+    import sqlite3
+
+    from etils import epath
+
+    remote = epath.Path("gs://bucket/run")
+    (remote / "checkpoints" / "20").mkdir(parents=True, exist_ok=True)
+    (remote / "checkpoints" / "20" / "state").write_text("an old checkpoint")
+    stage = tmp_path / "stage"
+    staging = workdirs.Staging("gs://bucket/run", local=str(stage))
+    staging.pull()
+    os.remove(stage / "checkpoints" / "20" / "state")  # pruned locally: the bucket must lose it too
+    (stage / "results.json").write_text("{}")
+    (stage / ".results.json.x1y2.tmp").write_text("{")  # atomic_open's temp file, mid-write
+    (stage / "weights.tmp").write_text("half")
+    (stage / ".index_v3.tmp-abc").mkdir()
+    (stage / ".index_v3.tmp-abc" / "index.faiss").write_text("being built")
+    db = sqlite3.connect(str(stage / "lm_cache.sqlite"))
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE t (k TEXT)")
+    db.executemany("INSERT INTO t VALUES (?)", [(str(i),) for i in range(100)])
+    db.commit()
+    assert os.path.exists(stage / "lm_cache.sqlite-wal")
+    assert staging.push() == 2
+    assert sorted(fsspec.filesystem("gs").find("gs://bucket/run")) == ["gs://bucket/run/lm_cache.sqlite",
+                                                                       "gs://bucket/run/results.json"]
+    copy = tmp_path / "copy.sqlite"
+    (remote / "lm_cache.sqlite").copy(epath.Path(copy))
+    assert sqlite3.connect(str(copy)).execute("SELECT COUNT(*) FROM t").fetchone() == (100,)
+    assert staging.push() == 0  # nothing changed
+    db.execute("INSERT INTO t VALUES ('more')")
+    db.commit()
+    assert staging.push() == 1
+    db.close()
+
+
+def test_a_bucket_retriever_workdir_is_checked_and_staged(bucket, tmp_path, monkeypatch):
+    """--config.retriever_workdir=gs://...: check_job_inputs accepts it when the bucket holds a trained retriever
+    (and refuses one that does not), and the job reads the retriever files from a local copy (not the rest)."""
+    from etils import epath
+
+    from replug_jax import input_checks, workspace
+    from replug_jax.config_files import sibling_config
+
+    monkeypatch.setenv(workdirs.ENV_STAGING, str(tmp_path / "staging"))
+    remote = epath.Path("gs://bucket/lsr")
+    (remote / "checkpoints" / "2").mkdir(parents=True, exist_ok=True)
+    (remote / "checkpoints" / "2" / "state").write_text("not needed to evaluate")
+    (remote / "retriever.safetensors").write_bytes(b"trained parameters")
+    (remote / "train_questions.json").write_text("[]")
+    qa = sibling_config(os.path.join(ROOT, "experiments", "configs", "sciq.py"), "sciq.py")
+    qa.lm, qa.methods, qa.retriever_workdir = "smollm2", ("replug", "replug_lsr"), "gs://bucket/lsr"
+    input_checks.check_job_inputs(qa)
+    folder = workspace.retriever_folder("gs://bucket/lsr")
+    assert sorted(os.listdir(folder)) == ["retriever.safetensors", "train_questions.json"]
+    assert open(os.path.join(folder, "retriever.safetensors"), "rb").read() == b"trained parameters"
+    qa.retriever_workdir = "gs://bucket/empty"
+    with pytest.raises(input_checks.InputError, match="gs://bucket/empty/retriever.safetensors does not exist"):
+        input_checks.check_job_inputs(qa)

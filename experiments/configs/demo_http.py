@@ -8,7 +8,8 @@ wait for "serving ...", then run the evaluation against it:
 
 Passages and evaluation windows are cut with `lm_tokenizer` (the server's model's tokenizer,
 loaded locally; only its tokenizer, never its weights), so the windows are those of demo.py and
-the perplexities match the local backend's. Any OpenAI-compatible server that returns prompt
+the perplexities match the local backend's (`--config.lm_tokenizer=` empty: the server's own /tokenize cuts
+them, docs/http.md). Any OpenAI-compatible server that returns prompt
 log-probabilities works: `--config.lm=http://HOST:PORT/v1` (the key, if any, from
 $OPENAI_API_KEY); the client probes it first and refuses one whose log-probs are missing or misaligned.
 """

@@ -17,6 +17,7 @@ def get_config():
     c.eval_data = ""  # JSONL of held-out documents to score
     c.encoder = "minilm"  # as rj.load_encoder takes: packaged name, local dir, or hub id
     c.lm = "smollm2"  # as rj.load_lm takes: packaged name, local dir, .gguf path, or hub id
+    c.lm_tokenizer = ""  # lm a server URL: its model's tokenizer, by name ("": the server's /tokenize) to cut text
     c.k = 10  # documents ensembled (the reported REPLUG result)
     c.k_sweep = (1, 2, 4, 8, 10)  # also reported; reuses the passes of the largest k
     c.temperature = 1.0  # λ = softmax(s / τ); the paper uses τ = 1 on cosine similarity

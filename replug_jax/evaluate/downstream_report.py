@@ -7,7 +7,7 @@ import os
 
 from replug_jax import results_file
 from replug_jax.data.downstream import MMLU_CATEGORIES
-from replug_jax.evaluate.report import METHOD_ORDER
+from replug_jax.evaluate.report import METHOD_ORDER, method_label
 
 CATEGORIES = ("Humanities", "Social Sciences", "STEM", "Other")
 
@@ -35,7 +35,8 @@ def mmlu_table(results: dict) -> str:
     for m in _ordered(acc):
         cats = acc[m]["per_category"]
         cells = [f"{cats[c]['macro']:.1f}" if c in cats else "" for c in CATEGORIES]
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {acc[m]['macro']:.1f} | {acc[m]['micro']:.1f} |")
+        lines.append(f"| {method_label(m, results)} | " + " | ".join(cells)
+                     + f" | {acc[m]['macro']:.1f} | {acc[m]['micro']:.1f} |")
     table = "\n".join(lines) + "\n"
     return table + ("\n" + option_table(results) if "option_accuracy" in results else "")
 
@@ -52,12 +53,14 @@ def option_table(results: dict) -> str:
 def qa_table(results: dict) -> str:
     em, recall, nll = results["exact_match"], results["answer_recall"], results.get("answer_nll", {})
     lines = [f"Open-domain QA ({results['questions_source']}), {results['count']} questions, {results['shots']}-shot, "
-             f"k = {results['k']}, τ = {results['temperature']:g}, ensemble = {results['ensemble']}", "",
+             f"k = {results['k']}, τ = {results['temperature']:g}, ensemble = {results['ensemble']}"
+             + (f", posterior α = {results['posterior_alpha']:g} over the top {results['rerank_depth']}"
+                if "posterior_alpha" in results else ""), "",
              f"| method | exact match | answer NLL (nats) | answer recall@{results['k']} |", "|---|---:|---:|---:|"]
     for m in _ordered(em):
         r = f"{recall[m]:.1f}" if recall.get(m) is not None else "—"
         n = f"{nll[m]:.3f}" if nll.get(m) is not None else "—"
-        lines.append(f"| {m} | {em[m]:.1f} | {n} | {r} |")
+        lines.append(f"| {method_label(m, results)} | {em[m]:.1f} | {n} | {r} |")
     return "\n".join(lines) + "\n"
 
 

@@ -139,8 +139,9 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
             tau_sweep.setdefault(name, {})[t2] = mixture_totals(k, t2)
         if name == concat_retriever:
             say(f"scoring concat: the top-{k} {name} documents in one prompt")
-            totals["concat"] = _totals(windows, base, _score_concat(lm, [windows[i] for i in queried], queried, datastore,
-                                                                      rows[:, :k], doc_template, progress))
+            concat = _score_concat(lm, [windows[i] for i in queried], queried, datastore, rows[:, :k], doc_template,
+                                   progress)
+            totals["concat"] = _totals(windows, base, concat)
     for w, lps in zip(windows, base):
         totals["none"].add(lps, w.num_bytes)
     _sum_over_shares(split, totals, sweep, tau_sweep)

@@ -62,7 +62,8 @@ def option_predictions(lm, prompts: Sequence[Sequence[str]], log_weights: Sequen
 
 def posterior_option_predictions(lm, doc_contexts: Sequence[Sequence[str]], queries: Sequence[str], scores: np.ndarray,
                                  conts: Sequence[Sequence[str]], *, temperature: float, alpha: float, k: int) -> dict:
-    """`option_predictions` for "replug_posterior": pass i of question q is doc_contexts[q][i] ∘ queries[q] ∘ option,
+    """`option_predictions` for "replug_posterior": pass i of question q is doc_contexts[q][i] ∘ queries[q] ∘
+    option,
     scored once (`lm.score_with_query`); λ ∝ exp(s/τ + α log p(query | doc)) over the retrieved passes (scores
     [Q, D]), the k highest kept (posterior.py). Adds "kept" (positions) and "log_weights" per question."""
     query_ll, cont_scores = query_and_continuation_scores(lm, doc_contexts, queries, conts)

@@ -8,6 +8,17 @@ from replug_jax import results_file
 METHOD_ORDER = ("none", "replug", "replug_posterior", "replug_lsr", "random", "concat", "bm25")
 
 
+KL_NAMES = {"pr_q": "KL(P_R ‖ Q)", "q_pr": "KL(Q ‖ P_R)"}  # LSR's directions (lsr.py)
+
+
+def method_label(method: str, results: dict) -> str:
+    """A method's name in a table: replug_lsr with the KL direction its retriever was trained with, when known."""
+    direction = (results.get("lsr") or {}).get("direction") or results.get("lsr_direction")
+    if method == "replug_lsr" and direction:
+        return f"replug_lsr ({KL_NAMES.get(direction, direction)})"
+    return method
+
+
 def _ordered(methods):
     known = [m for m in METHOD_ORDER if m in methods]
     return known + sorted(m for m in methods if m not in METHOD_ORDER)
@@ -21,7 +32,7 @@ def markdown_table(results: dict) -> str:
              "| method | perplexity | bits per byte | vs none |", "|---|---:|---:|---:|"]
     for m in _ordered(ppl):
         change = 100.0 * (ppl[m] / ppl["none"] - 1.0)
-        lines.append(f"| {m} | {ppl[m]:.3f} | {bpb[m]:.4f} | {change:+.2f}% |")
+        lines.append(f"| {method_label(m, results)} | {ppl[m]:.3f} | {bpb[m]:.4f} | {change:+.2f}% |")
     sweep = results.get("k_sweep") or {}
     if sweep:
         ks = sorted({int(k) for by_k in sweep.values() for k in by_k})

@@ -21,10 +21,10 @@ import time
 import jax
 import numpy as np
 
+from replug_jax.errors import InputError
 from replug_jax import console, distributed, results_file, workspace
 from replug_jax.models import precision
-from replug_jax.data import downstream as data
-from replug_jax.data import olmes, wiki
+from replug_jax.data import evaluation_sets, olmes
 from replug_jax.evaluate import (answer_nll, demo_passages, downstream_report, mmlu, olmes_tasks, option_text, qa,
                                  qa_posterior)
 from replug_jax.input_checks import check_depth_fits, read_methods
@@ -32,45 +32,13 @@ from replug_jax.passages import passages_of
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
 
-DEMO = "demo"
-
 
 def load_sets(config, kind: str):
-    """(evaluated examples, demos, demos removed from the evaluated set)."""
-    task = olmes.parse_source(config.questions) if kind == "mmlu" else None
-    if task:  # OLMES's request files: the shots are inside each request's context
-        return olmes.load_olmes(*task)[0][: config.max_questions or None], [], 0
-    if kind == "qa" and config.questions == DEMO:  # the first `shots` covered questions are the demos
-        covered = [ex for ex, _ in data.covered_questions(data.load_nq_open() + data.load_trivia_qa(),
-                                                          wiki.load_wiki_articles())]
-        demos = covered[: config.shots]
-        return covered[config.shots :][: config.max_questions or None], demos, len(demos)
-    load = data.load_qa if kind == "qa" else (lambda src, split: data.load_mc(src, split, config.get("subjects") or None))
-    split = config.get("split", "validation" if kind == "qa" else "test")
-    demo_split = config.get("demo_split", "validation" if kind == "qa" else "dev")
-    questions = load(config.questions, split)
-    demo_source = config.get("demos") or config.questions
-    demos = load(demo_source, demo_split)
-    # demos come from the evaluated set itself (a file is the same set whatever the split): never score them
-    same_set = demo_source == config.questions and (demo_split == split or demo_source.endswith(".jsonl")
-                                                    or demo_source.startswith("tfds:"))
-    if kind == "mmlu":  # shots: the first `shots` of each subject, chosen per question in _run_mmlu
-        per_subject: dict[str, list] = {}
-        for d in demos:
-            per_subject.setdefault(d.subject, []).append(d)
-        demos = [d for ds in per_subject.values() for d in ds[: config.shots]]
-    else:
-        demos = demos[: config.shots]
-    ids = {d.id for d in demos} if same_set else set()
-    kept = [q for q in questions if q.id not in ids]
-    if kind == "mmlu":
-        seen: dict[str, int] = {}
-        rank = []
-        for q in kept:  # interleave subjects, so a cut keeps every subject
-            seen[q.subject] = seen.get(q.subject, -1) + 1
-            rank.append((seen[q.subject], q.subject))
-        kept = [q for _, q in sorted(zip(rank, kept), key=lambda rq: rq[0])]
-    return kept[: config.max_questions or None], demos, len(questions) - len(kept)
+    """(evaluated examples, demos, demos removed from the evaluated set): `evaluation_sets.load_sets` as configured."""
+    return evaluation_sets.load_sets(
+        kind, config.questions, demos=config.get("demos") or "", split=config.get("split"),
+        demo_split=config.get("demo_split"), shots=config.shots, subjects=config.get("subjects") or None,
+        max_questions=config.max_questions, question_offset=config.get("question_offset", 0))
 
 
 def retrievers_for(config, encoder, store, workdir):
@@ -79,7 +47,8 @@ def retrievers_for(config, encoder, store, workdir):
                                         embedding_dtype=config.embedding_dtype)
     out = {"replug": DenseRetriever(encoder, index, store)}
     if "replug_lsr" in config.methods:
-        trained, train_documents = workspace.load_trained_encoder(encoder, config.retriever_workdir)
+        trained, train_documents = workspace.load_trained_encoder(
+            encoder, workspace.retriever_folder(config.retriever_workdir))
         out["replug_lsr"] = workspace.trained_retriever(encoder, trained, train_documents, store, index, workdir,
                                                         metric=config.metric, factory=config.index_factory,
                                                         embedding_dtype=config.embedding_dtype)
@@ -89,8 +58,10 @@ def retrievers_for(config, encoder, store, workdir):
 def check_not_trained_on(config, questions) -> None:
     """With "replug_lsr": refuse evaluated questions that the retriever was trained on (the QA-LSR job's
     WORKDIR/train_questions.json; a retriever trained on documents has none)."""
-    path = os.path.join(config.get("retriever_workdir") or "", workspace.TRAIN_QUESTIONS)
-    if "replug_lsr" in config.methods and os.path.isfile(path):
+    if "replug_lsr" not in config.methods:
+        return
+    path = os.path.join(workspace.retriever_folder(config.get("retriever_workdir")), workspace.TRAIN_QUESTIONS)
+    if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             check_disjoint_questions(json.load(f), questions)
 
@@ -108,10 +79,11 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
     questions, demos, removed = load_sets(config, kind)
     if not questions:
-        raise ValueError(f"no questions to evaluate from {config.questions!r}")
+        raise InputError(f"no questions to evaluate from {config.questions!r}")
     if kind == "qa":
         check_not_trained_on(config, questions)
-    console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), {len(demos)} demo candidates")
+    console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
+                  f"{len(demos)} demo candidates")
     shared = config.get("cache_dir") or workdir  # datastore, embeddings and index: shareable by runs
     os.makedirs(shared, exist_ok=True)
     store = distributed.lead_first(lambda: workspace.build_corpus(  # one writer of the files
@@ -121,13 +93,13 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     console.phase(f"datastore: {len(store):,} passages")
     retrievers = retrievers_for(config, encoder, store, shared)
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
-        raise ValueError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
+        raise InputError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
     # several processes: each retrieves for, asks the LM about and predicts its share of the questions (all of
     # them, in lockstep, when the LM's mesh spans the processes); the prediction rows are gathered in question
     # order and every metric is computed over all of them
     split = distributed.lm_work_split(lm)
     if len(questions) < split.count:
-        raise ValueError(f"{len(questions)} questions for {split.count} processes: run fewer processes")
+        raise InputError(f"{len(questions)} questions for {split.count} processes: run fewer processes")
     mine = split.share(len(questions))
     run = _run_qa if kind == "qa" else _run_mmlu
     results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
@@ -138,7 +110,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k,
                "shots": len(demos) if kind == "qa" else config.shots, "config": results_file.config_record(config),
                "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
-               "processes": jax.process_count(), **results}  # the run's own settings win (OLMES: the file's shots)
+               "processes": jax.process_count(), **_lsr_direction(config),
+               **results}  # the run's own settings win (OLMES: the file's shots)
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
@@ -204,6 +177,15 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
         for row, p in zip(predictions, preds):
             row[method] = p
     return results, predictions
+
+
+def _lsr_direction(config) -> dict:
+    """{"lsr_direction": the KL direction the evaluated LSR retriever was trained with} when its results say."""
+    path = os.path.join(config.get("retriever_workdir") or "", "results.json")
+    if "replug_lsr" not in config.methods or not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return {"lsr_direction": json.load(f).get("lsr", {}).get("direction")}
 
 
 def _posterior_settings(config) -> dict:
@@ -272,8 +254,8 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
         scores, rows = retriever.retrieve(queries, min(_depth(config, method), len(store)))
         passages = passages_of(store, rows)
         shots_block = functools.partial(mmlu.shots_block, block=block)
-        prefixes = {s: demo_passages.few_shot_prefix(retriever, store, shots[: config.shots], method != "none", shots_block)
-                    for s, shots in shots_by_subject.items()}
+        prefixes = {s: demo_passages.few_shot_prefix(retriever, store, shots[: config.shots], method != "none",
+                                                     shots_block) for s, shots in shots_by_subject.items()}
         if method == "replug_posterior":  # the question block (no options) after each passage: its likelihood
             docs, blocks = option_text.cloze_passes(questions, passages, prefixes)
             by_metric = option_text.posterior_option_predictions(

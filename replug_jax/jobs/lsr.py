@@ -11,18 +11,17 @@ paper), "question" scores x after d (ART). Only this module (and main.py) reads 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 
 from absl import logging
 
-from replug_jax import console, distributed, results_file, sharding, workspace
+from replug_jax.errors import InputError
+from replug_jax import console, distributed, results_file, sharding, trained_retriever, workspace
 from replug_jax.data import downstream as downstream_data
 from replug_jax.input_checks import check_depth_fits, read_methods
 from replug_jax.jobs.window_report import evaluate_and_report
 from replug_jax.models import precision
-from replug_jax.models.weights import save_params
 from replug_jax.passages import QA_DOC_TEMPLATE
 from replug_jax.retrieval import datastore as ds
 from replug_jax.train.data import (check_disjoint, first_training_row, qa_training_examples, trained_questions_record,
@@ -33,23 +32,23 @@ TRAIN_QUESTIONS = workspace.TRAIN_QUESTIONS
 
 
 def _train_and_save(config, workdir: str, prepared_encoder, lm, store, examples, settings: LSRSettings, index,
-                    meta: dict | None = None) -> dict:
-    """Run the LSR loop in WORKDIR/lsr and save the trained parameters to WORKDIR/retriever.safetensors."""
+                    questions: dict | None = None) -> dict:
+    """Run the LSR loop in WORKDIR/lsr and save the trained retriever in WORKDIR (`trained_retriever.save`; QA
+    pairs: with the training `questions` record)."""
     logging.info("LSR: %d training examples, %s", len(examples), settings)
     trained = train_lsr(prepared_encoder, lm, store, examples, os.path.join(workdir, "lsr"), settings,
                         initial_index=index)
     if distributed.is_lead():
-        save_params(trained["params"], os.path.join(workdir, workspace.TRAINED_RETRIEVER),
-                    {"encoder": config.encoder, "train_documents": str(settings.train_documents).lower(),
-                     **(meta or {})})
+        trained_retriever.save(workdir, trained["params"], encoder=config.encoder,
+                               train_documents=settings.train_documents, questions=questions)
     return trained
 
 
 def run_lsr(config, workdir: str) -> dict:
     if config.get("index_backend", "faiss") != "faiss":
-        raise ValueError("the LSR job searches (and refreshes) FAISS indexes: index_backend must be 'faiss'")
+        raise InputError("the LSR job searches (and refreshes) FAISS indexes: index_backend must be 'faiss'")
     if sharding.spans_processes(sharding.job_lm_mesh(config.get("lm_model_parallel", 1))):
-        raise ValueError(f"lm_model_parallel={config.lm_model_parallel} spans processes, but LSR training gives each "
+        raise InputError(f"lm_model_parallel={config.lm_model_parallel} spans processes, but LSR training gives each "
                          "process its own examples: use at most one host's devices for the LM's model axis")
     if trains_on_questions(config.train_data):
         return run_lsr_on_questions(config, workdir)
@@ -59,7 +58,7 @@ def run_lsr(config, workdir: str) -> dict:
     check_disjoint(train_docs, prepared.store)
     eval_ids = {d.id for d in workspace.read_documents(prepared.paths["eval"])}
     if eval_ids & {d.id for d in train_docs}:
-        raise ValueError("training and evaluation documents overlap")
+        raise InputError("training and evaluation documents overlap")
     examples = training_examples(train_docs, prepared.tokenizer, query_tokens=config.train_query_tokens,
                                  continuation_tokens=config.train_continuation_tokens, seed=config.seed,
                                  max_examples=config.get("max_train_examples") or None)
@@ -119,11 +118,8 @@ def run_lsr_on_questions(config, workdir: str) -> dict:
     index = workspace.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
                                         embedding_dtype=config.embedding_dtype)
     settings = dataclasses.replace(LSRSettings.from_mapping(config), doc_template=QA_DOC_TEMPLATE)
-    if distributed.is_lead():
-        with ds.atomic_open(os.path.join(workdir, TRAIN_QUESTIONS)) as f:
-            json.dump(trained_questions_record(config.train_data, examples), f)
     trained = _train_and_save(config, workdir, encoder, lm, store, examples, settings, index,
-                              {"train_questions": TRAIN_QUESTIONS})
+                              trained_questions_record(config.train_data, examples))
     results = {"task": "lsr_qa", "train_data": config.train_data, "training_questions": len(examples),
                "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder, "lm": config.lm,
                "lsr": {**dataclasses.asdict(settings), **trained["stats"]}, "seconds": time.time() - started}

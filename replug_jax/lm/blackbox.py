@@ -173,7 +173,8 @@ def query_token_ids(tokenizer: TextTokenizer, context: str, query: str, continua
     return ctx, query_ids, cont
 
 
-def split_query_scores(scored: Sequence[np.ndarray], query_lengths: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+def split_query_scores(scored: Sequence[np.ndarray],
+                       query_lengths: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each pass's scores of `query ids + continuation ids` split into (query [T_q], continuation [T_c])."""
     return [(np.asarray(s[:n], np.float32), np.asarray(s[n:], np.float32)) for s, n in zip(scored, query_lengths)]
 

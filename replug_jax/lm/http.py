@@ -11,11 +11,11 @@ len(continuation ids) echoed log-probs are the answer, equal to LocalLM's for an
 request asks `echo=True, logprobs=1` (vLLM's `prompt_logprobs` form with `prompt_logprobs=True`)
 and `max_tokens=0`, or 1 where the probe saw the server refuse 0 (the generated token is dropped).
 
-Without a local tokenizer the server's own `/tokenize` builds the token-id prompts
-(`lm/http_tokenize.py`; `stats()["tokenizer"]` says which), so exact scores are the default. Fallback,
-stated in `stats()["prompt_format"]`: for a server with neither `/tokenize` nor token prompts, the
-text `context + continuation` is sent, and the continuation's tokens are the server's tokens that end after the boundary (a token straddling it counts as a continuation
-token); the context is then cut by the local tokenizer when there is one, else not at all (an
+Without a local tokenizer the server's own `/tokenize` builds the token-id prompts (`lm/http_tokenize.py`;
+`stats()["tokenizer"]` says which), so exact scores are the default. Fallback, stated in `stats()["prompt_format"]`:
+for a server with neither `/tokenize` nor token prompts, the text `context + continuation` is sent, and the
+continuation's tokens are the server's tokens that end after the boundary (a token straddling it counts as a
+continuation token); the context is then cut by the local tokenizer when there is one, else not at all (an
 over-long prompt is the server's 4xx, raised as `BlackBoxServerError`).
 
 Empty contexts: the document-start token (LocalLM's choice), or the server's own start token when
@@ -41,7 +41,6 @@ from replug_jax.lm.http_transport import BlackBoxServerError, Transport
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, token_starts, tokenizer_fingerprint
 
 __all__ = ["HTTPLM", "BlackBoxServerError"]
-
 
 
 class HTTPLM:
@@ -169,6 +168,7 @@ class HTTPLM:
         """Probe the server (`replug_jax.lm.http_probe`) and apply what it found; returns the findings."""
         from replug_jax.lm.http_probe import probe
 
+        self.transport.check_listening()  # a dead address fails in about a second, named
         if self.tokenizer is None and self.token_prompts is not False:  # exact scores need no local tokenizer
             from replug_jax.lm.http_tokenize import ServerTokenizer
 

@@ -15,7 +15,8 @@ What it finds out, in order:
   * max_tokens: 0 when the server reads it as "no new tokens", else 1 (the generated token is dropped);
   * empty contexts: the server's own start token when it conditions the first prompt token on one
     (llama.cpp, vLLM with a BOS model); else a document-start text it reads as one token
-    (`start_text`, the tokenizer's document-start token, LocalLM's candidates); else refused;
+    (`start_text`, the tokenizer's document-start token, LocalLM's candidates; through the server's
+    /tokenize, its id becomes the client's `start_id` for token-id prompts); else refused;
   * prompt format (with a tokenizer): the probe text is sent as token ids; the server must take
     them and give the same log-probs as for the text (else the tokenizer is not the server's, an
     error). Then every pair is sent as `context ids + continuation ids`, the contract's one rule.
@@ -81,6 +82,9 @@ def probe(client) -> ProbeResult:
     else:
         start_text, findings["start"] = _check_start_text(client, max_tokens)
         start = "text" if start_text else None
+    if client.start_id is None and start_text and client.tokenizer is not None:  # the server's /tokenize
+        ids = client.tokenizer.encode(start_text)  # an empty context's token-id prompt: that start token
+        client.start_id = ids[0] if len(ids) == 1 else None
     token_prompts, leading, findings["prompt_format"] = _check_token_prompts(client, max_tokens, text)
     top = findings["top_logprobs"] = _top_logprobs_allowed(client, text, len(candidates))
     return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, top, findings)

@@ -5,7 +5,9 @@
     t.stats()                                           # {"requests", "retries", "failures", "prompts"}
 
 Retried with exponential backoff: timeouts, connection errors, 429 and 5xx (Retry-After
-honoured); never other 4xx. The API key is read from the environment variable `api_key_env`,
+honoured); never other 4xx. Before the first request, `check_listening` makes sure something listens at the
+address: a dead address (connection refused, unknown host) fails in about a second, naming it, instead of after
+the probe's retries. The API key is read from the environment variable `api_key_env`,
 sent as a Bearer token, and kept out of logs and error messages. Standard library only.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import random
 import re
+import socket
 import threading
 import time
 import urllib.error
@@ -23,6 +26,7 @@ import urllib.parse
 import urllib.request
 
 MAX_DELAY = 60.0  # seconds, cap on backoff and Retry-After
+LISTEN_TRIES, LISTEN_BACKOFF = 3, 0.25  # a refused first connection: tried again after 0.25 s and 0.5 s, then refused
 
 
 class BlackBoxServerError(RuntimeError):
@@ -59,6 +63,33 @@ class Transport:
 
     def redact(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text
+
+    def check_listening(self, tries: int = LISTEN_TRIES, backoff: float = LISTEN_BACKOFF) -> None:
+        """Raise BlackBoxServerError naming the address when nothing listens there: a refused TCP connection (or a
+        host name that does not resolve, a network or host that cannot be reached) `tries` times, `backoff`, 2 ×
+        `backoff`, ... seconds apart. A timeout is left to the requests' own retries (something may be slow to
+        answer); through an HTTP proxy nothing is checked."""
+        parts = urllib.parse.urlsplit(self.base_url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+        proxies = urllib.request.getproxies()
+        if parts.scheme in proxies and not urllib.request.proxy_bypass(host):
+            return
+        for attempt in range(tries):
+            try:
+                with socket.create_connection((host, port), timeout=min(self.timeout, 10)):
+                    return
+            except (ConnectionRefusedError, socket.gaierror) as e:
+                last = e
+            except OSError as e:  # unreachable network or host: dead as well; a timeout: maybe only slow
+                if isinstance(e, TimeoutError) or not isinstance(e.errno, int):
+                    return
+                last = e
+            if attempt + 1 < tries:
+                time.sleep(backoff * 2**attempt)
+        self.count("failures")
+        raise BlackBoxServerError(f"{self.base_url}: nothing is listening at {host}:{port} ({type(last).__name__}: "
+                                  f"{last}; {tries} tries over {backoff * (2 ** (tries - 1) - 1):.2g} s): start the "
+                                  "server, or fix the address")
 
     def get(self, url: str) -> dict:
         return self.post(url, None, optional=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
@@ -39,19 +40,45 @@ class TextTokenizer:
 
 
 def tokenizer_fingerprint(tokenizer: TextTokenizer | None) -> str:
-    """A short hash of everything that maps text to ids (vocabulary, merges, pre-tokenizer, special ids)."""
+    """A short hash of everything that maps text to ids (vocabulary, merges, pre-tokenizer, special ids); a
+    server's tokenizer (`lm/http_tokenize.py`) says its own."""
     import hashlib
 
     if tokenizer is None:
         return "none"
+    if not isinstance(tokenizer, TextTokenizer):
+        return tokenizer.fingerprint()
     text = tokenizer.backend.to_str() + repr((tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def token_starts(tokenizer: TextTokenizer, text: str) -> list[int]:
-    """Character offset where each token starts, plus len(text) at the end: [n + 1]."""
+    """Character offset where each token starts, plus len(text) at the end: [n + 1]. A tokenizer without
+    character offsets (a server's /tokenize: `encode` only) gets them piece by piece (`piece_token_starts`)."""
+    if not hasattr(tokenizer, "encode_with_offsets"):
+        return piece_token_starts(tokenizer, text)
     _, offsets = tokenizer.encode_with_offsets(text)
     starts = [start for start, _ in offsets]
+    if starts:
+        starts[0] = 0  # leading whitespace belongs to the first token
+    return starts + [len(text)]
+
+
+_PIECE = re.compile(r"\s*\S+|\s+")  # a word with the whitespace before it; whitespace that ends the text alone
+
+
+def piece_token_starts(tokenizer, text: str) -> list[int]:
+    """`token_starts` from `encode` alone: `text` is cut into pieces, each word with the whitespace before it, and
+    each piece is encoded by itself (a server's tokenizer asks once per distinct piece); a piece's first token
+    starts where the piece starts, its other tokens evenly over its characters. Token counts and the starts at
+    piece boundaries are the text's own wherever the tokenizer never merges a word with the whitespace-led word
+    after it (byte-level BPE pre-tokenizers: GPT-2, SmolLM, Llama 3, Qwen2); starts inside a piece of several
+    tokens are estimates. Whatever the tokenizer, text cut at these starts is an exact substring."""
+    starts: list[int] = []
+    for match in _PIECE.finditer(text):
+        a, b = match.span()
+        n = len(tokenizer.encode(match.group()))
+        starts += [a + (b - a) * i // n for i in range(n)]
     if starts:
         starts[0] = 0  # leading whitespace belongs to the first token
     return starts + [len(text)]

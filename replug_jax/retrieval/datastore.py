@@ -21,7 +21,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from replug_jax.models.tokenizer import TextTokenizer
+from replug_jax.errors import InputError
+from replug_jax.models.tokenizer import TextTokenizer, token_starts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Document:
 def document_from_record(record, default_id: str) -> Document:
     """A `Document` from a {"text": ..., "title"?: ..., "id"?: ...} mapping; id defaults to `default_id`."""
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise ValueError("expected an object with a string \"text\" field")
+        raise InputError("expected an object with a string \"text\" field")
     return Document(str(record.get("id", default_id)), str(record.get("title") or ""), record["text"])
 
 
@@ -47,9 +48,9 @@ def read_jsonl(path: str) -> Iterator[Document]:
             try:
                 document = document_from_record(json.loads(line), str(line_no))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {line_no}: not valid JSON ({e.msg})") from None
+                raise InputError(f"{path}, line {line_no}: not valid JSON ({e.msg})") from None
             except ValueError as e:
-                raise ValueError(f"{path}, line {line_no}: {e}") from None
+                raise InputError(f"{path}, line {line_no}: {e}") from None
             yield document
 
 
@@ -129,13 +130,13 @@ class Datastore:
     def __post_init__(self):
         n = len(self.ids)
         if n == 0:
-            raise ValueError("empty corpus: no chunks (no documents, or only empty texts)")
+            raise InputError("empty corpus: no chunks (no documents, or only empty texts)")
         if not len(self.titles) == len(self.texts) == len(self.sources) == n:
             raise ValueError("ids, titles, texts and sources must have the same length")
         if len(set(self.ids)) != n:
             seen: set[str] = set()
             dup = next(i for i in self.ids if i in seen or seen.add(i))
-            raise ValueError(f"duplicate chunk id {dup!r} (are two documents sharing an id?)")
+            raise InputError(f"duplicate chunk id {dup!r} (are two documents sharing an id?)")
         self._rows_by_source: dict[str, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -199,15 +200,15 @@ def chunk_documents(documents: Iterable[Document], tokenizer: TextTokenizer, chu
 
 
 def _chunk_spans(text: str, tokenizer: TextTokenizer, chunk_tokens: int, min_tokens: int) -> list[tuple[int, int]]:
-    """Character spans [(start, end)] of one document's chunks."""
-    _, offsets = tokenizer.encode_with_offsets(text)
-    n = len(offsets)
+    """Character spans [(start, end)] of one document's chunks (a tokenizer without offsets: `piece_token_starts`)."""
+    starts = token_starts(tokenizer, text)
+    n = len(starts) - 1
     if n == 0:
         return []
     firsts = list(range(0, n, chunk_tokens))  # first token of each window
     if len(firsts) > 1 and n - firsts[-1] < min_tokens:
         firsts.pop()
     # sorted(set(...)): a character split over several byte-level tokens never yields an empty chunk
-    bounds = sorted({0, len(text), *(offsets[t][0] for t in firsts[1:])})
+    bounds = sorted({0, len(text), *(starts[t] for t in firsts[1:])})
     return list(zip(bounds[:-1], bounds[1:]))
 

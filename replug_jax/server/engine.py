@@ -19,7 +19,11 @@ MAX_TOP_LOGPROBS = 20
 
 
 class RequestError(ValueError):
-    """A request the server refuses (HTTP 400) with a message for the client."""
+    """A request the server refuses with a message for the client: HTTP `status` (400), OpenAI's error `code`."""
+
+    def __init__(self, message: str, status: int = 400, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.param = status, code, param
 
 
 class ScoringEngine:
@@ -30,20 +34,25 @@ class ScoringEngine:
         self.batch_wait = batch_wait
         if add_start_token and lm.start_id is None:
             raise ValueError("--add-start-token: the tokenizer has no document-start token")
-        fn = functools.partial(_last_logprobs, config=lm.config, dtype=lm.dtype)
-        leaves = jax.tree.leaves(lm.params)
-        if all(getattr(x, "sharding", None) is not None and x.sharding.is_fully_replicated for x in leaves):
-            # generation is one row: run it on the first device's copy of the replicated params (no copy made)
-            params = jax.tree.map(lambda x: x.addressable_shards[0].data, lm.params)
-            jitted = jax.jit(fn)
-            self._next = lambda ids, mask: np.asarray(jitted(params, ids, mask))  # [1, V] next-token log-probs
-        else:
-            mesh = getattr(lm, "mesh", None) or sharding.data_mesh()
-            self._next = sharding.ShardedBatchFn(fn, lm.params, sharding.data_size(mesh), mesh,
-                                                 param_shardings=getattr(lm, "param_shardings", None))
+        self._next = self._compile(functools.partial(_last_logprobs, config=lm.config, dtype=lm.dtype))  # [1, V]
+        self._top_k = min(MAX_TOP_LOGPROBS, lm.config.vocab_size)
+        self._tops = self._compile(functools.partial(_position_tops, config=lm.config, dtype=lm.dtype, k=self._top_k))
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="replug-scoring", daemon=True)
         self._thread.start()
+
+    def _compile(self, fn):
+        """fn(params, ids, mask) on one row -> numpy: on the first device's copy of replicated parameters (no copy
+        made), else sharded as the LM's parameters are."""
+        lm = self.lm
+        leaves = jax.tree.leaves(lm.params)
+        if all(getattr(x, "sharding", None) is not None and x.sharding.is_fully_replicated for x in leaves):
+            params = jax.tree.map(lambda x: x.addressable_shards[0].data, lm.params)
+            jitted = jax.jit(fn)
+            return lambda ids, mask: np.asarray(jitted(params, ids, mask))
+        mesh = getattr(lm, "mesh", None) or sharding.data_mesh()
+        return sharding.ShardedBatchFn(fn, lm.params, sharding.data_size(mesh), mesh,
+                                       param_shardings=getattr(lm, "param_shardings", None))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -81,6 +90,11 @@ class ScoringEngine:
         """Future of [(token id, log p, {token text: log p} top entries)] for greedy next tokens."""
         return self._submit("generate", (ids, new_tokens, top))
 
+    def prompt_tops(self, prompts: list[list[int]], k: int) -> Future:
+        """Future of [per prompt: per token, its position's top-k (token id, log p) pairs, best first (None where
+        nothing precedes the token)]: one extra forward pass per prompt."""
+        return self._submit("tops", (prompts, k))
+
     def _submit(self, kind: str, payload) -> Future:
         future: Future = Future()
         self._queue.put((kind, payload, future))
@@ -92,8 +106,8 @@ class ScoringEngine:
             item = pending.popleft() if pending else self._queue.get()
             if item is None:
                 return
-            if item[0] == "generate":
-                _resolve(item[2], self._generate, *item[1])
+            if item[0] != "score":
+                _resolve(item[2], self._generate if item[0] == "generate" else self._prompt_tops, *item[1])
                 continue
             batch, rows = [item], len(item[1])
             deadline = time.monotonic() + self.batch_wait
@@ -131,6 +145,17 @@ class ScoringEngine:
                 out.append([None] + ([float(v) for v in next(scored)] if len(ids) > 1 else []))
         return out
 
+    def _prompt_tops(self, prompts: list[list[int]], k: int) -> list[list]:
+        shift, out = int(self.add_start_token), []
+        for ids in prompts:
+            prefix = ([self.lm.start_id] if shift else []) + list(ids)
+            length = sharding.length_bucket(len(prefix), self.lm.length_multiple, self.lm.max_length)
+            packed = self._tops(*sharding.pad_rows([prefix], length, self.lm.pad_id, 1))[0]  # [L, 2K]
+            values, idx = packed[:, :k].tolist(), packed[:, self._top_k : self._top_k + k].astype(np.int64).tolist()
+            out.append([None if i + shift == 0 else list(zip(idx[i + shift - 1], values[i + shift - 1]))
+                        for i in range(len(ids))])
+        return out
+
     def _generate(self, ids: list[int], new_tokens: int, top: int) -> list[tuple[int, float, dict]]:
         prefix = ([self.lm.start_id] if self.add_start_token else []) + list(ids)
         out = []
@@ -145,6 +170,13 @@ class ScoringEngine:
                 break
             prefix.append(best)
         return out
+
+
+def _position_tops(params, ids, mask, *, config, dtype, k):
+    """The top-k next-token log-probs after every position, values then ids (as floats): [B, L, 2k]."""
+    logp = jax.nn.log_softmax(causal_lm.logits(params, config, ids, mask, dtype), axis=-1)
+    values, idx = jax.lax.top_k(logp.astype(jax.numpy.float32), k)  # float32 holds ids < 2^24 exactly
+    return jax.numpy.concatenate([values, idx.astype(jax.numpy.float32)], axis=-1)
 
 
 def _last_logprobs(params, ids, mask, *, config, dtype):

@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from replug_jax.errors import InputError
 from replug_jax.answers import normalize_answer
 from replug_jax.models.tokenizer import TextTokenizer, token_starts
 from replug_jax.passages import question_block
@@ -51,7 +52,7 @@ def first_training_row(train_data: str, train_offset: int | None) -> int:
     if train_offset is None:
         return SCIQ_TRAIN_OFFSET if train_data == "sciq" else 0
     if isinstance(train_offset, bool) or not isinstance(train_offset, int) or train_offset < 0:
-        raise ValueError(f"{train_offset!r} is not a row count: give 0 or more (rows of train_data skipped)")
+        raise InputError(f"{train_offset!r} is not a row count: give 0 or more (rows of train_data skipped)")
     return train_offset
 
 
@@ -80,7 +81,7 @@ def qa_training_examples(questions, *, seed: int = 0, max_examples: int | None =
                              prompt=question_block(q.question, None), question_id=q.id if q.id_given else None)
                 for q in questions if target == "question" or answered(q)]
     if not examples:
-        raise ValueError("no training question" if target == "question" else
+        raise InputError("no training question" if target == "question" else
                          "no training question with a gold answer (questions alone train with lsr_target='question')")
     order = np.random.default_rng(seed).permutation(len(examples))
     examples = [examples[i] for i in order]
@@ -106,7 +107,7 @@ def check_disjoint_questions(trained_on, evaluated) -> None:
     ids, texts = set(trained_on.get("ids", ())), {question_key(q) for q in trained_on.get("questions", ())}
     seen = [q.id for q in evaluated if (q.id_given and q.id in ids) or question_key(q.question) in texts]
     if seen:
-        raise ValueError(f"{len(seen)} evaluated questions were LSR training questions (e.g. {seen[:3]}; same "
+        raise InputError(f"{len(seen)} evaluated questions were LSR training questions (e.g. {seen[:3]}; same "
                          "normalised text or same given id): evaluate on questions the retriever was not trained on")
 
 
@@ -124,7 +125,7 @@ def training_examples(documents, tokenizer: TextTokenizer, *, query_tokens: int 
             if x.strip() and y.strip():
                 examples.append(TrainExample(x, y, excluded_sources=(doc.id,)))
     if not examples:
-        raise ValueError(f"no training example of {span} tokens: documents are too short "
+        raise InputError(f"no training example of {span} tokens: documents are too short "
                          "(lower train_query_tokens / train_continuation_tokens)")
     order = np.random.default_rng(seed).permutation(len(examples))
     examples = [examples[i] for i in order]
@@ -135,10 +136,10 @@ def check_disjoint(train_documents, datastore) -> None:
     """Refuse training documents that are also datastore documents (by id or by identical chunk text)."""
     shared = sorted({d.id for d in train_documents} & set(datastore.sources))
     if shared:
-        raise ValueError(f"{len(shared)} training documents are also in the datastore (e.g. {shared[:3]}): "
+        raise InputError(f"{len(shared)} training documents are also in the datastore (e.g. {shared[:3]}): "
                          "training queries must come from documents disjoint from the retrieval corpus")
     digest = lambda text: hashlib.sha1(text.strip().encode()).hexdigest()
     chunk_hashes = {digest(t) for t in datastore.texts if len(t.strip()) > 64}
     overlapping = [d.id for d in train_documents if any(digest(p) in chunk_hashes for p in d.text.split("\n\n") if len(p.strip()) > 64)]
     if overlapping:
-        raise ValueError(f"training documents {overlapping[:3]} contain passages identical to datastore chunks")
+        raise InputError(f"training documents {overlapping[:3]} contain passages identical to datastore chunks")

@@ -1,0 +1,166 @@
+"""One completions request -> its response (the OpenAI contract) over a `ScoringEngine`; app.py serves it."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+import uuid
+
+from replug_jax.server.engine import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, RequestError, ScoringEngine
+
+MAX_PROMPTS = 1024  # prompts in one completions request
+MAX_PROMPT_TOKENS = 1 << 18  # prompt tokens in one request, all its prompts together (16 prompts of 16k tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one request may ask: `max_top` caps `logprobs` (OpenAI's API allows 5); `text_start`: a text prompt
+    begins with the start token (zero-width), as vLLM's tokenizer adds it to text prompts."""
+
+    model_name: str
+    max_top: int = MAX_TOP_LOGPROBS
+    max_prompts: int = MAX_PROMPTS
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS
+    text_start: bool = False
+
+
+def _field(body: dict, name: str, kind, default, low=None, high=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if kind is bool and not isinstance(value, bool) or kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise RequestError(f"'{name}' must be {kind.__name__}", param=name)
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise RequestError(f"'{name}' must be a number", param=name)
+    if low is not None and not low <= value <= high:
+        raise RequestError(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+    return value
+
+
+def _is_ids(p) -> bool:
+    return isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
+
+def _prompts(prompt, vocab_size: int, limits: Limits) -> list:
+    """The request's prompts: texts, or token-id lists (OpenAI's `prompt` as [int] or [[int]])."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and _is_ids(prompt):
+        prompt = [prompt]
+    if isinstance(prompt, list) and len(prompt) > limits.max_prompts:
+        raise RequestError(f"{len(prompt)} prompts in one request: at most {limits.max_prompts}", param="prompt")
+    if not (isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt)):
+        raise RequestError("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists",
+                           param="prompt")
+    _check_tokens(sum(len(p) for p in prompt if isinstance(p, list)), limits)  # before any work on the texts
+    for p in prompt:
+        if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
+            raise RequestError(f"token ids must be in [0, {vocab_size})", param="prompt")
+    return prompt
+
+
+def _check_tokens(count: int, limits: Limits) -> None:
+    if count > limits.max_prompt_tokens:
+        raise RequestError(f"{count} prompt tokens in one request: at most {limits.max_prompt_tokens} (send fewer "
+                           "or shorter prompts a request)", param="prompt")
+
+
+def _tokenise(engine: ScoringEngine, prompt, text_start: bool):
+    """(ids, starts, ends, text) of a prompt; `text_start`: a text prompt begins with the start token (zero-width),
+    as vLLM's tokenizer adds it to text prompts while token-id prompts are taken as they are."""
+    if not isinstance(prompt, str):
+        return engine.pieces(prompt)
+    ids, starts, ends, text = engine.tokens(prompt)
+    return ([engine.lm.start_id] + ids, [0] + starts, [0] + ends, text) if text_start else (ids, starts, ends, text)
+
+
+def check_model(body: dict, model_name: str) -> None:
+    """`model`, where given, must be the served one: 404 `model_not_found` otherwise, as OpenAI answers."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("'model' must be a string", param="model")
+    if model is not None and model != model_name:
+        raise RequestError(f"The model `{model}` does not exist: this server serves `{model_name}`", status=404,
+                           code="model_not_found", param="model")
+
+
+async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
+    """The completions response for one request body (refusals: RequestError)."""
+    check_model(body, limits.model_name)
+    prompts = _prompts(body.get("prompt"), engine.lm.tokenizer.vocab_size, limits)
+    if body.get("stream"):
+        raise RequestError("streaming is not supported", param="stream")
+    if _field(body, "n", int, 1, 1, 1) != 1 or _field(body, "best_of", int, 1, 1, 1) != 1:
+        raise RequestError("only n=1 is supported", param="n")
+    max_tokens = _field(body, "max_tokens", int, 16, 0, MAX_NEW_TOKENS)
+    logprobs = _field(body, "logprobs", int, None, 0, limits.max_top)
+    prompt_logprobs = _field(body, "prompt_logprobs", int, None, 0, limits.max_top)
+    echo = _field(body, "echo", bool, False)
+    if _field(body, "temperature", float, 0.0, 0.0, 2.0) > 0 and max_tokens:
+        raise RequestError("this server decodes greedily: set 'temperature' to 0 (or max_tokens to 0 to score the "
+                           "prompt only)", param="temperature")
+    # tokenised on a worker thread: a large prompt never stalls the event loop (other clients, /health)
+    tokenised = await asyncio.to_thread(lambda: [_tokenise(engine, p, limits.text_start) for p in prompts])
+    _check_tokens(sum(len(ids) for ids, *_ in tokenised), limits)
+    for ids, *_ in tokenised:
+        engine.check_length(len(ids), max_tokens)
+    all_ids = [ids for ids, *_ in tokenised]
+    wants_prompt_values = (echo and logprobs is not None) or prompt_logprobs is not None
+    values = await asyncio.wrap_future(engine.score(all_ids)) if wants_prompt_values else None
+    top = max(logprobs if echo and logprobs else 0, prompt_logprobs or 0)
+    tops = await asyncio.wrap_future(engine.prompt_tops(all_ids, top)) if top else [[None] * len(i) for i in all_ids]
+    decode = _Decoder(engine.lm.tokenizer)
+    choices, used = [], 0
+    for i, (ids, starts, ends, text) in enumerate(tokenised):
+        generated = await asyncio.wrap_future(engine.generate(ids, max_tokens, logprobs or 0)) if max_tokens else []
+        gen_texts = [decode(t) for t, _, _ in generated]
+        choice: dict = {"index": i, "text": (text if echo else "") + "".join(gen_texts), "logprobs": None,
+                        "finish_reason": "length" if len(generated) == max_tokens else "stop"}
+        if logprobs is not None:
+            tokens, offsets, lps, top_lps = [], [], [], []
+            if echo:
+                if engine.add_start_token:  # the start token: zero-width, nothing precedes it
+                    tokens, offsets, lps, top_lps = [""], [0], [None], [None]
+                tokens += [text[s:e] for s, e in zip(starts, ends)]
+                offsets += starts
+                lps += values[i]
+                top_lps += [None if t is None or not logprobs else {decode(j): v for j, v in t[:logprobs]}
+                            for t in tops[i]]
+            cursor = len(text) if echo else 0
+            for t, (tid, lp, best) in zip(gen_texts, generated):
+                tokens.append(t), offsets.append(cursor), lps.append(lp), top_lps.append(best)
+                cursor += len(t)
+            choice["logprobs"] = {"tokens": tokens, "text_offset": offsets, "token_logprobs": lps,
+                                  "top_logprobs": top_lps}
+        if prompt_logprobs is not None:  # vLLM's form: the token and the top `prompt_logprobs`; null where
+            choice["prompt_logprobs"] = [  # nothing precedes the token
+                None if v is None else _vllm_entry(t, text[s:e], v, (best or [])[:prompt_logprobs], decode)
+                for t, s, e, v, best in zip(ids, starts, ends, values[i], tops[i])]
+        used += len(generated)
+        choices.append(choice)
+    prompt_tokens = sum(len(ids) for ids in all_ids)
+    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+            "model": limits.model_name, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": used, "total_tokens": prompt_tokens + used}}
+
+
+def _vllm_entry(token: int, text: str, value: float, best: list, decode) -> dict:
+    """{token id: {"logprob", "rank", "decoded_token"}} for the prompt token and its position's best tokens."""
+    ranks = {j: r + 1 for r, (j, _) in enumerate(best)}
+    entry = {str(token): {"logprob": value, "rank": ranks.get(token), "decoded_token": text}}
+    for j, v in best:
+        entry.setdefault(str(j), {"logprob": v, "rank": ranks[j], "decoded_token": decode(j)})
+    return entry
+
+
+class _Decoder:
+    """A token id's text, decoded once per request."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.seen = tokenizer, {}
+
+    def __call__(self, token: int) -> str:
+        if token not in self.seen:
+            self.seen[token] = self.tokenizer.decode([token])
+        return self.seen[token]
