@@ -233,6 +233,8 @@ class FaultyProxy:
                 lp["token_logprobs"] = [None] * len(lp["token_logprobs"])
             elif fault == "shift":  # entry i holds the value of token i + 1
                 lp["token_logprobs"] = [None] + lp["token_logprobs"][2:] + [-0.5]
+            elif fault == "needs_top" and body.get("logprobs") == 0:  # a server that echoes nothing at logprobs=0
+                choice["logprobs"] = None
         handler.reply(200, payload)
 
     def stop(self):
@@ -395,6 +397,19 @@ def test_max_tokens_zero_fallback(proxy, tiny, mode):
     remote = HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer)
     assert remote.stats()["max_tokens"].startswith("max_tokens=1")
     assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), local_scores(tiny[1], PAIRS))
+
+
+def test_scoring_asks_logprobs_0_where_the_server_allows_it(tiny, tiny_server, proxy):
+    """Echoed log-probs need no alternatives: logprobs=0 where the server answers it with the same numbers (our
+    server then computes no top-k per echoed token), 1 where it does not, as given when given; the same scores."""
+    lm = tiny[1]
+    want = local_scores(lm, PAIRS)
+    for url, options, chosen in ((tiny_server.url, {}, "0:"), (tiny_server.url, {"logprobs": 1}, "1 (as given)"),
+                                 (proxy.url, {}, "1: the server")):
+        proxy.mode = "needs_top"
+        remote = HTTPLM(url, tokenizer=lm.tokenizer, **options)
+        assert remote.stats()["logprobs"].startswith(chosen) and remote.logprobs == int(chosen[0])
+        assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), want)
 
 
 def test_server_refusing_token_prompts_gets_text_and_says_so(proxy, tiny):

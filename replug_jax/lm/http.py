@@ -7,9 +7,9 @@
 A pair is scored with the contract's one rule (`replug_jax.lm.blackbox`) whenever the client has
 the model's tokenizer and the server takes token-id prompts (the probe checks both): the prompt
 is `context ids + continuation ids`, cut from the left to the server's window, and the last
-len(continuation ids) echoed log-probs are the answer, equal to LocalLM's for any split. The
-request asks `echo=True, logprobs=1` (vLLM's `prompt_logprobs` form with `prompt_logprobs=True`)
-and `max_tokens=0`, or 1 where the probe saw the server refuse 0 (the generated token is dropped).
+len(continuation ids) echoed log-probs are the answer, equal to LocalLM's for any split. The request asks
+`echo=True, logprobs=0` (1 where the probe sees the server need it; vLLM's `prompt_logprobs` form with
+`prompt_logprobs=True`) and `max_tokens=0`, or 1 where the server refuses 0 (the generated token is dropped).
 
 Without a local tokenizer the server's own `/tokenize` builds the token-id prompts (`lm/http_tokenize.py`;
 `stats()["tokenizer"]` says which), so exact scores are the default. Fallback, stated in `stats()["prompt_format"]`:
@@ -36,9 +36,10 @@ from replug_jax.lm.blackbox import (check_pairs, check_query_triples, continuati
                                    split_query_scores)
 from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
                                      parse_text_echo, select_continuation)
-from replug_jax.lm.http_probe import BATCH_PROMPTS, probe_batching
+from replug_jax.lm.http_request_probes import BATCH_PROMPTS, probe_batching, probe_logprobs
 from replug_jax.lm.http_transport import BlackBoxServerError, Transport
-from replug_jax.models.tokenizer import TextTokenizer, document_start_id, token_starts, tokenizer_fingerprint
+from replug_jax.models.tokenizer import (TextTokenizer, document_start_id, document_start_text, token_starts,
+                                         tokenizer_fingerprint)
 
 __all__ = ["HTTPLM", "BlackBoxServerError"]
 
@@ -55,21 +56,23 @@ class HTTPLM:
     def __init__(self, base_url: str, model: str | None = None, *, api_key_env: str = "OPENAI_API_KEY",
                  concurrency: int = 8, timeout: float = 60, max_retries: int = 5, backoff: float = 0.5,
                  tokenizer: TextTokenizer | None = None, probe: bool = True, prompt_logprobs: bool = False,
-                 prompts_per_request: int | None = None, logprobs: int = 1, start_text: str | None = None,
-                 max_length: int | None = None, token_prompts: bool | None = None):
+                 prompts_per_request: int | None = None, logprobs: int | None = None,
+                 start_text: str | None = None, max_length: int | None = None, token_prompts: bool | None = None):
         if tokenizer is not None and not isinstance(tokenizer, TextTokenizer):
-            raise TypeError(f"tokenizer must be a TextTokenizer (rj.load_lm resolves names), got {type(tokenizer).__name__}")
+            raise TypeError("tokenizer must be a TextTokenizer (rj.load_lm resolves names), got "
+                            f"{type(tokenizer).__name__}")
         self.transport = Transport(base_url, api_key_env=api_key_env, timeout=timeout, max_retries=max_retries,
                                    backoff=backoff)
         self.base_url = self.transport.base_url
         self.model, self.tokenizer, self.name = model, tokenizer, model or self.base_url
         if prompts_per_request is not None and prompts_per_request < 1:
             raise ValueError(f"prompts_per_request must be at least 1 (or None: probed), got {prompts_per_request}")
-        self.concurrency, self.logprobs = concurrency, logprobs
+        self.concurrency, self._logprobs_setting, self.logprobs = concurrency, logprobs, 1 if logprobs is None else \
+            logprobs  # None: the probe decides (0 where the server allows it)
         self._batch_setting, self.prompts_per_request = prompts_per_request, prompts_per_request or 1
         self.prompt_logprobs, self.token_prompts, self.max_length = prompt_logprobs, token_prompts, max_length
         self.start_id = document_start_id(tokenizer) if tokenizer is not None else None
-        self.start_text = start_text if start_text is not None else _document_start_text(tokenizer)
+        self.start_text = start_text if start_text is not None else document_start_text(tokenizer)
         self._max_tokens, self._start, self._leading, self.top_logprobs = 1, None, 0, 5  # 5: OpenAI's cap
         self._findings: dict = {"alignment": "not probed", "prompt_format": "text (not probed)"}
         self._lock = threading.Lock()
@@ -180,9 +183,11 @@ class HTTPLM:
         self.max_length = self.max_length or result.max_length
         self._max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
         self.token_prompts, self._leading, self.top_logprobs = result.token_prompts, result.leading, result.top_logprobs
+        self.logprobs, logprobs = probe_logprobs(self, self._logprobs_setting)  # 0 where the server allows it
         self.prompts_per_request, batching = probe_batching(self, self._batch_setting)
         with self._lock:
-            self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), "prompts_per_request": batching}
+            self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), "prompts_per_request": batching,
+                              "logprobs": logprobs}
         return self._findings
 
     def _tokenizer_kind(self) -> str:
@@ -250,7 +255,8 @@ class HTTPLM:
         if isinstance(self.tokenizer, TextTokenizer) and window:  # cut by the local tokens, one spare for the split
             cont_tokens = len(self.tokenizer.encode(continuation))
             if cont_tokens + 1 >= window:
-                raise ValueError(f"continuation of {cont_tokens} tokens does not fit the server's {window}-token window")
+                raise ValueError(f"continuation of {cont_tokens} tokens does not fit the server's {window}-token "
+                                 "window")
             starts = token_starts(self.tokenizer, context) if context else [0]
             keep = window - cont_tokens - 1
             context = context[starts[max(0, len(starts) - 1 - keep)]:]
@@ -290,11 +296,3 @@ class HTTPLM:
             self.transport.count("failures")
         return BlackBoxServerError(self.transport.redact(f"{self.base_url}: {message}"))
 
-
-def _document_start_text(tokenizer: TextTokenizer | None) -> str | None:
-    """The text of the tokenizer's document-start token (LocalLM's choice), if it encodes back to that one token."""
-    if tokenizer is None:
-        return None
-    tid = document_start_id(tokenizer)
-    text = tokenizer.backend.id_to_token(tid) if tid is not None else None
-    return text if text and tokenizer.encode(text) == [tid] else None

@@ -90,29 +90,6 @@ def probe(client) -> ProbeResult:
     return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, top, findings)
 
 
-BATCH_PROMPTS = 16  # prompts per completions request where the probe finds the server answers lists exactly
-
-
-def probe_batching(client, given: int | None) -> tuple[int, str]:
-    """(prompts per request, the finding): `BATCH_PROMPTS` where the server answers a list of two probe pairs
-    with each pair's own numbers (1e-4), else 1; a size `given` to the client's constructor is kept as it is."""
-    if given is not None:
-        return given, f"{given} (as given)"
-    try:
-        pairs = [client.prepare_prompt(PROBE_TEXT[:24], PROBE_TEXT[24:40]),
-                 client.prepare_prompt(PROBE_TEXT[:12], PROBE_TEXT[12:30])]
-    except ValueError:  # a window too small for the probe pairs
-        return 1, "1: not probed (the server's window is too small for the probe pairs)"
-    alone = [client.score_chunk([pair], probing=True)[0] for pair in pairs]
-    try:
-        together = client.score_chunk(pairs, probing=True)
-    except (Refused, BlackBoxServerError) as e:
-        return 1, f"1: the server refused a list of prompts ({str(e)[:120]})"
-    if not all(a.shape == b.shape and np.allclose(a, b, atol=1e-4) for a, b in zip(alone, together)):
-        return 1, "1: the server answered a list of prompts with other numbers than one prompt at a time"
-    return BATCH_PROMPTS, f"{BATCH_PROMPTS}: the server answers a list of prompts with each prompt's own numbers"
-
-
 def probe_text(max_length: int | None) -> str:
     """PROBE_TEXT, cut to fit a small window (ASCII: at most one token per character, 8 to spare)."""
     return PROBE_TEXT if not max_length or len(PROBE_TEXT) + 8 <= max_length else PROBE_TEXT[: max(8, max_length - 8)]

@@ -97,6 +97,15 @@ def document_start_id(tokenizer: TextTokenizer) -> int | None:
     return tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
 
 
+def document_start_text(tokenizer: TextTokenizer | None) -> str | None:
+    """The text of the tokenizer's document-start token (LocalLM's choice), if it encodes back to that one token."""
+    if tokenizer is None:
+        return None
+    tid = document_start_id(tokenizer)
+    text = tokenizer.backend.id_to_token(tid) if tid is not None else None
+    return text if text and tokenizer.encode(text) == [tid] else None
+
+
 def from_hf_dir(model_dir: str) -> TextTokenizer:
     """The tokenizer of a Hugging Face directory (tokenizer.json preferred; no torch needed)."""
     path = os.path.join(model_dir, "tokenizer.json")
