@@ -84,13 +84,14 @@ def config_dir() -> str:
 
 
 def help_text(argv: list[str], usage: str) -> str:
-    """The usage line, the configs (file and the first line of its docstring) and, with --config, its keys."""
+    """The usage line, the configs (file and the first sentence of its docstring) and, with --config, its keys with
+    their defaults and the comments the config files give them."""
     import ast
 
     lines = [usage, "", f"configs ({config_dir()}):"]
     for path in sorted(glob.glob(os.path.join(config_dir(), "*.py"))):
         doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
-        lines.append(f"  {os.path.basename(path):22s} {doc.splitlines()[0] if doc else ''}")
+        lines.append(f"  {os.path.basename(path):22s} {first_sentence(doc)}")
     chosen = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
     if chosen is None and "--config" in argv[:-1]:
         chosen = argv[argv.index("--config") + 1]
@@ -98,9 +99,36 @@ def help_text(argv: list[str], usage: str) -> str:
         from replug_jax.config_files import sibling_config
 
         config = sibling_config(os.path.abspath(chosen), os.path.basename(chosen))
+        comments = key_comments(os.path.abspath(chosen))
         lines += ["", f"keys of {chosen} (override with --config.KEY=VALUE):"]
-        lines += [f"  {key} = {value!r}" for key, value in sorted(config.items())]
+        lines += [f"  {key} = {value!r}" + (f"  # {comments[key]}" if key in comments else "")
+                  for key, value in sorted(config.items())]
     else:
-        lines += ["", "--help --config CONFIG.py lists that config's keys and defaults"]
+        lines += ["", "--help --config CONFIG.py lists that config's keys, defaults and comments"]
     lines += ["", "other flags: --workdir DIR (required), --debug (tracebacks), --verbosity=0 (library log here)"]
     return "\n".join(lines)
+
+
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence, joined across its lines (its first paragraph when no sentence ends there)."""
+    paragraph, depth = " ".join(doc.split("\n\n", 1)[0].split()), 0
+    for i, ch in enumerate(paragraph):
+        depth += (ch == "(") - (ch == ")")
+        ends = paragraph[i + 1 : i + 2] in (" ", "") and not paragraph[i + 2 : i + 3].isdigit()  # not "Dec. 2018"
+        if ch == "." and depth == 0 and ends:
+            return paragraph[: i + 1]
+    return paragraph
+
+
+def key_comments(path: str) -> dict[str, str]:
+    """{key: the comment of its `c.KEY = ...  # comment` line}, from the config file and the files it builds on
+    (`sibling_config(__file__, "NAME.py")`); the file's own comment wins over its base's."""
+    import re
+
+    text = open(path, encoding="utf-8").read()
+    comments: dict[str, str] = {}
+    for base in re.findall(r"sibling_config\(__file__, \"([\w.]+\.py)\"\)", text):
+        comments.update(key_comments(os.path.join(os.path.dirname(path), base)))
+    for key, comment in re.findall(r"^\s*c\.(\w+) = .*?  # (.+)$", text, flags=re.MULTILINE):
+        comments[key] = comment.strip()
+    return comments

@@ -100,8 +100,13 @@ def test_a_user_error_inside_a_job_is_one_line_and_its_traceback_is_logged(main_
 def test_help_lists_the_configs_and_a_configs_keys():
     done, _ = run_main("--help")
     assert done.returncode == 0 and "demo.py" in done.stdout and "qa_lsr.py" in done.stdout
+    # each config's first sentence whole (not its first line, which may stop mid-sentence), also across "Dec. 2018"
+    assert "SmolLM2-135M." in done.stdout.split("demo.py", 1)[1].splitlines()[0]
+    assert "from Wikipedia Dec. 2018" in done.stdout.split("  nq.py", 1)[1].splitlines()[0]
     done, _ = run_main("--help", "--config", DEMO)
-    assert done.returncode == 0 and "keys of" in done.stdout and "  temperature = 1.0" in done.stdout
+    assert done.returncode == 0 and "keys of" in done.stdout
+    assert "  temperature = 1.0  # λ = softmax(s / τ)" in done.stdout
+    assert "  k = 4  # documents ensembled" in done.stdout  # a base config's comment (lm_eval.py) for demo.py's key
     done, _ = run_main("--config", DEMO)
     assert done.returncode == 2 and "error: --workdir is required" in done.stderr
 
@@ -193,7 +198,8 @@ def test_k_and_temperatures_are_refused_in_the_first_second(tmp_path):
              ("sciq.py", dict(qa, methods=("replug", "replug_posterior"), posterior_alpha=-1.0),
               r"--config.posterior_alpha must be a finite number >= 0"),
              ("sciq.py", dict(qa, methods=("replug_posterior",), k=2, rerank_depth=1), r"--config.rerank_depth=1: "),
-             ("sciq_mc.py", dict(qa, methods=("replug_posterior",), scoring="letters"), r"set --config.scoring=options")]
+             ("sciq_mc.py", dict(qa, methods=("replug_posterior",), scoring="letters"),
+              r"set --config.scoring=options")]
     started = time.time()
     for name, overrides, message in cases:
         with pytest.raises(input_checks.InputError, match=message):
