@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from replug_jax import replug
+from replug_jax import mixture
 from replug_jax.config_files import sibling_config
 from replug_jax import workspace
 from replug_jax.lm.cache import CachedLM
@@ -36,7 +36,7 @@ def mixture_perplexity(logprobs: np.ndarray, lengths: list[int], pick) -> float:
     for w, n in enumerate(lengths):
         chosen = logprobs[w, pick(w), :n][None].astype(np.float32)  # [1, k, T]
         equal = np.zeros(chosen.shape[:2], np.float32)  # equal scores: λ = 1/k
-        total += float(np.sum(replug.ensemble_logprobs(chosen, equal, equal == 0, 1.0)))
+        total += float(np.sum(mixture.ensemble_logprobs(chosen, equal, equal == 0, 1.0)))
         tokens += n
     return float(np.exp(-total / tokens))
 

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from replug_jax import console, posterior, replug, workspace
+from replug_jax import console, mixture, posterior, workspace
 from replug_jax.config_files import sibling_config
 from replug_jax.data import evaluation_sets
 from replug_jax.evaluate.answer_nll import answer_nll, mixture_loglik, query_and_continuation_scores
@@ -60,7 +60,7 @@ def nll_of(split: dict, log_w: np.ndarray, kept: np.ndarray) -> np.ndarray:
 
 def replug_nll(split: dict, tau: float, k: int) -> np.ndarray:
     s = split["scores"][:, :k]
-    log_w = np.asarray(replug.ensemble_log_weights(s, np.ones(s.shape, bool), tau))
+    log_w = np.asarray(mixture.ensemble_log_weights(s, np.ones(s.shape, bool), tau))
     return nll_of(split, log_w, np.tile(np.arange(k), (len(s), 1)))
 
 

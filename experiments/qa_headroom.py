@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 import replug_jax as rj
-from replug_jax import replug, workspace
+from replug_jax import mixture, workspace
 from replug_jax.config_files import sibling_config
 from replug_jax.data import downstream as data
 from replug_jax.evaluate import qa
@@ -35,7 +35,7 @@ def mixture_nll(per_pass: list[np.ndarray], chosen, log_w=None) -> float:
     """−log p(answer) under the per-token mixture of the chosen passes (uniform weights unless `log_w`)."""
     lps = np.stack([per_pass[i] for i in chosen])[None].astype(np.float32)  # [1, k, T]
     w = np.zeros((1, len(chosen)), np.float32) if log_w is None else np.asarray(log_w, np.float32)[None]
-    return -float(np.sum(replug.ensemble_logprobs(lps, w, np.ones_like(w, bool), 1.0)))
+    return -float(np.sum(mixture.ensemble_logprobs(lps, w, np.ones_like(w, bool), 1.0)))
 
 
 def main():
@@ -75,7 +75,7 @@ def main():
             at += len(ctx)
         ell = [np.array([x.sum() for x in p]) for p in per_q]  # [Q][depth] ℓ = Σ_t log p(y_t | d ∘ x, y_<t)
         k = args.k
-        tau = lambda t: [np.asarray(replug.ensemble_log_weights(s[None, :k], np.ones((1, k), bool), t))[0]
+        tau = lambda t: [np.asarray(mixture.ensemble_log_weights(s[None, :k], np.ones((1, k), bool), t))[0]
                          for s in scores]
         stats = {
             "replug_top_k_tau1": np.mean([mixture_nll(p, range(k), w) for p, w in zip(per_q, tau(1.0))]),

@@ -16,7 +16,7 @@ _EXPORTS = {
     "load_encoder": "replug_jax.api",
     "load_lm": "replug_jax.api",
     "load_tokenizer": "replug_jax.api",
-    "REPLUG": "replug_jax.rag",
+    "REPLUG": "replug_jax.pipeline",
     "BlackBoxLM": "replug_jax.lm.blackbox",
     "LocalLM": "replug_jax.lm.local",
     "HTTPLM": "replug_jax.lm.http",

@@ -22,7 +22,7 @@ Masking and infinities (no NaN is ever produced here from masked input):
   * `doc_mask[b, k] = False` marks a padding slot; its scores are never read (`where`,
     not multiplication), so they may be NaN or garbage, and they get zero gradient.
   * In `retrieval_log_likelihood` / `lm_log_likelihood` a score of -inf means
-    probability 0 (as in `replug.ensemble_log_weights`). In `lsr_loss` a -inf on either
+    probability 0 (as in `mixture.ensemble_log_weights`). In `lsr_loss` a -inf on either
     side (retrieval or LM score) removes the document from *both* distributions, exactly
     as if it were masked: otherwise one side would give it probability 0 and the other
     not, and the KL (hence the batch mean) would be +inf.
@@ -38,7 +38,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from replug_jax.replug import ensemble_log_weights
+from replug_jax.mixture import ensemble_log_weights
 
 __all__ = ["DIRECTIONS", "retrieval_log_likelihood", "lm_log_likelihood", "kl_loss", "lsr_loss"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replug_jax import replug
+from replug_jax import mixture
 
 
 def check_alpha(alpha: float) -> None:
@@ -28,13 +28,13 @@ def posterior_log_weights(scores, doc_mask, query_logliks, temperature: float, a
     """log λ = log softmax(s / τ + α · log p(x | d)) over the valid passages of each row.
 
     scores, query_logliks: [B, K] (query_logliks: Σ_t log p(x_t | d_k, x_<t)); doc_mask: [B, K] bool.
-    Returns float32 [B, K], -inf for masked passages (`replug.ensemble_log_weights`'s conventions)."""
+    Returns float32 [B, K], -inf for masked passages (`mixture.ensemble_log_weights`'s conventions)."""
     check_alpha(alpha)
     mask = np.asarray(doc_mask, bool)
     evidence = np.where(mask, np.asarray(query_logliks, np.float64), 0.0)  # never read where masked
     # s/τ + α·ℓ = (s + τ·α·ℓ)/τ: the retrieval softmax's own stable centring serves both terms
     combined = np.asarray(scores, np.float64) + temperature * alpha * evidence  # [B, K]
-    return np.asarray(replug.ensemble_log_weights(combined.astype(np.float32), mask, temperature), np.float32)
+    return np.asarray(mixture.ensemble_log_weights(combined.astype(np.float32), mask, temperature), np.float32)
 
 
 def rerank(log_weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from replug_jax import lsr
-from tests.test_replug import ref_weights as ref_softmax  # softmax(x / t) over mask & finite x, float64
+from tests.test_mixture import ref_weights as ref_softmax  # softmax(x / t) over mask & finite x, float64
 
 
 def ref_kl(a, b):

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import console, distributed, posterior, replug
+from replug_jax import console, distributed, mixture, posterior
 from replug_jax.evaluate.windows import Window
 from replug_jax.passages import DOC_TEMPLATE, document_passes, format_docs
 
@@ -65,7 +65,7 @@ def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.nda
         for i in range(min(k, len(per_doc))):
             stacked[w, i, : lengths[w]] = per_doc[i]
     mask = rows[:, :k] >= 0  # [W, k]
-    mixed = np.asarray(replug.ensemble_logprobs(stacked, scores[:, :k].astype(np.float32), mask, temperature))
+    mixed = np.asarray(mixture.ensemble_logprobs(stacked, scores[:, :k].astype(np.float32), mask, temperature))
     return {w: mixed[w, : lengths[w]] for w in range(len(doc_lps)) if mask[w].any()}
 
 

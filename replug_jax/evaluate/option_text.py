@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import posterior, replug
+from replug_jax import mixture, posterior
 from replug_jax.evaluate.answer_nll import continuation_logliks, mixture_loglik, query_and_continuation_scores
 from replug_jax.passages import QA_DOC_TEMPLATE
 
@@ -110,7 +110,7 @@ def record(rows: list[dict], method: str, by_metric: dict, metric: str) -> None:
 def log_lambda(scores: np.ndarray, passes: int, temperature: float) -> np.ndarray:
     """log softmax(scores[:passes] / τ): REPLUG's normalised log weights of one question's passes."""
     s = np.asarray(scores[:passes], np.float32)[None]  # [1, passes]
-    return np.asarray(replug.ensemble_log_weights(s, np.ones_like(s, bool), temperature))[0]
+    return np.asarray(mixture.ensemble_log_weights(s, np.ones_like(s, bool), temperature))[0]
 
 
 def prepended_prompts(method: str, contexts: Sequence[str], passages: Sequence[Sequence[str]]) -> list[list[str]]:

@@ -4,7 +4,7 @@ For B questions with K passes each, the rows are B·K sequences `prefix ∘ cont
   1. the shared prefix (few-shot block) is run ONCE, as one row, into a key/value cache;
   2. its cache is copied to the B·K rows and each pass's own context tokens are appended;
   3. a `lax.while_loop` decodes: mix the K next-token distributions of each question with λ
-     (`replug.ensemble_logprobs`), take the argmax, append it to all K passes (one
+     (`mixture.ensemble_logprobs`), take the argmax, append it to all K passes (one
      token per row per step through the cache), until every question has emitted a stop token
      or `max_new_tokens`.
 Shapes are bucketed (prefix, context and new-token lengths; questions per batch), so the jitted
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from replug_jax import replug, sharding
+from replug_jax import mixture, sharding
 from replug_jax.lm.blackbox import (Generation, check_generation_inputs, cut_at_stop, generation_prompt_ids,
                                    tokens_through_stop)
 from replug_jax.models import causal_lm, partition
@@ -40,7 +40,7 @@ def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit,
 
     def mixed(logits):  # [B·K, V] -> [B, V]
         per_pass = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, -1)
-        return replug.ensemble_logprobs(per_pass, log_weights, valid, 1.0)
+        return mixture.ensemble_logprobs(per_pass, log_weights, valid, 1.0)
 
     def body(carry):
         step, cache, logits, tokens, lps, counts, done = carry

@@ -2,7 +2,7 @@
 
 "auto" (every job's default) is bfloat16 on accelerators (TPU, GPU) and float32 on CPU, where bf16 matmuls
 are slow and buy nothing. Whatever the dtype, softmax, norms, log-probabilities and the REPLUG ensemble's
-log-sum-exp run in float32 (models/layers.py, replug.py); the retriever's LSR training keeps float32 weights.
+log-sum-exp run in float32 (models/layers.py, mixture.py); the retriever's LSR training keeps float32 weights.
 """
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def test_bad_settings_and_a_bare_string_are_refused_before_any_model_loads():
 
 
 def test_documents_may_be_texts_dicts_documents_or_a_path(smollm2, minilm, tmp_path):
-    from replug_jax.rag import as_documents
+    from replug_jax.pipeline import as_documents
     from replug_jax.retrieval.datastore import Document
 
     given = [DOCS[1], {"title": "Velmora", "text": DOCS[0]}, {"id": "k2", "text": DOCS[2]},

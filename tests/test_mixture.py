@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from replug_jax import replug
+from replug_jax import mixture
 
 
 def ref_weights(scores, mask, tau):
@@ -47,9 +47,9 @@ def test_matches_reference(tau):
     lp, scores, mask = case()
     mask[1, 2:] = False
     lp[1, 2:] = np.nan  # masked docs: garbage must not leak
-    out = replug.ensemble_logprobs(lp, scores, mask, tau)
+    out = mixture.ensemble_logprobs(lp, scores, mask, tau)
     np.testing.assert_allclose(out, ref_mixture(lp, scores, mask, tau), rtol=1e-5, atol=1e-5)
-    w = np.exp(replug.ensemble_log_weights(scores, mask, tau))
+    w = np.exp(mixture.ensemble_log_weights(scores, mask, tau))
     np.testing.assert_allclose(w, ref_weights(scores, mask, tau), atol=1e-6)
     np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-6)
     # the mixture is also logaddexp-reduce of log λ + log p
@@ -61,17 +61,17 @@ def test_matches_reference(tau):
 
 def test_single_document_is_identity():
     lp, scores, mask = case(k=1)
-    out = replug.ensemble_logprobs(lp, scores, mask, 0.3)
+    out = mixture.ensemble_logprobs(lp, scores, mask, 0.3)
     np.testing.assert_allclose(out, lp[:, 0], rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(replug.ensemble_log_weights(scores, mask), 0.0)
+    np.testing.assert_array_equal(mixture.ensemble_log_weights(scores, mask), 0.0)
 
 
 def test_ties_give_uniform_weights_and_mean_probability():
     lp, _, mask = case()
     scores = np.full(mask.shape, 0.7, np.float32)
-    w = np.exp(replug.ensemble_log_weights(scores, mask, 0.05))
+    w = np.exp(mixture.ensemble_log_weights(scores, mask, 0.05))
     np.testing.assert_allclose(w, 0.25, rtol=1e-6)
-    out = replug.ensemble_logprobs(lp, scores, mask, 0.05)
+    out = mixture.ensemble_logprobs(lp, scores, mask, 0.05)
     np.testing.assert_allclose(out, np.log(np.exp(lp.astype(np.float64)).mean(1)), rtol=1e-5, atol=1e-6)
 
 
@@ -82,11 +82,11 @@ def test_minus_inf_scores_and_masked_nan_logprobs():
     mask[3, 1] = False
     lp[3, 1] = np.nan
     scores[3, 1] = np.nan  # a masked doc's score is garbage too
-    out = np.asarray(replug.ensemble_logprobs(lp, scores, mask, 0.5))
+    out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, 0.5))
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out, ref_mixture(lp, scores, mask, 0.5), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out[2], lp[2, 3], rtol=1e-6, atol=1e-6)
-    log_w = np.asarray(replug.ensemble_log_weights(scores, mask, 0.5))
+    log_w = np.asarray(mixture.ensemble_log_weights(scores, mask, 0.5))
     assert log_w[0, 0] == -np.inf and log_w[3, 1] == -np.inf and not np.isnan(log_w).any()
 
 
@@ -94,7 +94,7 @@ def test_minus_inf_token_logprob_of_one_doc():
     lp, scores, mask = case()
     lp[0, 1, 2] = -np.inf  # one doc gives the token probability 0: the mixture does not
     lp[1, :, 3] = -np.inf  # every doc gives probability 0: so does the mixture
-    out = np.asarray(replug.ensemble_logprobs(lp, scores, mask))
+    out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask))
     assert np.isfinite(out[0]).all() and out[1, 3] == -np.inf and not np.isnan(out).any()
     np.testing.assert_allclose(out, ref_mixture(lp, scores, mask, 1.0), rtol=1e-5, atol=1e-5)
 
@@ -103,24 +103,24 @@ def test_all_documents_masked_is_minus_inf_without_nan():
     lp, scores, mask = case()
     mask[4] = False
     lp[4] = np.nan
-    out = np.asarray(replug.ensemble_logprobs(lp, scores, mask))
+    out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask))
     assert (out[4] == -np.inf).all() and np.isfinite(out[:4]).all()
-    assert (np.asarray(replug.ensemble_log_weights(scores, mask))[4] == -np.inf).all()
-    grad = jax.grad(lambda s: jnp.sum(replug.ensemble_logprobs(lp, s, mask)[:4]))(scores)
+    assert (np.asarray(mixture.ensemble_log_weights(scores, mask))[4] == -np.inf).all()
+    grad = jax.grad(lambda s: jnp.sum(mixture.ensemble_logprobs(lp, s, mask)[:4]))(scores)
     assert np.isfinite(grad).all() and (grad[4] == 0).all()
 
 
 def test_temperature_sharpens_towards_best_document():
     lp, scores, mask = case()
     best = scores.argmax(1)
-    hot = np.asarray(replug.ensemble_logprobs(lp, scores, mask, 1e6))
-    cold = np.asarray(replug.ensemble_logprobs(lp, scores, mask, 1e-3))
+    hot = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, 1e6))
+    cold = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, 1e-3))
     np.testing.assert_allclose(cold, lp[np.arange(len(best)), best], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(hot, np.log(np.exp(lp.astype(np.float64)).mean(1)), atol=2e-5)
-    w = lambda tau: np.exp(replug.ensemble_log_weights(scores, mask, tau))[np.arange(len(best)), best]
+    w = lambda tau: np.exp(mixture.ensemble_log_weights(scores, mask, tau))[np.arange(len(best)), best]
     assert (w(0.1) > w(1.0)).all() and (w(1.0) > w(10.0)).all()
     with pytest.raises(ValueError):
-        replug.ensemble_log_weights(scores, mask, 0.0)
+        mixture.ensemble_log_weights(scores, mask, 0.0)
 
 
 def test_next_token_mixture_is_normalised():
@@ -130,7 +130,7 @@ def test_next_token_mixture_is_normalised():
     scores = rng.normal(size=(3, 4)).astype(np.float32)
     mask = np.array([[1, 1, 1, 1], [1, 0, 1, 0], [0, 0, 1, 0]], bool)
     lp[~mask] = np.nan
-    out = np.asarray(replug.ensemble_logprobs(lp, scores, mask, 0.2))
+    out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, 0.2))
     assert out.shape == (3, 101)
     np.testing.assert_allclose(np.exp(out.astype(np.float64)).sum(-1), 1.0, rtol=1e-5)
     np.testing.assert_allclose(out, ref_mixture(lp, scores, mask, 0.2), rtol=1e-5, atol=1e-5)
@@ -142,7 +142,7 @@ def test_gradient_wrt_scores_matches_finite_differences():
     lp[1, 0] = np.nan
     with jax.enable_x64(True):
         lp64, s64 = jnp.asarray(lp, jnp.float64), jnp.asarray(scores, jnp.float64)
-        f = jax.jit(lambda s: jnp.sum(replug.ensemble_logprobs(lp64, s, mask, 0.5) * jnp.arange(1.0, 5.0)))
+        f = jax.jit(lambda s: jnp.sum(mixture.ensemble_logprobs(lp64, s, mask, 0.5) * jnp.arange(1.0, 5.0)))
         grad = np.asarray(jax.grad(f)(s64))
         assert grad.dtype == np.float64
         eps, fd = 1e-6, np.zeros_like(grad)
@@ -162,7 +162,7 @@ def test_weights_keep_precision_for_large_scores_and_small_temperature():
     tau = 0.001
     z = scores.astype(np.float64) / tau
     want = z - np.log(np.exp(z - z.max()).sum()) - z.max()
-    got = np.asarray(replug.ensemble_log_weights(scores, np.ones((1, 4), bool), tau), np.float64)
+    got = np.asarray(mixture.ensemble_log_weights(scores, np.ones((1, 4), bool), tau), np.float64)
     np.testing.assert_allclose(got, want, atol=1e-3)
     divided_first = (scores / np.float32(tau)).astype(np.float32)  # the old order, in float32
     old = divided_first - np.log(np.exp((divided_first - divided_first.max()).astype(np.float64)).sum()) - divided_first.max()

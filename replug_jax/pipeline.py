@@ -10,7 +10,7 @@ Each of the top-k passages is prepended to the input separately and the LM's per
 mixed with λ = softmax(s / τ) (§3.2), or (`weights="posterior"`) with the LM's posterior over the passages
 (posterior.py). The calls go through the very functions the jobs use (`passages.document_passes` and
 `evaluate.lm.ensemble` for scoring, `evaluate.qa.method_passes` and `evaluate.qa_posterior` for QA), so the
-numbers are the jobs' numbers (tests/test_rag.py).
+numbers are the jobs' numbers (tests/test_pipeline.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import posterior, replug
+from replug_jax import mixture, posterior
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa
 from replug_jax.evaluate.lm import ensemble
@@ -88,7 +88,7 @@ class REPLUG:
         contexts, _, _ = document_passes(self.datastore, rows, [text], [""], self.doc_template)
         valid = rows >= 0  # [1, depth]
         if self.weights == "retrieval":
-            return contexts, np.asarray(replug.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]], None
+            return contexts, np.asarray(mixture.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]], None
         docs = [c[: len(c) - len(text)] for c in contexts]  # the passage part of each pass
         scored = self.lm.score_with_query(docs, [text] * len(docs), [continuation] * len(docs))
         evidence = np.zeros(scores.shape)
