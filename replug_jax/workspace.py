@@ -14,11 +14,11 @@ import json
 import os
 import time
 
-import jax
 
 import replug_jax as rj
-from replug_jax.trained_retriever import TRAIN_QUESTIONS, TRAINED_RETRIEVER  # noqa: F401 (re-exported)
-from replug_jax.errors import InputError, MissingInput
+from replug_jax.trained_retriever import (TRAIN_QUESTIONS, TRAINED_RETRIEVER, load_trained_encoder,  # noqa: F401
+                                         retriever_folder)  # (re-exported: the jobs' one module of what they prepare)
+from replug_jax.errors import InputError
 from replug_jax import console, distributed, sharding
 from replug_jax.input_checks import check_depth_fits
 from replug_jax.data import downstream as downstream_data
@@ -26,7 +26,6 @@ from replug_jax.data import wiki
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.lm.cache import CachedLM
 from replug_jax.models import precision
-from replug_jax.models.weights import load_params
 from replug_jax.models.tokenizer import tokenizer_fingerprint
 from replug_jax.retrieval import build
 from replug_jax.retrieval import datastore as ds
@@ -260,24 +259,27 @@ def prepare(config, workdir: str) -> Workspace:
     return Workspace(paths, encoder, lm, tokenizer, store, index, started)
 
 
-def retriever_folder(lsr_workdir: str) -> str:
-    """An LSR job's workdir as a local folder: from a bucket (gs://), its trained retriever files staged."""
-    from replug_jax import workdirs
-
-    return workdirs.local_folder(lsr_workdir or "", (TRAINED_RETRIEVER, TRAIN_QUESTIONS))
-
-
-def load_trained_encoder(encoder, lsr_workdir: str):
-    """(`encoder` with the parameters an LSR job trained (WORKDIR/retriever.safetensors), named "+lsr",
-    whether the documents were trained too: False means the trained encoder embeds queries only and
-    searches an index built by the original `encoder`)."""
-    path = os.path.join(lsr_workdir, TRAINED_RETRIEVER)
-    if not os.path.isfile(path):
-        raise MissingInput(f"{path}: no trained retriever (run the LSR job with --workdir {lsr_workdir} first)")
-    params, meta = load_params(path, jax.device_get(encoder.params))
-    if meta.get("encoder") not in (None, encoder.name):
-        raise InputError(f"{path} was trained from encoder {meta['encoder']!r}, not {encoder.name!r}")
-    return encoder.with_params(params, name=f"{encoder.name}+lsr"), meta.get("train_documents", "true") == "true"
+def prepare_downstream(config, workdir: str, lm=None) -> Workspace:
+    """A downstream job's models, datastore and dense index (QA, MMLU, LSR on QA pairs): `lm` (loaded when None)
+    behind `config.lm_cache`, the corpus cut with its tokenizer and embedded under cache_dir (else the workdir)."""
+    started = time.time()
+    shared = config.get("cache_dir") or workdir  # datastore, embeddings and index: shareable by runs
+    os.makedirs(shared, exist_ok=True)
+    dtype = precision.resolve(config.dtype)
+    encoder = load_job_encoder(config, dtype)
+    lm = lm if lm is not None else load_job_lm(config, dtype)
+    tokenizer = lm_tokenizer(lm, config)
+    lm = cached_lm(lm, config)
+    cached = f", scores cached in {lm.path}" if isinstance(lm, CachedLM) else ""
+    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__}{cached})")
+    store = distributed.lead_first(lambda: build_corpus(  # one writer of the files
+        config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
+        max_passages=config.get("max_passages") or None))
+    check_depth_fits(config, len(store))  # before any embedding
+    console.phase(f"datastore: {len(store):,} passages")
+    index = build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+                              embedding_dtype=config.embedding_dtype)
+    return Workspace({"shared": shared}, encoder, lm, tokenizer, store, index, started)
 
 
 def trained_retriever(encoder, trained, train_documents: bool, store, index, workdir: str, *, metric: str,

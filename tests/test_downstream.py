@@ -592,11 +592,14 @@ def test_answer_bearing_demo_passages(files, smollm2, tmp_path):
     top-1), falling back to the top-1 when none does; "top1" keeps the top-1."""
     config = qa_config(files)
     store = workspace.build_datastore(files["corpus"], smollm2.tokenizer, config.doc_tokens, str(tmp_path))
-    retriever = job.retrievers_for(config, rj.load_encoder("minilm"), store, str(tmp_path))["replug"]
+    encoder = rj.load_encoder("minilm")
+    index = workspace.build_dense_index(encoder, store, str(tmp_path), metric="cosine", factory="Flat",
+                                        embedding_dtype="float32")
+    retriever = job.retrievers_for(config, encoder, store, index, str(tmp_path))["replug"]
     demos = [QAExample("d0", "Who is the mayor of Velmora?", ("Lisbon",)),  # only Fenn's passage says Lisbon
              QAExample("d1", "Who is the mayor of Velmora?", ("nobody at all",))]
-    passages = lambda choose: [p for p in demo_passages.few_shot_prefix(retriever, store, demos, True, qa.demo_block, choose)
-                               .split("\n\n") if p]
+    passages = lambda choose: [p for p in demo_passages.few_shot_prefix(retriever, store, demos, True, qa.demo_block,
+                                                                        choose).split("\n\n") if p]
     top1, answer = passages("top1"), passages("answer")
     assert "Tobias Grint" in top1[0] and "Tobias Grint" in top1[1]
     assert "Lisbon" in answer[0] and "Tobias Grint" in answer[1]

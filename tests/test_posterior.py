@@ -117,7 +117,7 @@ def test_alpha_zero_is_replug_through_the_qa_job(files, smollm2, tmp_path):  # n
     demos.write_text("".join(json.dumps({"question": q, "answers": [a]}) + "\n" for q, a in
                              [("What is made in Karsk?", "glass"), ("Where is Velmora?", "in the hills")]))
     config = qa_config(files, methods=("replug", "replug_posterior"), posterior_alpha=0.0, temperature=0.1,
-                       demos=str(demos), shots=16)
+                       demos=str(demos), shots=16, lm_cache=str(tmp_path / "lm.sqlite"))
     results = run_job(config, tmp_path / "run", lm)
     assert results["answer_nll"]["replug_posterior"] == pytest.approx(results["answer_nll"]["replug"], abs=1e-4)
     assert results["exact_match"]["replug_posterior"] == results["exact_match"]["replug"]
@@ -138,6 +138,7 @@ def test_alpha_zero_is_replug_through_the_qa_job(files, smollm2, tmp_path):  # n
     saved = json.load(open(os.path.join(tmp_path, "run", "results.json")))
     assert saved["posterior_alpha"] == 0.0 and saved["rerank_depth"] == config.k
     assert saved["shots"] == 2 and saved["methods"] == ["replug", "replug_posterior"]  # what ran
+    assert saved["lm_requests"]["cache_misses"] == sum(len(c["contexts"]) for c in lm.score_calls + lm.query_calls)
     assert saved["config"]["demos"] == str(demos) and saved["config"]["corpus"] == files["corpus"]
     assert saved["config"]["methods"] == ["replug", "replug_posterior"] and saved["config"]["lm"] == "smollm2"
     history = os.listdir(os.path.join(tmp_path, "run", "history"))

@@ -23,11 +23,10 @@ import numpy as np
 
 from replug_jax.errors import InputError
 from replug_jax import console, distributed, results_file, workspace
-from replug_jax.models import precision
 from replug_jax.data import evaluation_sets, olmes
 from replug_jax.evaluate import (answer_nll, demo_passages, downstream_report, mmlu, olmes_tasks, option_text, qa,
                                  qa_posterior)
-from replug_jax.input_checks import check_depth_fits, read_methods
+from replug_jax.input_checks import read_methods
 from replug_jax.passages import passages_of
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
@@ -41,10 +40,8 @@ def load_sets(config, kind: str):
         max_questions=config.max_questions, question_offset=config.get("question_offset", 0))
 
 
-def retrievers_for(config, encoder, store, workdir):
-    """{"replug": dense retriever, "replug_lsr": the LSR-trained one (config.retriever_workdir)}."""
-    index = workspace.build_dense_index(encoder, store, workdir, metric=config.metric, factory=config.index_factory,
-                                        embedding_dtype=config.embedding_dtype)
+def retrievers_for(config, encoder, store, index, workdir):
+    """{"replug": dense retriever over `index`, "replug_lsr": the LSR-trained one (config.retriever_workdir)}."""
     out = {"replug": DenseRetriever(encoder, index, store)}
     if "replug_lsr" in config.methods:
         trained, train_documents = workspace.load_trained_encoder(
@@ -72,11 +69,6 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     os.makedirs(workdir, exist_ok=True)
     kind = config.job
     read_methods(config)  # config.methods: the parsed tuple from here on (unknown names refused)
-    dtype = precision.resolve(config.dtype)
-    encoder = workspace.load_job_encoder(config, dtype)
-    lm = lm if lm is not None else workspace.load_job_lm(config, dtype)
-    tokenizer = workspace.lm_tokenizer(lm, config)
-    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
     questions, demos, removed = load_sets(config, kind)
     if not questions:
         raise InputError(f"no questions to evaluate from {config.questions!r}")
@@ -84,14 +76,9 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
         check_not_trained_on(config, questions)
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
                   f"{len(demos)} demo candidates")
-    shared = config.get("cache_dir") or workdir  # datastore, embeddings and index: shareable by runs
-    os.makedirs(shared, exist_ok=True)
-    store = distributed.lead_first(lambda: workspace.build_corpus(  # one writer of the files
-        config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
-        max_passages=config.get("max_passages") or None))
-    check_depth_fits(config, len(store))
-    console.phase(f"datastore: {len(store):,} passages")
-    retrievers = retrievers_for(config, encoder, store, shared)
+    prepared = workspace.prepare_downstream(config, workdir, lm)  # models (the LM behind lm_cache), datastore, index
+    lm, store = prepared.lm, prepared.store
+    retrievers = retrievers_for(config, prepared.encoder, store, prepared.index, prepared.paths["shared"])
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
         raise InputError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
     # several processes: each retrieves for, asks the LM about and predicts its share of the questions (all of

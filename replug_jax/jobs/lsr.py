@@ -19,11 +19,9 @@ from absl import logging
 from replug_jax.errors import InputError
 from replug_jax import console, distributed, results_file, sharding, trained_retriever, workspace
 from replug_jax.data import downstream as downstream_data
-from replug_jax.input_checks import check_depth_fits, read_methods
+from replug_jax.input_checks import read_methods
 from replug_jax.jobs.window_report import evaluate_and_report
-from replug_jax.models import precision
 from replug_jax.passages import QA_DOC_TEMPLATE
-from replug_jax.retrieval import datastore as ds
 from replug_jax.train.data import (check_disjoint, first_training_row, qa_training_examples, trained_questions_record,
                                    trains_on_questions, training_examples)
 from replug_jax.train.loop import LSRSettings, train_lsr
@@ -97,26 +95,15 @@ def run_lsr_on_questions(config, workdir: str) -> dict:
     questions and WORKDIR/results.json (settings, counts, seconds); the QA job evaluates it."""
     started = time.time()
     os.makedirs(workdir, exist_ok=True)
-    shared = config.get("cache_dir") or workdir
     target = config.get("lsr_target", "answer")
     questions = training_questions(config)  # before the models: a file without answers is refused in seconds
     examples = qa_training_examples(questions, seed=config.seed, max_examples=config.get("max_train_examples") or None,
                                     target=target)
-    dtype = precision.resolve(config.dtype)
-    encoder = workspace.load_job_encoder(config, dtype)
-    lm = workspace.load_job_lm(config, dtype)
-    tokenizer = workspace.lm_tokenizer(lm, config)
-    lm = workspace.cached_lm(lm, config)
-    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__})")
     what = "question-answer pairs" if target == "answer" else "questions (ℓ = log p(question | passage))"
     console.phase(f"training: {len(examples)} {what} from {config.train_data!r} "
                   f"(rows {first_training_row(config.train_data, config.get('train_offset'))} on)")
-    store: ds.Datastore = distributed.lead_first(lambda: workspace.build_corpus(
-        config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
-        max_passages=config.get("max_passages") or None))
-    check_depth_fits(config, len(store))
-    index = workspace.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
-                                        embedding_dtype=config.embedding_dtype)
+    prepared = workspace.prepare_downstream(config, workdir)  # models (the LM behind lm_cache), datastore, index
+    encoder, lm, store, index = prepared.encoder, prepared.lm, prepared.store, prepared.index
     settings = dataclasses.replace(LSRSettings.from_mapping(config), doc_template=QA_DOC_TEMPLATE)
     trained = _train_and_save(config, workdir, encoder, lm, store, examples, settings, index,
                               trained_questions_record(config.train_data, examples))
