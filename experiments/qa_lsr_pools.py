@@ -7,10 +7,12 @@ Each question's pool is its top `--depth` passages under the initial retriever; 
 the project's jitted LSR step (query side only: the documents' index vectors are fixed) for `--epochs` over
 the training pools without another LM call, so learning rates, γ and the KL direction can be compared in
 minutes. After each epoch, on training and held-out pools: top-1 accuracy (the retriever's best passage is the
-LM's best), Spearman(score, ℓ), and the answer NLL of REPLUG's mixture over the top `--k` by the new scores at
-τ = 1 and τ = γ (λ = softmax(s / τ)), against the same at the initial parameters and the oracle (the k passages
-of highest ℓ). Held-out questions are sciq.py's evaluated ones (rows after the demos); training ones come from
-`train_offset` on, as in experiments/configs/qa_lsr.py. Writes WORKDIR/pools.json and a table.
+LM's best), Spearman(score, ℓ), and the SEQUENCE-mixture answer NLL, −log Σ_i λ_i p(y | d_i ∘ x), over the top
+`--k` by the new scores at τ = 1 and τ = γ (λ = softmax(s / τ)), against the same at the initial parameters and the
+oracle (the k passages of highest ℓ). It mixes whole-answer likelihoods (as LSR's Q does), so its numbers are not
+the QA job's answer NLL, which mixes per token: keys and tables say "seq NLL". Held-out questions are sciq.py's
+evaluated ones (rows after the demos); training ones come from `train_offset` on, as in experiments/configs/qa_lsr.py.
+Writes WORKDIR/pools.json and a table.
 
 `--train_questions 150,300,0` trains once per training-set size (0: all), for a learning curve: does what the
 retriever learns on more questions carry over further? `--eval_lms qwen2.5-coder-0.5b` also scores the held-out
@@ -52,14 +54,15 @@ def logsumexp(x, axis=-1):
 
 
 def pool_metrics(scores: np.ndarray, ell: np.ndarray, k: int, taus) -> dict:
-    """scores, ell: [N, depth]. REPLUG's answer NLL over the top k by `scores`, top-1 accuracy and Spearman."""
+    """scores, ell: [N, depth]. REPLUG's sequence-mixture answer NLL (−log Σ λ p(y | d)) over the top k by `scores`,
+    top-1 accuracy and Spearman."""
     top = np.argsort(-scores, axis=1)[:, :k]  # [N, k]
     s_top, ell_top = np.take_along_axis(scores, top, 1), np.take_along_axis(ell, top, 1)
     out = {"top1_accuracy": float(np.mean(scores.argmax(1) == ell.argmax(1))),
            "spearman": float(np.mean([spearman(s, e) for s, e in zip(scores, ell)]))}
     for tau in taus:
         log_lam = s_top / tau - logsumexp(s_top / tau)[:, None]
-        out[f"nll_tau{tau:g}"] = float(-logsumexp(log_lam + ell_top).mean())
+        out[f"seq_nll_tau{tau:g}"] = float(-logsumexp(log_lam + ell_top).mean())
     return out
 
 
@@ -213,16 +216,16 @@ def train_on_pools(train: dict, lr: float, args, config, encoder, store, vectors
 
 
 def print_table(report, taus):
-    cols = ["top1_accuracy", "spearman"] + [f"nll_tau{t:g}" for t in taus]
+    cols = ["top1_accuracy", "spearman"] + [f"seq_nll_tau{t:g}" for t in taus]
     print("| run | set | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 2))
     for name, m in report["initial"].items():
         print(f"| initial | {name} | " + " | ".join(f"{m[c]:.3f}" for c in cols) + " |")
     for lr, curve in report["runs"].items():
-        best = min(curve, key=lambda r: r["heldout"][f"nll_tau{taus[1]:g}"])
+        best = min(curve, key=lambda r: r["heldout"][f"seq_nll_tau{taus[1]:g}"])
         for name in (n for n in best if n not in ("epoch", "loss")):
             m = best[name]
             print(f"| lr {lr}, epoch {best['epoch']} | {name} | " + " | ".join(f"{m[c]:.3f}" for c in cols) + " |")
-    print("oracle NLL (best k of the pool, uniform):", report["oracle_nll"], "best passage alone:",
+    print("oracle seq NLL (best k of the pool, uniform):", report["oracle_nll"], "best passage alone:",
           report["oracle_top1_nll"], "mean ℓ range:", report["ell_range"])
 
 

@@ -278,8 +278,8 @@ def _pools_experiment():
 
 
 def test_pool_metrics_of_the_pools_experiment_equal_a_hand_computation():
-    """experiments/qa_lsr_pools.py: REPLUG's answer NLL over the top k by the scores, top-1 accuracy, Spearman and
-    the oracle, on two pools worked by hand."""
+    """experiments/qa_lsr_pools.py: REPLUG's sequence-mixture answer NLL over the top k by the scores, top-1
+    accuracy, Spearman and the oracle, on two pools worked by hand."""
     import math
 
     pools = _pools_experiment()
@@ -296,7 +296,7 @@ def test_pool_metrics_of_the_pools_experiment_equal_a_hand_computation():
 
     for tau in (1.0, 0.5):
         want = np.mean([nll(scores[n], ell[n], tau) for n in range(2)])
-        assert got[f"nll_tau{tau:g}"] == pytest.approx(want, rel=1e-12)
+        assert got[f"seq_nll_tau{tau:g}"] == pytest.approx(want, rel=1e-12)
     oracle = np.mean([-math.log((math.exp(-1) + math.exp(-2)) / 2), -math.log((math.exp(-3) + math.exp(-4)) / 2)])
     assert pools.oracle_nll(ell, 2) == pytest.approx(oracle, rel=1e-12)
 
