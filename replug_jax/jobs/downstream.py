@@ -71,7 +71,9 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     read_methods(config)  # config.methods: the parsed tuple from here on (unknown names refused)
     questions, demos, removed = load_sets(config, kind)
     if not questions:
-        raise InputError(f"no questions to evaluate from {config.questions!r}")
+        why = (f": all {removed} were taken as the {config.shots} demos (shots); give --config.demos another file or "
+               "lower --config.shots") if removed else ""
+        raise InputError(f"no questions to evaluate from {config.questions!r}{why}")
     if kind == "qa":
         check_not_trained_on(config, questions)
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "

@@ -25,12 +25,18 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from replug_jax.errors import InputError
+
 MAX_DELAY = 60.0  # seconds, cap on backoff and Retry-After
 LISTEN_TRIES, LISTEN_BACKOFF = 3, 0.25  # a refused first connection: tried again after 0.25 s and 0.5 s, then refused
 
 
 class BlackBoxServerError(RuntimeError):
     """A server that cannot be used, or a request that failed for good; the message says which."""
+
+
+class ServerUnreachable(BlackBoxServerError, InputError):
+    """Nothing listens at the server's address: the user's input (a URL), so reported in one line."""
 
 
 class Refused(Exception):
@@ -87,7 +93,7 @@ class Transport:
             if attempt + 1 < tries:
                 time.sleep(backoff * 2**attempt)
         self.count("failures")
-        raise BlackBoxServerError(f"{self.base_url}: nothing is listening at {host}:{port} ({type(last).__name__}: "
+        raise ServerUnreachable(f"{self.base_url}: nothing is listening at {host}:{port} ({type(last).__name__}: "
                                   f"{last}; {tries} tries over {backoff * (2 ** (tries - 1) - 1):.2g} s): start the "
                                   "server, or fix the address")
 
