@@ -216,12 +216,13 @@ def test_experiment_scripts_import_and_explain_themselves(script):
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
 
 
-def test_the_readmes_tpu_commands_name_configs_and_keys_that_exist():
-    """Every `replug_jax.main` command in the README's TPU section names an existing config and its keys."""
+def test_the_tpu_pages_commands_name_configs_and_keys_that_exist():
+    """Every `replug_jax.main` command of the TPU page (docs/tpu.md, linked from the README) names an existing config
+    and its keys."""
     import re
 
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = text[text.index("## On TPU VMs"):text.index("## The demo:")]
+    assert "(docs/tpu.md)" in open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = open(os.path.join(ROOT, "docs", "tpu.md"), encoding="utf-8").read()
     commands = re.findall(r"replug_jax\.main (.*?)(?:'|\n```)", section.replace("\\\n", " "), flags=re.S)
     assert len(commands) == 2
     for command in commands:
