@@ -85,16 +85,21 @@ def test_a_run_mostly_without_retrieval_is_warned_about():
     assert report.markdown_table(results).endswith(f"Warning: {warning}\n")
 
 
-def test_ensemble_and_k_sweep_reuse_match_direct_scoring(tiny, tmp_path):
-    """Every REPLUG number equals a mixture computed by hand from separate lm.score calls."""
+def _corpus_and_windows(tiny, tmp_path):
+    """(the tiny LM, a 6-document datastore, its exact dense retriever, the windows of 2 held-out documents)."""
     _, _, lm, enc = tiny
     store = chunk_documents(docs("c", 6), lm.tokenizer, chunk_tokens=32)
     index = DenseIndex.build(embed_corpus(enc, store.texts, str(tmp_path / "e.npy"), progress=False),
                              meta=index_meta(enc, store))
-    retriever = DenseRetriever(enc, index, store)
     wins = []
     for d in docs("h", 2):
         wins += document_windows(d.id, d.text, lm.tokenizer, stride_tokens=24, query_tokens=16, context_tokens=16)
+    return lm, store, DenseRetriever(enc, index, store), wins
+
+
+def test_ensemble_and_k_sweep_reuse_match_direct_scoring(tiny, tmp_path):
+    """Every REPLUG number equals a mixture computed by hand from separate lm.score calls."""
+    lm, store, retriever, wins = _corpus_and_windows(tiny, tmp_path)
     tau, other_tau = 0.5, 0.05
     results = lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=3, k_sweep=(1, 3), temperature=tau,
                                   temperature_sweep=(other_tau,), progress=False)
@@ -135,14 +140,7 @@ def test_posterior_is_the_lms_posterior_over_replugs_own_passes(tiny, tmp_path):
     """replug_posterior: λ ∝ exp(s/τ + α log p(prefix | document)) over the top rerank_depth documents, the k best
     mixed, by hand from the LM's scores of REPLUG's own tokens (the prefix's: those from its first character on);
     α = 0 is REPLUG; REPLUG's numbers are the same whether its passes also score the prefix or not."""
-    _, _, lm, enc = tiny
-    store = chunk_documents(docs("c", 6), lm.tokenizer, chunk_tokens=32)
-    index = DenseIndex.build(embed_corpus(enc, store.texts, str(tmp_path / "e.npy"), progress=False),
-                             meta=index_meta(enc, store))
-    retriever = DenseRetriever(enc, index, store)
-    wins = []
-    for d in docs("h", 2):
-        wins += document_windows(d.id, d.text, lm.tokenizer, stride_tokens=24, query_tokens=16, context_tokens=16)
+    lm, store, retriever, wins = _corpus_and_windows(tiny, tmp_path)
     run_with = lambda alpha: lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=2, temperature=0.5,
                                                  progress=False, posterior_alpha=alpha, rerank_depth=4)
     results = run_with(1.0)  # the plain run retrieves the same top 4 (its k sweep's), as ties order by depth
