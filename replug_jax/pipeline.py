@@ -91,10 +91,8 @@ class REPLUG:
             return contexts, np.asarray(mixture.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]], None
         docs = [c[: len(c) - len(text)] for c in contexts]  # the passage part of each pass
         scored = self.lm.score_with_query(docs, [text] * len(docs), [continuation] * len(docs))
-        evidence = np.zeros(scores.shape)
-        evidence[0, : len(docs)] = [np.sum(q, dtype=np.float64) for q, _ in scored]
-        log_w = posterior.posterior_log_weights(scores, valid, evidence, self.temperature, self.posterior_alpha)
-        order, kept = posterior.rerank(log_w, self.k)
+        query_ll = [[np.sum(q, dtype=np.float64) for q, _ in scored]]  # the passages retrieved come first
+        order, kept = posterior.kept_passes(scores, query_ll, self.temperature, self.posterior_alpha, self.k)
         pos = order[0][order[0] >= 0]
         return [contexts[j] for j in pos], kept[0][: len(pos)], [scored[j][1] for j in pos]
 

@@ -48,3 +48,14 @@ def rerank(log_weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     norm = np.logaddexp.reduce(np.where(valid, top, -np.inf), axis=1, keepdims=True)  # [B, 1]
     renormalised = np.where(valid, top - np.where(np.isfinite(norm), norm, 0.0), -np.inf)
     return np.where(valid, order, -1), renormalised.astype(np.float32)
+
+
+def kept_passes(scores: np.ndarray, query_logliks, temperature: float, alpha: float,
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+    """`rerank(posterior_log_weights(...), k)` for rows whose first len(query_logliks[b]) passages are retrieved
+    (scores [B, D]; query_logliks: per row [D_b] Σ log p(x | d)): (positions [B, k'], renormalised log λ [B, k'])."""
+    valid = np.zeros(scores.shape, bool)  # [B, D]
+    evidence = np.zeros(scores.shape, np.float64)
+    for b, ll in enumerate(query_logliks):
+        valid[b, : len(ll)], evidence[b, : len(ll)] = True, ll
+    return rerank(posterior_log_weights(scores, valid, evidence, temperature, alpha), k)

@@ -67,11 +67,7 @@ def posterior_option_predictions(lm, doc_contexts: Sequence[Sequence[str]], quer
     scored once (`lm.score_with_query`); λ ∝ exp(s/τ + α log p(query | doc)) over the retrieved passes (scores
     [Q, D]), the k highest kept (posterior.py). Adds "kept" (positions) and "log_weights" per question."""
     query_ll, cont_scores = query_and_continuation_scores(lm, doc_contexts, queries, conts)
-    valid = np.array([[j < len(d) for j in range(scores.shape[1])] for d in doc_contexts])  # [Q, D]
-    evidence = np.zeros(scores.shape, np.float64)
-    for i, ll in enumerate(query_ll):
-        evidence[i, : len(ll)] = ll
-    order, log_w = posterior.rerank(posterior.posterior_log_weights(scores, valid, evidence, temperature, alpha), k)
+    order, log_w = posterior.kept_passes(scores, query_ll, temperature, alpha, k)  # [Q, k]
     logliks = []
     for i, per_option in enumerate(cont_scores):  # per_option[o][j]: option o's token log-probs in pass j
         pos = order[i][order[i] >= 0]

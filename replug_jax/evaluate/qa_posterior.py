@@ -45,13 +45,7 @@ def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarra
     queries = [question_block(q.question, None) for q in questions]
     golds = [[f" {a.strip()}" for a in q.answers] if with_answers else [] for q in questions]
     query_ll, cont_scores = query_and_continuation_scores(lm, docs, queries, golds)
-    width = scores.shape[1]
-    valid = np.array([[j < len(ps) for j in range(width)] for ps in passages])  # [Q, D]
-    evidence = np.zeros(scores.shape, np.float64)
-    for i, ll in enumerate(query_ll):
-        evidence[i, : len(ll)] = ll
-    log_w = posterior.posterior_log_weights(scores, valid, evidence, temperature, alpha)  # [Q, D]
-    order, kept_w = posterior.rerank(log_w, k)  # [Q, k]
+    order, kept_w = posterior.kept_passes(scores, query_ll, temperature, alpha, k)  # [Q, k]
     contexts, weights, kept_ll, kept, nll = [], [], [], [], []
     for i, (q, ps) in enumerate(zip(questions, passages)):
         pos = order[i][order[i] >= 0]
