@@ -21,6 +21,12 @@ whether a retriever trained on one LM's scores helps another (the paper's transf
 trains on another LM's ℓ over the same passages (still cut with SmolLM2's tokenizer). `--save_retriever DIR` keeps
 one run's last-epoch query encoder where the QA job reads an LSR-trained retriever, so that its exact match is
 measured by generation: `python experiments/qa_lsr.py --lm qwen2.5-coder-0.5b --trained DIR`.
+
+`--lsr_targets answer,question` (issue 37, item 3) trains once per target: "answer" is the paper's teacher (ℓ as
+above), "question" the LM's posterior over the passages, ℓ_k = log p(x | d_k) (ART), which needs no answers:
+`--unlabelled mmlu:validation,nq_open --max_unlabelled 600` adds questions without answers to its training pools
+(disjoint from the evaluated SciQ rows). Held-out metrics always judge by the answer ℓ; `posterior_top1` says how
+often the retriever's first passage is the LM's posterior's first (held-out pools scored with both ℓ).
 """
 from __future__ import annotations
 
@@ -39,7 +45,8 @@ from lsr_headroom import spearman  # noqa: E402
 
 from replug_jax import workspace  # noqa: E402
 from replug_jax.config_files import sibling_config  # noqa: E402
-from replug_jax.data.downstream import load_qa  # noqa: E402
+from replug_jax.data.downstream import load_mc, load_qa  # noqa: E402
+from replug_jax.data.records import QAExample  # noqa: E402
 from replug_jax import results_file, trained_retriever  # noqa: E402
 from replug_jax.passages import QA_DOC_TEMPLATE  # noqa: E402
 from replug_jax import sharding  # noqa: E402
@@ -53,13 +60,15 @@ def logsumexp(x, axis=-1):
     return np.logaddexp.reduce(x, axis=axis)
 
 
-def pool_metrics(scores: np.ndarray, ell: np.ndarray, k: int, taus) -> dict:
+def pool_metrics(scores: np.ndarray, ell: np.ndarray, k: int, taus, ell_question=None) -> dict:
     """scores, ell: [N, depth]. REPLUG's sequence-mixture answer NLL (−log Σ λ p(y | d)) over the top k by `scores`,
-    top-1 accuracy and Spearman."""
+    top-1 accuracy and Spearman; with `ell_question` [N, depth] (log p(x | d)) also `posterior_top1`."""
     top = np.argsort(-scores, axis=1)[:, :k]  # [N, k]
     s_top, ell_top = np.take_along_axis(scores, top, 1), np.take_along_axis(ell, top, 1)
     out = {"top1_accuracy": float(np.mean(scores.argmax(1) == ell.argmax(1))),
            "spearman": float(np.mean([spearman(s, e) for s, e in zip(scores, ell)]))}
+    if ell_question is not None:
+        out["posterior_top1"] = float(np.mean(scores.argmax(1) == ell_question.argmax(1)))
     for tau in taus:
         log_lam = s_top / tau - logsumexp(s_top / tau)[:, None]
         out[f"seq_nll_tau{tau:g}"] = float(-logsumexp(log_lam + ell_top).mean())
@@ -69,6 +78,19 @@ def pool_metrics(scores: np.ndarray, ell: np.ndarray, k: int, taus) -> dict:
 def oracle_nll(ell: np.ndarray, k: int) -> float:
     best = -np.sort(-ell, axis=1)[:, :k]
     return float(-(logsumexp(best) - np.log(k)).mean())
+
+
+def unlabelled_questions(sources: str, limit: int, seed: int = 0) -> list[QAExample]:
+    """Questions without answers from a comma list of "mmlu:SPLIT" (MMLU's question texts), "nq_open",
+    "trivia_qa" or a .jsonl file; shuffled with `seed`, the first `limit` (0: all)."""
+    questions = []
+    for source in filter(None, sources.split(",")):
+        if source.startswith("mmlu:"):
+            questions += [QAExample(q.id, q.question, ()) for q in load_mc("mmlu", source.split(":", 1)[1])]
+        else:
+            questions += [QAExample(q.id, q.question, ()) for q in load_qa(source, answers_required=False)]
+    order = np.random.default_rng(seed).permutation(len(questions))
+    return [questions[i] for i in order[:limit or None]]
 
 
 def main(argv=None):
@@ -89,12 +111,22 @@ def main(argv=None):
     p.add_argument("--gamma", type=float, default=0.1)
     p.add_argument("--beta", type=float, default=1.0)
     p.add_argument("--direction", default="q_pr")
+    p.add_argument("--lsr_targets", default="answer", help="comma list: answer (ℓ = log p(y | d, x)), question "
+                   "(ℓ = log p(x | d), no answers needed); one training run per target")
+    p.add_argument("--unlabelled", default="", help="comma list of question sources the question target also trains "
+                   "on: mmlu:SPLIT, nq_open, trivia_qa or a .jsonl")
+    p.add_argument("--max_unlabelled", type=int, default=0, help="at most this many unlabelled questions (0: all)")
     p.add_argument("--save_retriever", default="", help="a folder for the last epoch's query encoder (one learning "
                    "rate and training-set size): retriever.safetensors and train_questions.json, which the QA job's "
                    "replug_lsr method reads (--config.retriever_workdir, or qa_lsr.py --trained)")
     args = p.parse_args(argv)
-    runs = [(size, lr) for size in map(int, args.train_questions.split(","))
-            for lr in map(float, args.learning_rates.split(","))]  # (training questions, learning rate) per run
+    targets = args.lsr_targets.split(",")
+    if not set(targets) <= {"answer", "question"}:
+        raise ValueError(f"--lsr_targets {args.lsr_targets!r}: use answer, question or both")
+    if args.unlabelled and "question" not in targets:
+        raise ValueError("--unlabelled questions have no answers: only --lsr_targets question trains on them")
+    runs = [(target, size, lr) for target in targets for size in map(int, args.train_questions.split(","))
+            for lr in map(float, args.learning_rates.split(","))]  # (target, training questions, learning rate)
     if args.save_retriever and len(runs) != 1:
         raise ValueError(f"--save_retriever keeps one run, but --learning_rates x --train_questions asks {len(runs)}")
 
@@ -113,6 +145,9 @@ def main(argv=None):
     first_trained = first_training_row(config.train_data, config.train_offset)  # sciq: 300
     sets = {"train": qa_training_examples(questions[first_trained:], seed=config.seed),
             "heldout": qa_training_examples(questions[first_evaluated:first_evaluated + args.heldout], seed=0)}
+    if args.unlabelled:
+        sets["unlabelled"] = qa_training_examples(unlabelled_questions(args.unlabelled, args.max_unlabelled),
+                                                  seed=config.seed, target="question")
     scorers = {}  # LM name -> its LMScoreCache; the passages stay the ones cut with config.lm's tokenizer
 
     def scorer(name: str) -> LMScoreCache:
@@ -128,9 +163,13 @@ def main(argv=None):
     pools = {}
     for name, examples in sets.items():
         scores, rows = index.search(encoder.embed([e.query for e in examples], progress=True), args.depth)
-        ell = supervise(scorer(args.supervisor or config.lm), store, examples, rows, lm_score=config.lm_score,
-                        doc_template=QA_DOC_TEMPLATE, progress=True)
-        pools[name] = {"examples": examples, "rows": rows, "ell": ell, "initial": scores}
+        pools[name] = {"examples": examples, "rows": rows, "initial": scores}
+        needed = {"train": targets, "unlabelled": ["question"],  # held-out: judged by the answer ℓ
+                  "heldout": ["answer"] + (["question"] if "question" in targets else [])}[name]
+        for target in needed:
+            pools[name]["ell" if target == "answer" else "ell_question"] = supervise(
+                scorer(args.supervisor or config.lm), store, examples, rows, lm_score=config.lm_score,
+                doc_template=QA_DOC_TEMPLATE, target=target, progress=True)
         print(f"{name}: {len(examples)} questions, ℓ scored", flush=True)
     for other in filter(None, args.eval_lms.split(",")):  # the same passages and questions, another LM's ℓ
         held = pools["heldout"]
@@ -143,33 +182,51 @@ def main(argv=None):
     def evaluate(params, train=None) -> dict:
         """Metrics on every pool; `train`: the training pool actually trained on (a learning curve's subset)."""
         out = {}
-        for name, pool in {**pools, **({"train": train} if train is not None else {})}.items():
+        judged = {n: pool for n, pool in pools.items() if "ell" in pool}  # pools with answers
+        for name, pool in {**judged, **({"train": train} if train is not None else {})}.items():
             q = encoder.embed([e.query for e in pool["examples"]], params=params)  # [N, D]
             s = np.einsum("nkd,nd->nk", vectors(pool["rows"]), q)
-            out[name] = pool_metrics(s, pool["ell"], args.k, taus)
+            out[name] = pool_metrics(s, pool["ell"], args.k, taus, pool.get("ell_question"))
         return out
 
+    judged = {n: pool for n, pool in pools.items() if "ell" in pool}
     report = {"settings": vars(args), "initial": evaluate(None),
-              "oracle_nll": {n: oracle_nll(pool["ell"], args.k) for n, pool in pools.items()},
-              "oracle_top1_nll": {n: oracle_nll(pool["ell"], 1) for n, pool in pools.items()},
-              "ell_range": {n: float(np.mean(pool["ell"].max(1) - pool["ell"].min(1))) for n, pool in pools.items()},
+              "oracle_nll": {n: oracle_nll(pool["ell"], args.k) for n, pool in judged.items()},
+              "oracle_top1_nll": {n: oracle_nll(pool["ell"], 1) for n, pool in judged.items()},
+              "ell_range": {n: float(np.mean(pool["ell"].max(1) - pool["ell"].min(1))) for n, pool in judged.items()},
               "runs": {}}
     print(json.dumps(report["initial"]), flush=True)
-    for size, lr in runs:
+    for target, size, lr in runs:
         if 0 < size < args.batch_size:
             raise ValueError(f"--train_questions {size} is fewer than one batch of {args.batch_size}")
-        train = {key: value[:size or None] for key, value in pools["train"].items()}  # the first `size` questions
-        name = f"{lr:g}" if size == 0 else f"{lr:g}, {len(train['examples'])} questions"
+        train = training_pool(pools, target, size)
+        name = (f"{lr:g}" if size == 0 else f"{lr:g}, {len(train['examples'])} questions") + \
+            ("" if targets == ["answer"] else f", {target} target")
         report["runs"][name], params = train_on_pools(train, lr, args, config, encoder, store, vectors, evaluate)
         with open(os.path.join(args.workdir, "pools.json"), "w") as f:
             json.dump(report, f, indent=1)
         if args.save_retriever:
             lsr = {"gamma": args.gamma, "beta": args.beta, "direction": args.direction, "learning_rate": lr,
+                   "lsr_target": target,
                    "epochs": args.epochs, "batch_size": args.batch_size, "k": args.depth, "train_documents": False,
                    "supervisor": args.supervisor or config.lm}
             save_retriever(args.save_retriever, params, config, train["examples"], lsr)
     print_table(report, taus)
     return report
+
+
+def training_pool(pools: dict, target: str, size: int) -> dict:
+    """The pool one run trains on: the first `size` labelled questions (0: all) with the `target`'s ℓ as "ell";
+    the question target adds the unlabelled pool, if any."""
+    keys = ("examples", "rows", "initial")
+    train = {**{key: pools["train"][key][:size or None] for key in keys},
+             "ell": pools["train"]["ell" if target == "answer" else "ell_question"][:size or None]}
+    if target == "question" and "unlabelled" in pools:
+        extra = pools["unlabelled"]
+        train = {"examples": train["examples"] + extra["examples"],
+                 **{key: np.concatenate([train[key], extra[src]]) for key, src in
+                    (("rows", "rows"), ("initial", "initial"), ("ell", "ell_question"))}}
+    return train
 
 
 def with_lm(config, name: str):
@@ -216,15 +273,18 @@ def train_on_pools(train: dict, lr: float, args, config, encoder, store, vectors
 
 
 def print_table(report, taus):
-    cols = ["top1_accuracy", "spearman"] + [f"seq_nll_tau{t:g}" for t in taus]
+    """Per run its last epoch and the epoch best on held-out seq NLL at τ = γ (a choice made on held-out data)."""
+    cols = ["top1_accuracy", "spearman"] + [f"seq_nll_tau{t:g}" for t in taus] + \
+        (["posterior_top1"] if "posterior_top1" in report["initial"]["heldout"] else [])
+    row = lambda m: " | ".join(f"{m[c]:.3f}" if c in m else "" for c in cols)  # noqa: E731
     print("| run | set | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 2))
     for name, m in report["initial"].items():
-        print(f"| initial | {name} | " + " | ".join(f"{m[c]:.3f}" for c in cols) + " |")
+        print(f"| initial | {name} | {row(m)} |")
     for lr, curve in report["runs"].items():
         best = min(curve, key=lambda r: r["heldout"][f"seq_nll_tau{taus[1]:g}"])
-        for name in (n for n in best if n not in ("epoch", "loss")):
-            m = best[name]
-            print(f"| lr {lr}, epoch {best['epoch']} | {name} | " + " | ".join(f"{m[c]:.3f}" for c in cols) + " |")
+        for label, epoch in (("last", curve[-1]), ("best on held-out", best)):
+            for name in (n for n in epoch if n not in ("epoch", "loss")):
+                print(f"| lr {lr}, epoch {epoch['epoch']} ({label}) | {name} | {row(epoch[name])} |")
     print("oracle seq NLL (best k of the pool, uniform):", report["oracle_nll"], "best passage alone:",
           report["oracle_top1_nll"], "mean ℓ range:", report["ell_range"])
 

@@ -145,6 +145,24 @@ def test_supervision_matches_direct_scores_of_the_real_lm(tiny, tmp_path):
     assert cache.misses == len(direct) and cache.hits == len(direct)  # "mean" reused the cached sums
 
 
+def test_question_target_on_text_windows_scores_the_query_context_after_each_document(tiny, tmp_path):
+    """lsr_target="question" on text windows (issue 37, item 3): ℓ[i, j] = Σ_t log p(x_t | d_j, x_<t) with x the
+    window's query context, from the real LM's own pass d ∘ x; the continuation y is never read."""
+    store, lm = tiny["store"], tiny["lm"]
+    windows = [tiny["examples"][i] for i in (1, 4)]
+    rows = np.array([[3, -1, 8], [12, 0, 5]])
+    scores = supervise(LMScoreCache(str(tmp_path / "cache.sqlite"), lm), store, windows, rows, target="question")
+    expected = np.zeros(rows.shape)
+    for i, window in enumerate(windows):
+        for j, r in enumerate(rows[i]):
+            if r >= 0:
+                x_after_d = lm.score(format_docs(store, [r]), [window.query])[0]  # one pass, nothing else in it
+                expected[i, j] = np.sum(x_after_d, dtype=np.float64)
+    assert all(window.prompt is None and window.continuation for window in windows)  # x is the query context
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-4)
+    assert len(set(np.round(expected[rows >= 0], 4).tolist())) == (rows >= 0).sum()  # the document matters
+
+
 # ---- 2. queries are embedded with the current parameters ----
 
 def host_copy(tree):

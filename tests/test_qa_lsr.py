@@ -299,6 +299,32 @@ def test_pool_metrics_of_the_pools_experiment_equal_a_hand_computation():
         assert got[f"seq_nll_tau{tau:g}"] == pytest.approx(want, rel=1e-12)
     oracle = np.mean([-math.log((math.exp(-1) + math.exp(-2)) / 2), -math.log((math.exp(-3) + math.exp(-4)) / 2)])
     assert pools.oracle_nll(ell, 2) == pytest.approx(oracle, rel=1e-12)
+    ell_question = np.array([[-7.0, -9.0, -8.0], [-2.0, -1.0, -3.0]])  # the posterior's first: passages 0 and 1
+    assert pools.pool_metrics(scores, ell, 2, (1.0,), ell_question)["posterior_top1"] == 1.0
+    assert pools.pool_metrics(scores, ell, 2, (1.0,), -ell_question)["posterior_top1"] == 0.0  # firsts 1 and 2
+
+
+def test_pools_experiment_trains_the_question_target_on_unlabelled_questions_too():
+    """qa_lsr_pools.py --lsr_targets question: the run's pool is the labelled questions with ℓ = log p(x | d),
+    then the unlabelled ones (MMLU validation questions, no answers); the answer target never sees them."""
+    pools = _pools_experiment()
+    unlabelled = pools.unlabelled_questions("mmlu:validation", 6)
+    assert len(unlabelled) == 6 and all(q.answers == () and q.id.startswith("mmlu-validation-") for q in unlabelled)
+    assert len({q.id for q in unlabelled}) == 6 and unlabelled == pools.unlabelled_questions("mmlu:validation", 6)
+    rng = np.random.default_rng(0)
+    labelled = {"examples": ["a", "b", "c"], "rows": rng.integers(0, 9, (3, 4)), "initial": rng.normal(size=(3, 4)),
+                "ell": rng.normal(size=(3, 4)), "ell_question": rng.normal(size=(3, 4))}
+    extra = {"examples": ["u", "v"], "rows": rng.integers(0, 9, (2, 4)), "initial": rng.normal(size=(2, 4)),
+             "ell_question": rng.normal(size=(2, 4))}
+    both = {"train": labelled, "unlabelled": extra}
+    answer = pools.training_pool(both, "answer", 2)
+    assert answer["examples"] == ["a", "b"] and np.array_equal(answer["ell"], labelled["ell"][:2])
+    question = pools.training_pool(both, "question", 0)
+    assert question["examples"] == ["a", "b", "c", "u", "v"]
+    np.testing.assert_array_equal(question["ell"], np.concatenate([labelled["ell_question"], extra["ell_question"]]))
+    np.testing.assert_array_equal(question["rows"], np.concatenate([labelled["rows"], extra["rows"]]))
+    with pytest.raises(ValueError, match="only --lsr_targets question"):
+        pools.main(["--workdir", "unused", "--unlabelled", "nq_open"])
 
 
 def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):
