@@ -93,6 +93,7 @@ def check_job_inputs(config) -> None:
 
         _check_path_or_name("train_data", config.train_data, DOCUMENT_NAMES + QA_SOURCES)
         _check_lsr_target(config)
+        _check_lsr_settings(config)
         if _trains_on_questions(config):
             _check_path_or_name("corpus", config.corpus, CORPUS_NAMES)
             try:
@@ -187,6 +188,16 @@ def _check_lsr_target(config) -> None:
             raise InputError(f"--config.train_data={config.train_data!r} has questions without \"answers\" and "
                              "--config.lsr_target='answer' scores the gold answer: give answers, or set "
                              "--config.lsr_target=question")
+
+
+def _check_lsr_settings(config) -> None:
+    """The LSR loop's own checks (γ, β, learning rate, steps, direction, ...) before any model loads."""
+    from replug_jax.train.loop import LSRSettings
+
+    try:
+        LSRSettings.from_mapping(config)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"--config: {e}") from None
 
 
 def _trains_on_questions(config) -> bool:

@@ -38,7 +38,7 @@ def test_nq_open(nq):
     assert len(nq) == 3610
     assert all(isinstance(e, ds.QAExample) and e.question.strip() for e in nq)
     assert all(isinstance(e.answers, tuple) and e.answers and all(a.strip() for a in e.answers) for e in nq)
-    assert [e.id for e in nq[:2]] == ["nq_open-0", "nq_open-1"] and len({e.id for e in nq}) == len(nq)
+    assert [e.id for e in nq[:2]] == ["nq_open-validation-0", "nq_open-validation-1"] and len({e.id for e in nq}) == len(nq)
     assert nq[0].question == "when was the last time anyone was on the moon"
     assert nq[0].answers == ("14 December 1972 UTC", "December 1972")
     assert ds.load_qa("nq_open") == nq

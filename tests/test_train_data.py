@@ -36,6 +36,18 @@ def test_examples_are_query_and_continuation_windows(tiny_lm):
         training_examples([Document("c", "", "short")], tok, query_tokens=40, continuation_tokens=24)
 
 
+def test_documents_too_short_for_a_window_are_named_not_skipped_in_silence(tiny_lm, caplog):
+    docs = [Document("a", "", TEXT), Document("tiny", "", "short"), Document("b", "", TEXT[:100])]
+    with caplog.at_level("WARNING"):
+        examples = training_examples(docs, tiny_lm.tokenizer, query_tokens=40, continuation_tokens=24)
+    assert {e.excluded_sources for e in examples} == {("a",), ("b",)}
+    assert "1 of 3 training documents are shorter than one window of 64 tokens" in caplog.text
+    assert "'tiny'" in caplog.text
+    caplog.clear()
+    training_examples(docs[:1], tiny_lm.tokenizer, query_tokens=40, continuation_tokens=24)
+    assert "shorter than one window" not in caplog.text
+
+
 def test_training_documents_must_be_disjoint_from_the_datastore(tiny_lm):
     corpus = [Document("x", "", TEXT), Document("y", "", "Another document entirely about rivers and the sea. " * 4)]
     store = chunk_documents(corpus, tiny_lm.tokenizer, chunk_tokens=80)

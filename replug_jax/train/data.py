@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 
 import numpy as np
@@ -115,10 +116,12 @@ def training_examples(documents, tokenizer: TextTokenizer, *, query_tokens: int 
                       seed: int = 0, max_examples: int | None = None) -> list[TrainExample]:
     """Non-overlapping (x, y) windows of every document, shuffled with `seed` (deterministic)."""
     span = query_tokens + continuation_tokens
-    examples = []
+    examples, too_short = [], []
     for doc in documents:
         starts = token_starts(tokenizer, doc.text)
         n = len(starts) - 1
+        if n < span:
+            too_short.append(doc.id)
         for a in range(0, n - span + 1, span):
             x = doc.text[starts[a] : starts[a + query_tokens]]
             y = doc.text[starts[a + query_tokens] : starts[a + span]]
@@ -127,6 +130,10 @@ def training_examples(documents, tokenizer: TextTokenizer, *, query_tokens: int 
     if not examples:
         raise InputError(f"no training example of {span} tokens: documents are too short "
                          "(lower train_query_tokens / train_continuation_tokens)")
+    if too_short:  # said, not skipped in silence: these documents supervise nothing
+        logging.warning(f"{len(too_short)} of {len(documents)} training documents are shorter than one window of "
+                        f"{span} tokens and give no training example (e.g. {too_short[:3]}); lower "
+                        "train_query_tokens / train_continuation_tokens to use them")
     order = np.random.default_rng(seed).permutation(len(examples))
     examples = [examples[i] for i in order]
     return examples[:max_examples] if max_examples else examples
