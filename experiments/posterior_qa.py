@@ -9,6 +9,8 @@ that share one LM-score cache and one datastore:
   * τ = 0.1: REPLUG, replug_posterior α = 1;
   * τ = 0.1: replug_posterior α = 0.5;
   * τ = 0.1: replug_posterior α = 1 re-ranking the top 16 to 4.
+`--runs tau0.1,concat` runs fewer (ensembled generation with the 0.5B reader is slow on 2 cores: the minutes of
+each run are in its table).
 WORKDIR/table.md and table.json: exact match, answer NLL (nats per answer, the QA job's per-token mixture, zero-shot
 passes), and the 95% bootstrap interval of the per-question difference against REPLUG τ = 0.1. A finished run is
 reused.
@@ -32,11 +34,13 @@ RUNS = {  # name: (τ, methods, α, rerank depth)
     "tau0.1": (0.1, ("replug", "replug_posterior"), 1.0, 0),
     "alpha0.5": (0.1, ("replug_posterior",), 0.5, 0),
     "rerank16": (0.1, ("replug_posterior",), 1.0, 16),
+    "concat": (0.1, ("concat",), 1.0, 0),  # concat alone (τ unused), for a shorter --runs selection
 }
+DEFAULT_RUNS = "tau1,tau0.1,alpha0.5,rerank16"
 ROWS = [("none", "tau1", "none"), ("concat", "tau1", "concat"), ("REPLUG τ 1", "tau1", "replug"),
         ("REPLUG τ 0.1", "tau0.1", "replug"), ("posterior α 1, τ 0.1", "tau0.1", "replug_posterior"),
         ("posterior α 0.5, τ 0.1", "alpha0.5", "replug_posterior"),
-        ("posterior α 1, τ 0.1, re-rank 16 → 4", "rerank16", "replug_posterior")]
+        ("posterior α 1, τ 0.1, re-rank 16 → 4", "rerank16", "replug_posterior"), ("concat", "concat", "concat")]
 BASELINE = ("tau0.1", "replug")
 
 
@@ -70,15 +74,20 @@ def main():
     ap.add_argument("--lm", default="smollm2")
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma list of {', '.join(RUNS)} (tau0.1 is the baseline; "
+                    "\"concat\": concat alone, where tau1's none and REPLUG τ 1 are not wanted)")
     args = ap.parse_args()
+    chosen = args.runs.split(",")
+    if BASELINE[0] not in chosen or not set(chosen) <= set(RUNS):
+        raise SystemExit(f"--runs {args.runs!r}: names from {', '.join(RUNS)}, {BASELINE[0]} (the baseline) among them")
     started = time.time()
-    runs = {name: run(args, name) for name in RUNS}
+    runs = {name: run(args, name) for name in chosen}
     base = runs[BASELINE[0]][1]
     base_nll = np.array([r[BASELINE[1]]["answer_nll"] for r in base])
     base_em = np.array([r[BASELINE[1]]["exact_match"] for r in base], float)
     rows, lines = [], ["| method | EM % | answer NLL | vs REPLUG τ 0.1 (95% CI) | EM diff (95% CI) | minutes |",
                        "|---|---:|---:|---:|---:|---:|"]
-    for label, name, method in ROWS:
+    for label, name, method in (row for row in ROWS if row[1] in runs):
         results, preds = runs[name]
         nll = np.array([r[method]["answer_nll"] for r in preds])
         em = np.array([r[method]["exact_match"] for r in preds], float)
