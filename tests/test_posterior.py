@@ -178,3 +178,36 @@ def test_multiple_choice_posterior_at_alpha_zero_is_replug_and_weighs_by_the_que
         assert got["kept"][i] == list(kept)
         np.testing.assert_allclose(got["log_weights"][i], z[kept] - np.logaddexp.reduce(z[kept]), atol=2e-5)
     assert [PASSAGES[i][got["kept"][i][0]][:9] for i in range(2)] == ["Velmora i", "The river"]  # the answering one
+
+
+def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypatch):
+    """experiments/posterior_tables.py: accuracy per row from each run's predictions.jsonl and the bootstrap
+    interval of the per-question difference against the baseline row; runs over other questions are refused."""
+    import importlib.util
+
+    experiments = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
+    monkeypatch.syspath_prepend(experiments)
+    spec = importlib.util.spec_from_file_location("posterior_tables", os.path.join(experiments, "posterior_tables.py"))
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    gold = [0, 1, 2, 3, 0, 1]
+    runs = {"a": {"replug": [0, 1, 0, 0, 0, 0], "none": [1, 1, 1, 1, 1, 1]}, "b": {"replug_posterior": gold}}
+    for name, methods in runs.items():
+        os.makedirs(tmp_path / name)
+        with open(tmp_path / name / "predictions.jsonl", "w") as f:
+            for i, g in enumerate(gold):
+                f.write(json.dumps({"id": f"q{i}", "answer": g, **{m: p[i] for m, p in methods.items()}}) + "\n")
+    out = tmp_path / "table.md"
+    numbers = tables.main(["--out", str(out), "--baseline", "REPLUG", "--row", f"none={tmp_path / 'a'}:none",
+                           "--row", f"REPLUG={tmp_path / 'a'}:replug",
+                           "--row", f"posterior={tmp_path / 'b'}:replug_posterior"])
+    assert [round(r["accuracy"], 6) for r in numbers] == [round(100 / 3, 6), 50.0, 100.0]  # 2, 3 and 6 of 6
+    lo, hi = numbers[2]["diff_ci"]
+    assert 0 < lo <= 50.0 <= hi <= 100.0  # three questions gained, none lost
+    assert numbers[1]["diff_ci"] == [0.0, 0.0] and "| posterior | 100.0 | +50.0" in out.read_text()
+    assert json.load(open(tmp_path / "table.json"))["rows"] == numbers
+    with open(tmp_path / "b" / "predictions.jsonl", "a") as f:
+        f.write(json.dumps({"id": "q9", "answer": 0, "replug_posterior": 0}) + "\n")
+    with pytest.raises(SystemExit, match="covers other questions"):
+        tables.main(["--out", str(out), "--baseline", "REPLUG", "--row", f"REPLUG={tmp_path / 'a'}:replug",
+                     "--row", f"posterior={tmp_path / 'b'}:replug_posterior"])

@@ -1,0 +1,80 @@
+"""One accuracy table from finished multiple-choice runs (sciq_mc, OLMES): each row a method of a run, with the
+95% bootstrap interval of the per-question difference against a baseline row (issue 37, item 5).
+
+    python experiments/posterior_tables.py --title "sciq_mc, SmolLM2" --out runs/posterior_mc/sciq_mc/table.md \
+        --baseline "REPLUG τ 0.1" \
+        --row "none=runs/posterior_mc/sciq_mc/tau0.1:none" --row "REPLUG τ 1=runs/posterior_mc/sciq_mc/tau1:replug" \
+        --row "REPLUG τ 0.1=runs/posterior_mc/sciq_mc/tau0.1:replug" ...
+
+A row is LABEL=WORKDIR:METHOD; the run's predictions.jsonl gives, per question, the predicted option (the job's
+metric) and the gold one. Every row must cover the same questions (refused otherwise). Writes the markdown table
+to --out and its numbers beside it (.json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+from posterior_qa import bootstrap
+
+
+def correct(workdir: str, method: str) -> dict[str, float]:
+    """question id -> 1.0 where `method` picked the gold option of that run's predictions.jsonl."""
+    with open(os.path.join(workdir, "predictions.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    missing = [r["id"] for r in rows if method not in r]
+    if missing:
+        raise SystemExit(f"{workdir}: method {method!r} did not run (e.g. question {missing[0]})")
+    return {r["id"]: float(r[method] == r["answer"]) for r in rows}
+
+
+def table(rows: list[tuple[str, str, str]], baseline: str) -> tuple[list[dict], list[str]]:
+    """(numbers per row, markdown lines): accuracy % and the per-question difference against `baseline`."""
+    scored = {label: correct(workdir, method) for label, workdir, method in rows}
+    if baseline not in scored:
+        raise SystemExit(f"--baseline {baseline!r} is not a row label ({', '.join(scored)})")
+    ids = sorted(scored[baseline])
+    for label, by_id in scored.items():
+        if sorted(by_id) != ids:
+            raise SystemExit(f"row {label!r} covers other questions than the baseline {baseline!r}")
+    base = np.array([scored[baseline][i] for i in ids])
+    numbers, lines = [], [f"| method | accuracy % | vs {baseline} (95% CI) |", "|---|---:|---:|"]
+    for label, workdir, method in rows:
+        acc = np.array([scored[label][i] for i in ids])
+        lo, hi = bootstrap(100 * (acc - base))
+        numbers.append({"method": label, "run": workdir, "key": method, "accuracy": 100 * acc.mean(),
+                        "diff_ci": [lo, hi], "questions": len(ids)})
+        lines.append(f"| {label} | {100 * acc.mean():.1f} | {100 * (acc.mean() - base.mean()):+.1f} "
+                     f"({lo:+.1f}, {hi:+.1f}) |")
+    return numbers, lines
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--row", action="append", required=True, help="LABEL=WORKDIR:METHOD (repeat, in table order)")
+    ap.add_argument("--baseline", required=True, help="the row label the differences are taken against")
+    ap.add_argument("--title", default="")
+    ap.add_argument("--out", required=True, help="the markdown file (numbers: the same name, .json)")
+    args = ap.parse_args(argv)
+    rows = []
+    for spec in args.row:
+        label, _, where = spec.partition("=")
+        workdir, _, method = where.rpartition(":")
+        if not label or not workdir or not method:
+            raise SystemExit(f"--row {spec!r}: use LABEL=WORKDIR:METHOD")
+        rows.append((label, workdir, method))
+    numbers, lines = table(rows, args.baseline)
+    text = (args.title + f", {numbers[0]['questions']} questions\n\n" if args.title else "") + "\n".join(lines)
+    with open(args.out, "w") as f:
+        f.write(text + "\n")
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump({"title": args.title, "baseline": args.baseline, "rows": numbers}, f, indent=1)
+    print(text)
+    return numbers
+
+
+if __name__ == "__main__":
+    main()
