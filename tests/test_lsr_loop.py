@@ -244,19 +244,21 @@ def test_step_scores_are_the_retrieval_scores_full_and_query_side(tiny):
     query_side = make_batch(encoder, store, examples, rows, lm_scores, query_max_tokens=0, doc_max_tokens=0,
                             doc_vectors=FrozenDocumentVectors(index))
     assert "doc_ids" not in query_side and query_side["doc_embeddings"].shape == (4, 3, encoder.dim)
+    step_scores = jax.jit(lambda params, batch: train_step_lib.retrieval_scores(params, encoder.config, batch))
     for batch in (full, query_side):
-        scores, valid = train_step_lib.retrieval_scores(encoder.params, encoder.config, batch)
+        scores, valid = step_scores(encoder.params, batch)
         assert valid.all()
         np.testing.assert_allclose(scores, retrieved, atol=2e-5)
     short = make_batch(encoder, store, examples, rows, lm_scores, query_max_tokens=8, doc_max_tokens=12)
-    scores, _ = train_step_lib.retrieval_scores(encoder.params, encoder.config, short)
+    scores, _ = step_scores(encoder.params, short)
     assert np.abs(np.asarray(scores) - retrieved).max() > 1e-2
 
     # the query-side loss has no document path: its gradient is the full gradient with the documents held fixed
     loss_fn = train_step_lib.make_loss_fn(encoder.config, gamma=0.1, beta=1.0)
+    grad = jax.jit(jax.grad(lambda params, batch: loss_fn(params, batch)[0]))  # compiled: eager grads take minutes
     lm_batch = lambda b: {**b, "lm_scores": np.random.default_rng(0).normal(size=rows.shape).astype(np.float32)}
-    g_query = jax.grad(lambda p: loss_fn(p, lm_batch(query_side))[0])(encoder.params)
-    g_full = jax.grad(lambda p: loss_fn(p, lm_batch(full))[0])(encoder.params)
+    g_query = grad(encoder.params, lm_batch(query_side))
+    g_full = grad(encoder.params, lm_batch(full))
     leaves = lambda g: np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)])
     assert np.linalg.norm(leaves(g_query)) > 0
     assert np.linalg.norm(leaves(g_full) - leaves(g_query)) > 1e-3 * np.linalg.norm(leaves(g_full))
