@@ -44,6 +44,7 @@ def task_config(task: str, lm: str, questions: int, root: str):
     if config.job == "qa":
         config.methods = METHODS
         config.k, config.shots, config.max_new_tokens = 4, 4, 10
+        config.temperature = 1.0  # its tables' τ (sciq.py's default became the dev-chosen 0.03 on 2026-11-25)
     return config
 
 

@@ -216,8 +216,7 @@ def known_methods(job: str) -> tuple[str, ...]:
 def job_methods(config) -> tuple[str, ...]:
     """`config.methods` as known names of `config.job`, in order, each once: a comma-separated string ("none,replug",
     as `--config.methods=none,replug` arrives) or a tuple / list (whose items may hold commas), spaces ignored."""
-    items = [config.methods] if isinstance(config.methods, str) else list(config.methods)
-    names = [name.strip() for item in items for name in str(item).split(",") if name.strip()]
+    items, names = _method_names(config)
     known = known_methods(config.job)
     unknown = [name for name in names if name not in known]
     if unknown or not names:
@@ -225,6 +224,13 @@ def job_methods(config) -> tuple[str, ...]:
         raise InputError(f"--config.methods={','.join(map(str, items))!r}: {problem}; the {config.job} job knows "
                          f"{', '.join(known)} (comma-separated)")
     return tuple(dict.fromkeys(names))
+
+
+def _method_names(config) -> tuple[list, list[str]]:
+    """(the items `config.methods` holds, the method names they spell), not yet checked against the job's."""
+    methods = config.get("methods", ())
+    items = [methods] if isinstance(methods, str) else list(methods)
+    return items, [name.strip() for item in items for name in str(item).split(",") if name.strip()]
 
 
 def read_methods(config) -> tuple[str, ...]:
@@ -237,8 +243,11 @@ def read_methods(config) -> tuple[str, ...]:
 
 
 def _depths(config) -> list[tuple[str, int]]:
-    """(key, passages retrieved per input) of k, eval_k (0: k) and each k_sweep value the config has."""
+    """(key, passages retrieved per input) of k, eval_k (0: k), each k_sweep value the config has, and
+    rerank_depth where replug_posterior runs."""
     found = [("k", config.k)] + [("k_sweep", k) for k in config.get("k_sweep", ())]
+    if config.get("rerank_depth") and "replug_posterior" in _method_names(config)[1]:
+        found.append(("rerank_depth", config.rerank_depth))
     return found + ([("eval_k", config.eval_k)] if config.get("eval_k") else [])
 
 

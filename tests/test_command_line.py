@@ -182,7 +182,7 @@ def test_every_job_reads_methods_lists_alike(name, tmp_path):
 def test_k_and_temperatures_are_refused_in_the_first_second(tmp_path):
     corpus = tmp_path / "corpus.jsonl"  # three short documents: one passage each
     corpus.write_text("".join(f'{{"text": "Document {i} is short."}}\n' for i in range(3)))
-    qa = dict(corpus=str(corpus), lm="smollm2", k=3)
+    qa = dict(corpus=str(corpus), lm="smollm2", k=3, rerank_depth=0)  # sciq.py's posterior re-ranks 16: too deep
     lm_eval = dict(corpus=str(corpus), eval_data=str(corpus), k=2, k_sweep=(1, 2))
     cases = [("sciq.py", dict(qa, k=0), r"--config.k=0: passages per input must be a whole number, at least 1"),
              ("sciq.py", dict(qa, temperature=0.0), r"--config.temperature=0.0: a temperature must be positive"),
@@ -201,6 +201,7 @@ def test_k_and_temperatures_are_refused_in_the_first_second(tmp_path):
              ("sciq.py", dict(qa, methods=("replug", "replug_posterior"), posterior_alpha=-1.0),
               r"--config.posterior_alpha must be a finite number >= 0"),
              ("sciq.py", dict(qa, methods=("replug_posterior",), k=2, rerank_depth=1), r"--config.rerank_depth=1: "),
+             ("sciq.py", dict(qa, rerank_depth=16), r"--config.rerank_depth=16 is larger than the datastore \(3 "),
              ("sciq_mc.py", dict(qa, methods=("replug_posterior",), scoring="letters"),
               r"set --config.scoring=options")]
     started = time.time()

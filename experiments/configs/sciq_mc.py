@@ -16,7 +16,9 @@ def get_config():
     c.demos = "sciq"
     c.subjects = ()
     c.query_with_options = False
-    c.methods = ("none", "replug", "concat")
+    c.methods = ("none", "replug", "concat")  # replug_posterior (with scoring="options") is not tuned for MC
+    c.temperature = 1.0  # sciq.py's 0.03 was chosen for open QA
+    c.rerank_depth = 0
     c.max_new_tokens = 1
     c.scoring = "letters"  # "options": each option's text as the continuation (evaluate/option_text.py)
     c.option_metric = "acc_per_char"  # with "options", which decides: "acc", "acc_per_char" or "acc_per_token"
