@@ -24,8 +24,8 @@ measured by generation: `python experiments/qa_lsr.py --lm qwen2.5-coder-0.5b --
 
 `--lsr_targets answer,question` (issue 37, item 3) trains once per target: "answer" is the paper's teacher (ℓ as
 above), "question" the LM's posterior over the passages, ℓ_k = log p(x | d_k) (ART), which needs no answers:
-`--unlabelled mmlu:validation,nq_open --max_unlabelled 600` adds questions without answers to its training pools
-(disjoint from the evaluated SciQ rows). Held-out metrics always judge by the answer ℓ; `posterior_top1` says how
+`--unlabelled olmes:sciq:rc_0shot,olmes:arc_easy:rc_0shot --max_unlabelled 2000` adds questions without answers to
+its training pools (any whose text is a SciQ validation question's is dropped: disjoint from the evaluated rows). Held-out metrics always judge by the answer ℓ; `posterior_top1` says how
 often the retriever's first passage is the LM's posterior's first (held-out pools scored with both ℓ).
 """
 from __future__ import annotations
@@ -46,13 +46,15 @@ from lsr_headroom import spearman  # noqa: E402
 from replug_jax import workspace  # noqa: E402
 from replug_jax.config_files import sibling_config  # noqa: E402
 from replug_jax.data.downstream import load_mc, load_qa  # noqa: E402
+from replug_jax.data import olmes  # noqa: E402
 from replug_jax.data.records import QAExample  # noqa: E402
 from replug_jax import results_file, trained_retriever  # noqa: E402
 from replug_jax.passages import QA_DOC_TEMPLATE  # noqa: E402
 from replug_jax import sharding  # noqa: E402
 from replug_jax.train import step as train_step_lib  # noqa: E402
-from replug_jax.train.batch import FrozenDocumentVectors, make_batch, supervise  # noqa: E402
-from replug_jax.train.data import first_training_row, qa_training_examples, trained_questions_record  # noqa: E402
+from replug_jax.train.batch import FrozenDocumentVectors, make_batch, supervise, supervise_targets  # noqa: E402
+from replug_jax.train.data import (first_training_row, qa_training_examples, question_key,  # noqa: E402
+                                   trained_questions_record)
 from replug_jax.train.lm_cache import LMScoreCache  # noqa: E402
 
 
@@ -80,15 +82,21 @@ def oracle_nll(ell: np.ndarray, k: int) -> float:
     return float(-(logsumexp(best) - np.log(k)).mean())
 
 
-def unlabelled_questions(sources: str, limit: int, seed: int = 0) -> list[QAExample]:
-    """Questions without answers from a comma list of "mmlu:SPLIT" (MMLU's question texts), "nq_open",
-    "trivia_qa" or a .jsonl file; shuffled with `seed`, the first `limit` (0: all)."""
+def unlabelled_questions(sources: str, limit: int, seed: int = 0, exclude=()) -> list[QAExample]:
+    """Questions without answers from a comma list of "mmlu:SPLIT" (MMLU's question texts), "olmes:TASK:FORM"
+    (an OLMES request file's questions: science questions for sciq, arc_easy, arc_challenge, openbookqa),
+    "nq_open", "trivia_qa" or a .jsonl file; those whose normalised text is among `exclude`'s (the evaluated and
+    labelled questions) dropped, the rest shuffled with `seed` and the first `limit` (0: all) kept."""
     questions = []
     for source in filter(None, sources.split(",")):
         if source.startswith("mmlu:"):
             questions += [QAExample(q.id, q.question, ()) for q in load_mc("mmlu", source.split(":", 1)[1])]
+        elif olmes.parse_source(source):
+            questions += [QAExample(q.id, q.question, ()) for q in olmes.load_olmes(*olmes.parse_source(source))[0]]
         else:
             questions += [QAExample(q.id, q.question, ()) for q in load_qa(source, answers_required=False)]
+    excluded = {question_key(q) for q in exclude}
+    questions = [q for q in questions if question_key(q.question) not in excluded]
     order = np.random.default_rng(seed).permutation(len(questions))
     return [questions[i] for i in order[:limit or None]]
 
@@ -114,7 +122,8 @@ def main(argv=None):
     p.add_argument("--lsr_targets", default="answer", help="comma list: answer (ℓ = log p(y | d, x)), question "
                    "(ℓ = log p(x | d), no answers needed); one training run per target")
     p.add_argument("--unlabelled", default="", help="comma list of question sources the question target also trains "
-                   "on: mmlu:SPLIT, nq_open, trivia_qa or a .jsonl")
+                   "on: mmlu:SPLIT, olmes:TASK:FORM, nq_open, trivia_qa or a .jsonl (any SciQ validation question "
+                   "dropped)")
     p.add_argument("--max_unlabelled", type=int, default=0, help="at most this many unlabelled questions (0: all)")
     p.add_argument("--save_retriever", default="", help="a folder for the last epoch's query encoder (one learning "
                    "rate and training-set size): retriever.safetensors and train_questions.json, which the QA job's "
@@ -146,8 +155,11 @@ def main(argv=None):
     sets = {"train": qa_training_examples(questions[first_trained:], seed=config.seed),
             "heldout": qa_training_examples(questions[first_evaluated:first_evaluated + args.heldout], seed=0)}
     if args.unlabelled:
-        sets["unlabelled"] = qa_training_examples(unlabelled_questions(args.unlabelled, args.max_unlabelled),
+        known = [q.question for q in questions]  # every SciQ validation question: evaluated, demos, labelled
+        sets["unlabelled"] = qa_training_examples(unlabelled_questions(args.unlabelled, args.max_unlabelled,
+                                                                       exclude=known),
                                                   seed=config.seed, target="question")
+        print(f"unlabelled: {len(sets['unlabelled'])} questions from {args.unlabelled}", flush=True)
     scorers = {}  # LM name -> its LMScoreCache; the passages stay the ones cut with config.lm's tokenizer
 
     def scorer(name: str) -> LMScoreCache:
@@ -166,10 +178,9 @@ def main(argv=None):
         pools[name] = {"examples": examples, "rows": rows, "initial": scores}
         needed = {"train": targets, "unlabelled": ["question"],  # held-out: judged by the answer ℓ
                   "heldout": ["answer"] + (["question"] if "question" in targets else [])}[name]
-        for target in needed:
-            pools[name]["ell" if target == "answer" else "ell_question"] = supervise(
-                scorer(args.supervisor or config.lm), store, examples, rows, lm_score=config.lm_score,
-                doc_template=QA_DOC_TEMPLATE, target=target, progress=True)
+        ells = supervise_targets(scorer(args.supervisor or config.lm), store, examples, rows, needed,
+                                 lm_score=config.lm_score, doc_template=QA_DOC_TEMPLATE, progress=True)  # one pass
+        pools[name].update({"ell" if target == "answer" else "ell_question": ell for target, ell in ells.items()})
         print(f"{name}: {len(examples)} questions, ℓ scored", flush=True)
     for other in filter(None, args.eval_lms.split(",")):  # the same passages and questions, another LM's ℓ
         held = pools["heldout"]

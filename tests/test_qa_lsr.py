@@ -19,7 +19,7 @@ from replug_jax.lsr import lm_log_likelihood
 from replug_jax.passages import DOC_TEMPLATE, QA_DOC_TEMPLATE, passage_text, question_block
 from replug_jax.retrieval.datastore import Datastore, read_jsonl
 from replug_jax.retrieval.retriever import excluded_rows
-from replug_jax.train.batch import supervise
+from replug_jax.train.batch import supervise, supervise_targets
 from replug_jax.train import loop
 from replug_jax.train.data import (TrainExample, check_disjoint_questions, qa_training_examples,
                                    trained_questions_record, trains_on_questions)
@@ -142,6 +142,30 @@ def test_question_target_is_the_querys_likelihood_after_each_passage(smollm2, tm
     q = np.exp(np.asarray(lm_log_likelihood(ell, valid, beta), np.float64))
     np.testing.assert_allclose(q, q_hand, atol=2e-4)
     assert q_hand[0].max() < 0.999  # not one-hot: the comparison has room to fail
+
+
+def test_both_targets_come_from_one_pass_per_passage(smollm2, tmp_path):
+    """supervise_targets(("answer", "question")): ONE score_with_query call, one pass d ∘ x ∘ y per retrieved
+    pair, whose ℓ equal the answer target's own pass (d ∘ x scored for y) and the question target's (x after d)."""
+    store = Datastore(ids=["p0", "p1", "p2"], titles=[t for t, _ in PASSAGES], texts=[x for _, x in PASSAGES],
+                      sources=["d0", "d1", "d2"])
+    rows = np.array([[0, 2, 1], [1, -1, 0], [2, 0, -1]])
+    examples = qa_training_examples(QUESTIONS, seed=3)
+    lm = Recording(smollm2)
+    cache = LMScoreCache(str(tmp_path / "both.sqlite"), lm)
+    both = supervise_targets(cache, store, examples, rows, ("answer", "question"), doc_template=QA_DOC_TEMPLATE)
+    cache.close()
+    (contexts, queries, continuations), = lm.calls
+    assert len(contexts) == int((rows >= 0).sum()) == 7
+    assert continuations == [examples[i].continuation for i, row in enumerate(rows) for r in row if r >= 0]
+    apart = LMScoreCache(str(tmp_path / "apart.sqlite"), smollm2)
+    for target in ("answer", "question"):
+        alone = supervise(apart, store, examples, rows, doc_template=QA_DOC_TEMPLATE, target=target)
+        np.testing.assert_allclose(both[target], alone, rtol=1e-5, atol=2e-3)
+        assert np.all(both[target][rows >= 0] < 0) and np.all(both[target][rows < 0] == 0)
+    apart.close()
+    with pytest.raises(ValueError, match="lsr_target must be one of"):
+        supervise_targets(cache, store, examples, rows, ("answer", "options"))
 
 
 def test_training_questions_must_not_be_evaluated():
@@ -325,6 +349,22 @@ def test_pools_experiment_trains_the_question_target_on_unlabelled_questions_too
     np.testing.assert_array_equal(question["rows"], np.concatenate([labelled["rows"], extra["rows"]]))
     with pytest.raises(ValueError, match="only --lsr_targets question"):
         pools.main(["--workdir", "unused", "--unlabelled", "nq_open"])
+
+
+def test_unlabelled_science_questions_from_olmes_files_leave_out_the_evaluated_ones():
+    """--unlabelled olmes:TASK:FORM reads an OLMES request file's questions; any whose normalised text is an
+    excluded question's (SciQ validation: OLMES's sciq file holds the very questions evaluated) is dropped."""
+    from replug_jax.data import olmes
+    pools = _pools_experiment()
+    arc, _ = olmes.load_olmes("arc_easy", "rc_0shot")
+    got = pools.unlabelled_questions("olmes:arc_easy:rc_0shot", 0)
+    assert len(got) == len(arc) and {q.question for q in got} == {q.question for q in arc}
+    assert all(q.answers == () for q in got)
+    sciq, _ = olmes.load_olmes("sciq", "rc_0shot")
+    evaluated = [q.question.upper() + "?" for q in sciq[:10]]  # the same questions up to case and punctuation
+    kept = pools.unlabelled_questions("olmes:sciq:rc_0shot", 0, exclude=evaluated)
+    assert len(kept) == len(sciq) - len({pools.question_key(q) for q in evaluated})
+    assert not {pools.question_key(q.question) for q in kept} & {pools.question_key(q) for q in evaluated}
 
 
 def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):

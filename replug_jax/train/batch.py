@@ -51,19 +51,34 @@ def supervise(cache: LMScoreCache, datastore, examples, rows: np.ndarray, *, lm_
     ℓ = Σ_t log p(x_t | d, x_<t), x's own likelihood after the document, from one `score_with_query` pass with an
     empty continuation (y is never read: questions need no answers). lm_score "sum" as written; "mean": divided
     by the scored text's token count (y's or x's)."""
+    return supervise_targets(cache, datastore, examples, rows, (target,), lm_score=lm_score,
+                             doc_template=doc_template, progress=progress)[target]
+
+
+def supervise_targets(cache: LMScoreCache, datastore, examples, rows: np.ndarray, targets, *, lm_score: str = "sum",
+                      doc_template: str = DOC_TEMPLATE, progress: bool = False) -> dict[str, np.ndarray]:
+    """{target: ℓ [B, K]} for each of `targets` (`supervise`'s meanings). Both targets come from ONE pass
+    d ∘ x ∘ y per pair (`score_with_query`: x's log-probs and y's from the same forward pass), not two."""
     if lm_score not in LM_SCORES:
         raise ValueError(f"lm_score must be one of {LM_SCORES}, got {lm_score!r}")
-    if target not in LSR_TARGETS:
-        raise ValueError(f"lsr_target must be one of {LSR_TARGETS}, got {target!r}")
-    if target == "question":  # contexts: the documents alone; x is scored after each
-        contexts, queries, where = document_passes(datastore, rows, [""] * len(examples),
-                                                   [e.lm_prefix for e in examples], doc_template)
-        sums, counts = cache.score_query(contexts, queries, progress=progress)
-    else:
+    targets = tuple(dict.fromkeys(targets))
+    if not targets or not set(targets) <= set(LSR_TARGETS):
+        raise ValueError(f"lsr_target must be one of {LSR_TARGETS}, got {targets!r}")
+    if targets == ("answer",):  # the paper's pass, d ∘ x scored for y (its own cache entries)
         contexts, continuations, where = document_passes(datastore, rows, [e.lm_prefix for e in examples],
                                                          [e.continuation for e in examples], doc_template)
-        sums, counts = cache.score(contexts, continuations, progress=progress)
-    scores = np.zeros(rows.shape, np.float32)
-    for (i, j), total, n in zip(where, sums, counts):
-        scores[i, j] = total / n if lm_score == "mean" else total
-    return scores
+        totals = {"answer": cache.score(contexts, continuations, progress=progress)}
+    else:  # contexts: the documents alone; x is scored after each, then y where the answer target is asked too
+        contexts, queries, where = document_passes(datastore, rows, [""] * len(examples),
+                                                   [e.lm_prefix for e in examples], doc_template)
+        answers = [examples[q].continuation if "answer" in targets else "" for q, _ in where]
+        query_totals, answer_totals = cache.score_query_and_continuation(contexts, queries, answers,
+                                                                         progress=progress)
+        totals = {"question": query_totals, "answer": answer_totals}
+    out = {}
+    for target in targets:
+        scores = np.zeros(rows.shape, np.float32)
+        for (i, j), total, n in zip(where, *totals[target]):
+            scores[i, j] = total / n if lm_score == "mean" else total
+        out[target] = scores
+    return out

@@ -33,10 +33,18 @@ class LMScoreCache:
     def score_query(self, contexts: Sequence[str], queries: Sequence[str], progress: bool = False):
         """`(logprob sums [N], token counts [N])` of each query after its context: one `score_with_query` pass per
         pair with an empty continuation (the query's tokens as `blackbox.query_token_ids` splits them)."""
-        pairs = self.lm.score_with_query(contexts, queries, [""] * len(queries), progress=progress)
-        sums = np.array([np.sum(q, dtype=np.float64) for q, _ in pairs], np.float32)
-        counts = np.array([len(q) for q, _ in pairs], np.int32)
-        return sums, counts
+        return self.score_query_and_continuation(contexts, queries, [""] * len(queries), progress=progress)[0]
+
+    def score_query_and_continuation(self, contexts: Sequence[str], queries: Sequence[str],
+                                     continuations: Sequence[str], progress: bool = False):
+        """From one `score_with_query` pass `context ∘ query ∘ continuation` per triple: ((query logprob sums [N],
+        token counts [N]), (continuation logprob sums [N], token counts [N]))."""
+        pairs = self.lm.score_with_query(contexts, queries, continuations, progress=progress)
+        totals = []
+        for part in (0, 1):
+            sums = np.array([np.sum(p[part], dtype=np.float64) for p in pairs], np.float32)
+            totals.append((sums, np.array([len(p[part]) for p in pairs], np.int32)))
+        return tuple(totals)
 
     @property
     def hits(self) -> int:
