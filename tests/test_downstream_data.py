@@ -300,7 +300,8 @@ def test_covered_questions_on_the_demo_corpus(nq, tqa):
 
 def test_tfds_questions_both_answer_shapes(tmp_path, monkeypatch):
     """"tfds:NAME:SPLIT" reads a TFDS array_record build by random access: trivia_qa-shaped answers (value, then
-    aliases, deduplicated) and natural_questions_open-shaped ones (a list); bad specs and keys are named."""
+    aliases, deduplicated) and natural_questions_open-shaped ones (a list); bad specs and keys are named; questions
+    without answers only where answers are not required."""
     from tests import tfds_tiny
 
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
@@ -308,12 +309,21 @@ def test_tfds_questions_both_answer_shapes(tmp_path, monkeypatch):
         {"question": "Capital of Alabama?", "answer": {"value": "Montgomery", "aliases": ["Montgomery", "Montgomerie"]}},
         {"question": "Atomic number of helium?", "answer": {"value": "2", "aliases": ["two"]}}], str(tmp_path))
     nq_like = tfds_tiny.prepare_qa(tfds_tiny.ReplugTinyQaList, [
-        {"question": "who wrote a modest proposal", "answer": ["Jonathan Swift", "Swift"]}], str(tmp_path))
+        {"question": "who wrote a modest proposal", "answer": ["Jonathan Swift", "Swift"]},
+        {"question": "what did the fox say", "answer": []}], str(tmp_path))
     got = ds.load_qa(f"tfds:{trivia}:validation")
     assert [(e.question, e.answers) for e in got] == [("Capital of Alabama?", ("Montgomery", "Montgomerie")),
                                                       ("Atomic number of helium?", ("2", "two"))]
     assert got[0].id == f"{trivia}/validation/0"
-    assert ds.load_qa(f"tfds:{nq_like}:validation:question:answer")[0].answers == ("Jonathan Swift", "Swift")
+    with pytest.raises(ValueError, match="record 1 has no non-empty gold answer"):
+        ds.load_qa(f"tfds:{nq_like}:validation:question:answer")
+    # questions alone (LSR's question target): a record without answers, or without the answer key, is kept
+    alone = ds.load_qa(f"tfds:{nq_like}:validation:question:answer", answers_required=False)
+    assert [(e.question, e.answers) for e in alone] == [("who wrote a modest proposal", ("Jonathan Swift", "Swift")),
+                                                        ("what did the fox say", ())]
+    assert [e.answers for e in ds.load_qa(f"tfds:{trivia}:validation:question:hint", answers_required=False)] == [(), ()]
+    with pytest.raises(ValueError, match=r"has no \['hint'\]"):
+        ds.load_qa(f"tfds:{trivia}:validation:question:hint")
     with pytest.raises(ValueError, match=r"has no \['query'\].*QUESTION_KEY:ANSWER_KEY"):
         ds.load_qa(f"tfds:{nq_like}:validation:query:answer")
     with pytest.raises(ValueError, match="bad TFDS QA source"):

@@ -167,17 +167,18 @@ def _tfds_answers(value) -> list[str]:
 
 
 def read_tfds_qa(name: str, split: str, question_key: str = "question", answer_key: str = "answer",
-                 data_dir: str | None = None, download: bool = True) -> list[QAExample]:
+                 data_dir: str | None = None, download: bool = True, answers_required: bool = True) -> list[QAExample]:
     """QA examples from a TensorFlow Datasets array_record build (e.g. natural_questions_open, trivia_qa/rc.nocontext),
-    read by random access with `tfds.data_source` (no TensorFlow); ids f"{name}/{split}/{record index}"."""
+    read by random access with `tfds.data_source` (no TensorFlow); ids f"{name}/{split}/{record index}".
+    `answers_required=False`: a record without the answer key, or with no non-empty answer, is a question alone."""
     examples = []
     for i, record in tfds_records(name, split, data_dir, download):
-        missing = [k for k in (question_key, answer_key) if k not in record]
+        missing = [k for k in (question_key, answer_key) if k not in record and (answers_required or k != answer_key)]
         if missing:
             raise InputError(f"tfds:{name}:{split} record {i} has no {missing} (it has {sorted(record)}): "
                              "name the keys as tfds:NAME:SPLIT:QUESTION_KEY:ANSWER_KEY")
-        answers = _tfds_answers(record[answer_key])
-        if not answers:
+        answers = _tfds_answers(record[answer_key]) if answer_key in record else []
+        if not answers and answers_required:
             raise InputError(f"tfds:{name}:{split} record {i} has no non-empty gold answer")
         examples.append(QAExample(f"{name}/{split}/{i}", as_text(record[question_key]), tuple(answers)))
     return examples
@@ -186,14 +187,14 @@ def read_tfds_qa(name: str, split: str, question_key: str = "question", answer_k
 def load_qa(source: str, split: str = "validation", answers_required: bool = True) -> list[QAExample]:
     """QA examples from "nq_open", "trivia_qa", a .jsonl file (`split` ignored for files), or
     "tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]" (a TFDS build under $TFDS_DATA_DIR; its own split wins).
-    `answers_required=False`: a .jsonl file's rows may be questions without answers (`read_qa_jsonl`)."""
+    `answers_required=False`: a .jsonl file's rows or a TFDS build's records may be questions without answers."""
     if source in ("nq_open", "trivia_qa", SCIQ):
         return {"nq_open": load_nq_open, "trivia_qa": load_trivia_qa, SCIQ: load_sciq}[source](split)
     if source.startswith("tfds:"):
         name, tfds_split, *keys = source[len("tfds:"):].split(":")
         if len(keys) not in (0, 2) or not name or not tfds_split:
             raise InputError(f"bad TFDS QA source {source!r}: use tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]")
-        return read_tfds_qa(name, tfds_split, *keys)
+        return read_tfds_qa(name, tfds_split, *keys, answers_required=answers_required)
     if source.endswith(".jsonl") or os.path.isfile(source):
         return read_qa_jsonl(source, answers_required)
     raise InputError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\", \"sciq\", \"tfds:NAME:SPLIT\" "
