@@ -10,10 +10,11 @@ that share one LM-score cache and one datastore:
   * τ = 0.1: replug_posterior α = 0.5;
   * τ = 0.1: replug_posterior α = 1 re-ranking the top 16 to 4.
 `--runs tau0.1,concat` runs fewer (ensembled generation with the 0.5B reader is slow on 2 cores: the minutes of
-each run are in its table).
+each run are in its table); `--runs dev,concat` runs the dev split's choice (sciq.py's defaults: τ 0.03, α 0.5,
+re-rank 16 → 4) for REPLUG and the posterior, `--baseline concat:concat` measures the intervals against concat.
 WORKDIR/table.md and table.json: exact match, answer NLL (nats per answer, the QA job's per-token mixture, zero-shot
-passes), and the 95% bootstrap interval of the per-question difference against REPLUG τ = 0.1. A finished run is
-reused.
+passes), and the 95% bootstrap interval of the per-question difference against the baseline (REPLUG τ = 0.1 unless
+`--baseline`). A finished run is reused.
 """
 from __future__ import annotations
 
@@ -35,13 +36,17 @@ RUNS = {  # name: (τ, methods, α, rerank depth)
     "alpha0.5": (0.1, ("replug_posterior",), 0.5, 0),
     "rerank16": (0.1, ("replug_posterior",), 1.0, 16),
     "concat": (0.1, ("concat",), 1.0, 0),  # concat alone (τ unused), for a shorter --runs selection
+    "dev": (0.03, ("replug", "replug_posterior"), 0.5, 16),  # the dev split's choice, sciq.py's defaults
+    "dev_posterior": (0.03, ("replug_posterior",), 0.5, 16),  # the same posterior alone (a slow LM's shorter run)
 }
 DEFAULT_RUNS = "tau1,tau0.1,alpha0.5,rerank16"
 ROWS = [("none", "tau1", "none"), ("concat", "tau1", "concat"), ("REPLUG τ 1", "tau1", "replug"),
         ("REPLUG τ 0.1", "tau0.1", "replug"), ("posterior α 1, τ 0.1", "tau0.1", "replug_posterior"),
         ("posterior α 0.5, τ 0.1", "alpha0.5", "replug_posterior"),
-        ("posterior α 1, τ 0.1, re-rank 16 → 4", "rerank16", "replug_posterior"), ("concat", "concat", "concat")]
-BASELINE = ("tau0.1", "replug")
+        ("posterior α 1, τ 0.1, re-rank 16 → 4", "rerank16", "replug_posterior"), ("concat", "concat", "concat"),
+        ("REPLUG τ 0.03", "dev", "replug"), ("posterior α 0.5, τ 0.03, re-rank 16 → 4", "dev", "replug_posterior"),
+        ("posterior α 0.5, τ 0.03, re-rank 16 → 4", "dev_posterior", "replug_posterior")]
+BASELINE = "tau0.1:replug"
 
 
 def run(args, name: str) -> tuple[dict, list[dict]]:
@@ -74,18 +79,24 @@ def main():
     ap.add_argument("--lm", default="smollm2")
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma list of {', '.join(RUNS)} (tau0.1 is the baseline; "
-                    "\"concat\": concat alone, where tau1's none and REPLUG τ 1 are not wanted)")
+    ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma list of {', '.join(RUNS)} (\"concat\": concat "
+                    "alone, where tau1's none and REPLUG τ 1 are not wanted; \"dev\": the dev split's τ 0.03, α 0.5, "
+                    "re-rank 16 → 4)")
+    ap.add_argument("--baseline", default=BASELINE, help="RUN:METHOD whose per-question differences the intervals "
+                    "are of (its run must be among --runs)")
     args = ap.parse_args()
     chosen = args.runs.split(",")
-    if BASELINE[0] not in chosen or not set(chosen) <= set(RUNS):
-        raise SystemExit(f"--runs {args.runs!r}: names from {', '.join(RUNS)}, {BASELINE[0]} (the baseline) among them")
+    base_run, _, base_method = args.baseline.partition(":")
+    if base_run not in chosen or not set(chosen) <= set(RUNS) or base_method not in RUNS[base_run][1]:
+        raise SystemExit(f"--runs {args.runs!r} --baseline {args.baseline!r}: runs from {', '.join(RUNS)}, the "
+                         "baseline's run among them and its method one of that run's")
+    base_label = next(label for label, name, method in ROWS if (name, method) == (base_run, base_method))
     started = time.time()
     runs = {name: run(args, name) for name in chosen}
-    base = runs[BASELINE[0]][1]
-    base_nll = np.array([r[BASELINE[1]]["answer_nll"] for r in base])
-    base_em = np.array([r[BASELINE[1]]["exact_match"] for r in base], float)
-    rows, lines = [], ["| method | EM % | answer NLL | vs REPLUG τ 0.1 (95% CI) | EM diff (95% CI) | minutes |",
+    base = runs[base_run][1]
+    base_nll = np.array([r[base_method]["answer_nll"] for r in base])
+    base_em = np.array([r[base_method]["exact_match"] for r in base], float)
+    rows, lines = [], [f"| method | EM % | answer NLL | vs {base_label} (95% CI) | EM diff (95% CI) | minutes |",
                        "|---|---:|---:|---:|---:|---:|"]
     for label, name, method in (row for row in ROWS if row[1] in runs):
         results, preds = runs[name]
@@ -94,8 +105,8 @@ def main():
         lo, hi = bootstrap(nll - base_nll)
         elo, ehi = bootstrap(100 * (em - base_em))
         rel = 100 * (nll.mean() / base_nll.mean() - 1)
-        rows.append({"method": label, "run": name, "exact_match": 100 * em.mean(), "answer_nll": nll.mean(),
-                     "nll_vs_replug_percent": rel, "nll_diff_ci": [lo, hi], "em_diff_ci": [elo, ehi],
+        rows.append({"method": label, "run": name, "baseline": base_label, "exact_match": 100 * em.mean(),
+                     "answer_nll": nll.mean(), "nll_vs_baseline_percent": rel, "nll_diff_ci": [lo, hi], "em_diff_ci": [elo, ehi],
                      "minutes": results["seconds"] / 60, "questions": len(preds)})
         lines.append(f"| {label} | {100 * em.mean():.1f} | {nll.mean():.3f} | {rel:+.1f}% ({lo:+.3f}, {hi:+.3f}) | "
                      f"{100 * (em.mean() - base_em.mean()):+.1f} ({elo:+.1f}, {ehi:+.1f}) | "
