@@ -74,7 +74,7 @@ def bootstrap(diff: np.ndarray, draws: int = 2000, seed: int = 0) -> tuple[float
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lm", default="smollm2")
     ap.add_argument("--questions", type=int, default=200)
@@ -84,7 +84,7 @@ def main():
                     "re-rank 16 → 4)")
     ap.add_argument("--baseline", default=BASELINE, help="RUN:METHOD whose per-question differences the intervals "
                     "are of (its run must be among --runs)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     chosen = args.runs.split(",")
     base_run, _, base_method = args.baseline.partition(":")
     if base_run not in chosen or not set(chosen) <= set(RUNS) or base_method not in RUNS[base_run][1]:
@@ -118,6 +118,7 @@ def main():
     with open(os.path.join(args.workdir, "table.md"), "w") as f:
         f.write(text + "\n")
     print(text)
+    return rows
 
 
 if __name__ == "__main__":
