@@ -172,14 +172,20 @@ def _check_posterior(config) -> None:
 
 
 def _check_lsr_target(config) -> None:
-    """lsr_target is "answer" or "question"; "answer" refuses a question file whose first row has no answers."""
+    """lsr_target is "answer" or "question"; "answer" refuses a question file whose first row has no answers, and text
+    windows without a continuation (train_continuation_tokens 0, which the question target takes)."""
     from replug_jax.train.batch import LSR_TARGETS
 
     target = config.get("lsr_target", "answer")
     if target not in LSR_TARGETS:
         raise InputError(f"--config.lsr_target={target!r}: unknown target; use \"answer\" (ℓ = log p(answer | "
                          "passage, question), the paper) or \"question\" (ℓ = log p(question | passage))")
-    if target == "answer" and config.train_data.endswith(".jsonl") and _trains_on_questions(config):
+    windows = not _trains_on_questions(config)
+    if windows and config.get("train_continuation_tokens", 1) < (1 if target == "answer" else 0):
+        raise InputError(f"--config.train_continuation_tokens={config.train_continuation_tokens}: the answer target "
+                         "scores the window's continuation, so it needs at least 1 token (the question target takes 0: "
+                         "the query window alone)")
+    if target == "answer" and config.train_data.endswith(".jsonl") and not windows:
         import json
 
         with open(config.train_data, encoding="utf-8") as f:

@@ -36,6 +36,25 @@ def test_examples_are_query_and_continuation_windows(tiny_lm):
         training_examples([Document("c", "", "short")], tok, query_tokens=40, continuation_tokens=24)
 
 
+def test_question_target_windows_need_no_continuation(tiny_lm):
+    """continuation_tokens 0 (LSR's question target on text): windows of x alone, y empty, one every
+    query_tokens tokens; the answer target, which scores y, is refused that setting before any model loads."""
+    from replug_jax.config_files import sibling_config
+    from replug_jax.input_checks import check_job_inputs
+
+    tok = tiny_lm.tokenizer
+    examples = training_examples([Document("a", "", TEXT)], tok, query_tokens=40, continuation_tokens=0, seed=3)
+    assert len(examples) == (len(tok.encode(TEXT)) - 1) // 40 and {e.continuation for e in examples} == {""}
+    assert all(len(tok.encode(e.query)) == 40 and e.query in TEXT for e in examples)
+    configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")
+    config = sibling_config(os.path.join(configs, "x"), "demo_lsr.py")
+    config.train_continuation_tokens = 0
+    with pytest.raises(ValueError, match="train_continuation_tokens=0: the answer target"):
+        check_job_inputs(config)
+    config.lsr_target = "question"
+    check_job_inputs(config)
+
+
 def test_documents_too_short_for_a_window_are_named_not_skipped_in_silence(tiny_lm, caplog):
     docs = [Document("a", "", TEXT), Document("tiny", "", "short"), Document("b", "", TEXT[:100])]
     with caplog.at_level("WARNING"):

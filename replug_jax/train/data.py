@@ -114,7 +114,8 @@ def check_disjoint_questions(trained_on, evaluated) -> None:
 
 def training_examples(documents, tokenizer: TextTokenizer, *, query_tokens: int = 128, continuation_tokens: int = 128,
                       seed: int = 0, max_examples: int | None = None) -> list[TrainExample]:
-    """Non-overlapping (x, y) windows of every document, shuffled with `seed` (deterministic)."""
+    """Non-overlapping (x, y) windows of every document, shuffled with `seed` (deterministic); `continuation_tokens`
+    0: windows of x alone (y = "", what LSR's question target reads)."""
     span = query_tokens + continuation_tokens
     examples, too_short = [], []
     for doc in documents:
@@ -125,7 +126,7 @@ def training_examples(documents, tokenizer: TextTokenizer, *, query_tokens: int 
         for a in range(0, n - span + 1, span):
             x = doc.text[starts[a] : starts[a + query_tokens]]
             y = doc.text[starts[a + query_tokens] : starts[a + span]]
-            if x.strip() and y.strip():
+            if x.strip() and (y.strip() or continuation_tokens == 0):  # no y at all: the question target's windows
                 examples.append(TrainExample(x, y, excluded_sources=(doc.id,)))
     if not examples:
         raise InputError(f"no training example of {span} tokens: documents are too short "
