@@ -77,10 +77,11 @@ def test_the_question_is_scored_in_the_pass_that_scores_the_answer(smollm2, monk
     for (q_lps, a_lps), d in zip(got, docs):
         joint = tok.encode(d + x)
         n_ctx = len(tok.encode(d + x)) - len(q_lps)
-        np.testing.assert_allclose(q_lps, smollm2.score_token_pairs([(joint[:n_ctx], joint[n_ctx:])])[0], atol=2e-5)
-        np.testing.assert_allclose(a_lps, smollm2.score([d + x], [" Tobias Grint"])[0], atol=2e-5)
+        # the same tokens in passes of other lengths and batches: float32 differs by ~3e-5 on this CPU
+        np.testing.assert_allclose(q_lps, smollm2.score_token_pairs([(joint[:n_ctx], joint[n_ctx:])])[0], atol=1e-4)
+        np.testing.assert_allclose(a_lps, smollm2.score([d + x], [" Tobias Grint"])[0], atol=1e-4)
     q_only = smollm2.score_with_query(docs[:1], [x], [""])[0]  # no continuation: the question alone
-    assert q_only[1].shape == (0,) and np.allclose(q_only[0], got[0][0], atol=2e-5)
+    assert q_only[1].shape == (0,) and np.allclose(q_only[0], got[0][0], atol=1e-4)
     with pytest.raises(ValueError, match="queries \\[0\\] are empty"):
         smollm2.score_with_query(docs[:1], [""], [" a"])
 
