@@ -91,8 +91,8 @@ def unlabelled_questions(sources: str, limit: int, seed: int = 0, exclude=()) ->
     for source in filter(None, sources.split(",")):
         if source.startswith("mmlu:"):
             questions += [QAExample(q.id, q.question, ()) for q in load_mc("mmlu", source.split(":", 1)[1])]
-        elif olmes.parse_source(source):
-            questions += [QAExample(q.id, q.question, ()) for q in olmes.load_olmes(*olmes.parse_source(source))[0]]
+        elif task_form := olmes.parse_source(source):
+            questions += [QAExample(q.id, q.question, ()) for q in olmes.load_olmes(*task_form)[0]]
         else:
             questions += [QAExample(q.id, q.question, ()) for q in load_qa(source, answers_required=False)]
     excluded = {question_key(q) for q in exclude}
