@@ -23,7 +23,7 @@ from replug_jax import mixture, posterior
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa
 from replug_jax.evaluate.lm import ensemble
-from replug_jax.evaluate.qa_posterior import posterior_passes
+from replug_jax.evaluate.qa_posterior import generate_at_prefill
 from replug_jax.passages import DOC_TEMPLATE, document_passes, passage_text
 from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, document_from_record
 
@@ -80,19 +80,26 @@ class REPLUG:
         """(scores [Q, k], datastore rows [Q, k]; -1 where fewer) of each query's top-k passages."""
         return self.retriever.retrieve(list(queries), self.k)
 
-    def _mixed_passes(self, query: str, text: str, continuation: str):
-        """(pass contexts, their normalised log λ [k'], continuation log-probs per pass or None) for one input
-        `text` retrieved for by `query`: the top k by retrieval, or by the posterior over the top `depth`, which
-        scores `text` after each passage (with `continuation` in the same pass, when given)."""
+    def _retrieved_passes(self, query: str, text: str) -> tuple[list[str], np.ndarray]:
+        """(pass contexts: each retrieved passage then `text`, their retrieval log λ = log softmax(s/τ) [D]) of the
+        top `depth` passages for `query` (k, or the re-ranking depth with posterior weights)."""
         scores, rows = self.retriever.retrieve([query], self.depth)
         contexts, _, _ = document_passes(self.datastore, rows, [text], [""], self.doc_template)
         valid = rows >= 0  # [1, depth]
+        return contexts, np.asarray(mixture.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]]
+
+    def _mixed_passes(self, query: str, text: str, continuation: str):
+        """(pass contexts, their normalised log λ [k'], continuation log-probs per pass or None) for one input
+        `text` retrieved for by `query`: the top k by retrieval, or by the posterior over the top `depth`, which
+        scores `text` after each passage (with `continuation` in the same pass)."""
+        contexts, log_w = self._retrieved_passes(query, text)
         if self.weights == "retrieval":
-            return contexts, np.asarray(mixture.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]], None
+            return contexts, log_w, None
         docs = [c[: len(c) - len(text)] for c in contexts]  # the passage part of each pass
         scored = self.lm.score_with_query(docs, [text] * len(docs), [continuation] * len(docs))
-        query_ll = [[np.sum(q, dtype=np.float64) for q, _ in scored]]  # the passages retrieved come first
-        order, kept = posterior.kept_passes(scores, query_ll, self.temperature, self.posterior_alpha, self.k)
+        query_ll = [np.sum(q, dtype=np.float64) for q, _ in scored]  # the passages retrieved come first
+        order, kept = posterior.rerank(posterior.posterior_log_weights(log_w[None], np.ones((1, len(docs)), bool),
+                                                                       [query_ll], 1.0, self.posterior_alpha), self.k)
         pos = order[0][order[0] >= 0]
         return [contexts[j] for j in pos], kept[0][: len(pos)], [scored[j][1] for j in pos]
 
@@ -118,9 +125,13 @@ class REPLUG:
 
     def generate(self, prompt: str, *, max_new_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  query: str | None = None) -> str:
-        """REPLUG's ensembled greedy decoding after `prompt` (each pass: a passage, then the prompt)."""
-        contexts, log_w, _ = self._mixed_passes(query if query is not None else prompt, prompt, "")
-        return self.lm.generate([contexts], [log_w], max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
+        """REPLUG's ensembled greedy decoding after `prompt` (each pass: a passage, then the prompt); with posterior
+        weights they are fixed at the generation's prefill from log p(prompt | passage) (`posterior.generate`)."""
+        contexts, log_w = self._retrieved_passes(query if query is not None else prompt, prompt)
+        if self.weights == "retrieval":
+            return self.lm.generate([contexts], [log_w], max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
+        return posterior.generate(self.lm, [contexts], [prompt], [log_w], alpha=self.posterior_alpha, keep=self.k,
+                                  max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
 
     def answer(self, question: str, *, max_new_tokens: int = 16, demos: str = "") -> str:
         """The answer to `question` with the QA job's prompt ("Knowledge: <passage>\\nQuestion: ...\\nAnswer:"
@@ -132,10 +143,9 @@ class REPLUG:
             return qa.answer_questions(self.lm, example, passages, scores, method="replug", ensemble="replug",
                                        demo_prefix=demos, temperature=self.temperature,
                                        max_new_tokens=max_new_tokens)[0]["prediction"]
-        scored = posterior_passes(self.lm, example, passages, scores, temperature=self.temperature,
-                                  alpha=self.posterior_alpha, k=self.k, with_answers=False)
-        return qa.generate_answers(self.lm, scored.contexts, scored.log_weights, ensemble="replug", demo_prefix=demos,
-                                   max_new_tokens=max_new_tokens)[0]["prediction"]
+        return generate_at_prefill(self.lm, example, passages, scores, demo_prefix=demos, k=self.k,
+                                   temperature=self.temperature, alpha=self.posterior_alpha,
+                                   max_new_tokens=max_new_tokens, progress=False)[0][0]["prediction"]
 
 
 def check_mixture(k: int, temperature: float, passages: int | None = None, weights: str = "retrieval",

@@ -59,3 +59,41 @@ def kept_passes(scores: np.ndarray, query_logliks, temperature: float, alpha: fl
     for b, ll in enumerate(query_logliks):
         valid[b, : len(ll)], evidence[b, : len(ll)] = True, ll
     return rerank(posterior_log_weights(scores, valid, evidence, temperature, alpha), k)
+
+
+def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max_new_tokens: int, stop=("\n",),
+             shared_prefix: str = "", progress: bool = False) -> list:
+    """Ensembled generation with the weights fixed at prefill by the posterior: question b's passes `contexts[b]`
+    (each ending with its query x = `queries[b]`), log λ ∝ log_weights[b] + α · log p(x | shared_prefix ∘ passage),
+    the `keep` best of each question mixed. An LM that reads x in its own prefill (`weights_at_prefill`: LocalLM)
+    does it in the generation's pass; any other black box (HTTP) first scores x in each pass's own prompt tokens
+    with `score_with_query` (one echoed request per pass), then generates with the kept passes. -> `Generation`s with
+    `.log_weights` [K] (-inf: dropped) and `.query_logliks` [K], in the passes' given order."""
+    from replug_jax.lm.blackbox import PrefillPosterior
+
+    check_alpha(alpha)
+    if getattr(lm, "weights_at_prefill", False):
+        return lm.generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop, shared_prefix=shared_prefix,
+                           progress=progress, posterior=PrefillPosterior(list(queries), alpha, keep))
+    flat = [(b, c) for b, ctx in enumerate(contexts) for c in ctx]  # x scored in the generation's own tokens
+    scored = lm.score_with_query([c[: len(c) - len(queries[b])] for b, c in flat], [queries[b] for b, _ in flat],
+                                 [""] * len(flat), **({"prefix": shared_prefix} if shared_prefix else {}))
+    width = max(len(c) for c in contexts)
+    base = np.full((len(contexts), width), -np.inf, np.float32)  # [B, K]
+    query_ll = np.zeros((len(contexts), width), np.float64)
+    at = 0
+    for b, ctx in enumerate(contexts):
+        base[b, : len(ctx)] = log_weights[b][: len(ctx)]
+        query_ll[b, : len(ctx)] = [np.sum(q, dtype=np.float64) for q, _ in scored[at : at + len(ctx)]]
+        at += len(ctx)
+    valid = np.isfinite(base)
+    order, kept = rerank(posterior_log_weights(base, valid, query_ll, 1.0, alpha), keep)  # log softmax(log λ + αℓ)
+    positions = [o[o >= 0] for o in order]
+    gens = lm.generate([[ctx[j] for j in pos] for ctx, pos in zip(contexts, positions)],
+                       [w[: len(pos)] for w, pos in zip(kept, positions)], max_new_tokens=max_new_tokens, stop=stop,
+                       shared_prefix=shared_prefix, progress=progress)
+    for b, (g, pos) in enumerate(zip(gens, positions)):
+        full = np.full(len(contexts[b]), -np.inf)
+        full[pos] = kept[b][: len(pos)]
+        g.log_weights, g.query_logliks = full.tolist(), query_ll[b, : len(contexts[b])].tolist()
+    return gens

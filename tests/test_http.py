@@ -80,6 +80,28 @@ def test_score_with_query_over_http_equals_local(tiny, tiny_server, proxy):
         HTTPLM(proxy.url, tokenizer=lm.tokenizer).score_with_query(contexts[:1], queries[:1], continuations[:1])
 
 
+def test_posterior_generation_over_http_weighs_as_the_local_prefill(tiny, tiny_server):
+    """posterior.generate through a server: x scored in each pass's own prompt tokens (demos, passage, x) by one
+    echoed prompt per pass, then generation with the kept passes; the weights and log p(x | demos ∘ d) are the
+    local LM's, read in its generation prefill."""
+    from replug_jax import posterior
+
+    lm = tiny[1]
+    x = "Question: who is the mayor?\nAnswer:"
+    contexts = [[f"Knowledge: {p}\n{x}" for p in ("Velmora's mayor is Tobias Grint.", "Karsk has a river.",
+                                                  "Glass is made in Karsk.")]]
+    retrieval = [np.log(np.array([0.5, 0.3, 0.2]))]
+    demos = "Knowledge: Karsk.\nQuestion: where?\nAnswer: Karsk\n\n"
+    local = posterior.generate(lm, contexts, [x], retrieval, alpha=1.0, keep=2, max_new_tokens=3, shared_prefix=demos)
+    remote = HTTPLM(tiny_server.url, tokenizer=lm.tokenizer)
+    got = posterior.generate(remote, contexts, [x], retrieval, alpha=1.0, keep=2, max_new_tokens=3,
+                             shared_prefix=demos)
+    assert remote.stats()["prompts"] == 3  # one echoed prompt per pass (generation's requests are not counted)
+    np.testing.assert_allclose(got[0].query_logliks, local[0].query_logliks, atol=1e-4)
+    np.testing.assert_allclose(got[0].log_weights, local[0].log_weights, atol=1e-4)
+    assert np.isfinite(got[0].log_weights).sum() == 2
+
+
 def test_server_that_adds_a_start_token(tiny):
     """A server conditioning every prompt on the start token: empty contexts are sent alone."""
     lm = tiny[1]

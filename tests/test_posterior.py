@@ -7,9 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from replug_jax import posterior
+from replug_jax import mixture, posterior
 from replug_jax.data.records import MCExample, QAExample
 from replug_jax.evaluate import mmlu, option_text, qa_posterior
+from replug_jax.lm.blackbox import query_token_count
 from replug_jax.lm.cache import CachedLM
 from replug_jax.passages import QA_DOC_TEMPLATE, question_block
 
@@ -95,6 +96,90 @@ def test_score_with_query_through_the_cache(smollm2, tmp_path):
     for (a, b), (c, d), (e, f) in zip(first, again, smollm2.score_with_query(docs, [x, x], [" Karsk", " Velmora"])):
         assert np.array_equal(a, c) and np.array_equal(b, d) and np.allclose(a, e, atol=1e-6)
     assert cached.score([docs[0]], [x])[0].shape == first[0][0].shape and cached.misses == 3  # another key
+
+
+DEMOS = question_block("Which town has glassworks?", "Karsk is known for its glassworks.", "Karsk")
+
+
+class ScoringRoute:
+    """The real LM behind the black-box contract alone (no `weights_at_prefill`): `posterior.generate`'s route for
+    HTTP servers, which scores x with `score_with_query` and then generates."""
+
+    def __init__(self, lm):
+        self.score_with_query, self.generate = lm.score_with_query, lm.generate
+
+
+def prefill_hand_weights(lm, contexts, queries, retrieval, alpha, keep):
+    """Per question: (log p(x | demos ∘ d) [K], log λ [K] with -inf for the dropped) in float64 from `score_token_pairs`
+    of each pass's very generation tokens: the demos' ids, then the pass context's, x its last tokens."""
+    tok, out = lm.tokenizer, []
+    for ctx, x, base in zip(contexts, queries, retrieval):
+        ll = []
+        for c in ctx:
+            ids, n = tok.encode(c), query_token_count(tok, c, x)
+            assert tok.decode(ids[-n:]) == x
+            ll.append(np.sum(lm.score_token_pairs([(tok.encode(DEMOS) + ids[:-n], ids[-n:])])[0], dtype=np.float64))
+        z = np.asarray(base, np.float64) + alpha * np.array(ll)
+        kept = np.argsort(-z, kind="stable")[:keep]
+        log_w = np.full(len(ctx), -np.inf)
+        log_w[kept] = z[kept] - np.logaddexp.reduce(z[kept])
+        out.append((np.array(ll), log_w))
+    return out
+
+
+@pytest.mark.parametrize("keep", [2, 3])
+def test_generation_fixes_the_posterior_weights_at_its_own_prefill(smollm2, monkeypatch, keep):
+    """posterior.generate on a LocalLM reads log p(x | demos ∘ d) in the generation's own prefill (no scoring call,
+    one generate call), equal to a float64 hand computation from the very tokens of each pass; the k best kept;
+    the answers are the kept passes decoded with those weights; the score_with_query route (HTTP's) agrees."""
+    contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(QUESTIONS, PASSAGES)]
+    queries = [question_block(q.question, None) for q in QUESTIONS]
+    retrieval = list(np.asarray(mixture.ensemble_log_weights(SCORES, np.ones(SCORES.shape, bool), 0.1)))  # [2][3]
+    generate_calls = []
+    inner_generate = smollm2.generate
+    monkeypatch.setattr(smollm2, "generate", lambda *a, **kw: generate_calls.append(1) or inner_generate(*a, **kw))
+    for name in ("score", "score_token_pairs", "score_with_query"):
+        monkeypatch.setattr(smollm2, name, lambda *a, **kw: pytest.fail("a scoring pass beside the generation's"))
+    gens = posterior.generate(smollm2, contexts, queries, retrieval, alpha=0.5, keep=keep, max_new_tokens=6,
+                              shared_prefix=DEMOS)
+    monkeypatch.undo()
+    assert len(generate_calls) == 1
+    routed = posterior.generate(ScoringRoute(smollm2), contexts, queries, retrieval, alpha=0.5, keep=keep,
+                                max_new_tokens=6, shared_prefix=DEMOS)
+    for b, (ll, log_w) in enumerate(prefill_hand_weights(smollm2, contexts, queries, retrieval, 0.5, keep)):
+        for g in (gens[b], routed[b]):  # passes of other shapes: float32 differs by ~3e-5 a token on this CPU
+            np.testing.assert_allclose(g.query_logliks, ll, atol=1e-3)
+            np.testing.assert_allclose(g.log_weights, log_w, atol=1e-3)
+        kept = np.flatnonzero(np.isfinite(log_w))
+        want = smollm2.generate([[contexts[b][j] for j in kept]], [log_w[kept]], max_new_tokens=6,
+                                shared_prefix=DEMOS)[0]
+        assert gens[b].text == routed[b].text == want.text and want.text.strip()
+    assert np.isfinite(gens[0].log_weights).sum() == keep
+    assert PASSAGES[0][int(np.argmax(gens[0].log_weights))].startswith("Velmora")  # the LM's pick, not rank 0's
+    with pytest.raises(ValueError, match="does not end with its query"):
+        posterior.generate(smollm2, contexts, ["Question: another?"] * 2, retrieval, alpha=0.5, keep=2,
+                           max_new_tokens=2)
+
+
+def test_qa_rows_without_answers_come_from_the_generations_prefill(smollm2, monkeypatch):
+    """The QA method without answer NLL: the rows' kept ranks, weights and question log-likelihoods are the
+    prefill's, the answer its decoding, with no scoring pass."""
+    for name in ("score", "score_token_pairs", "score_with_query"):
+        monkeypatch.setattr(smollm2, name, lambda *a, **kw: pytest.fail("a scoring pass beside the generation's"))
+    rows, kept_passages = qa_posterior.predict(smollm2, QUESTIONS, PASSAGES, SCORES, demo_prefix=DEMOS, k=2,
+                                               temperature=0.1, alpha=0.5, ensemble="replug", max_new_tokens=6,
+                                               with_answers=False)
+    monkeypatch.undo()
+    contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(QUESTIONS, PASSAGES)]
+    retrieval = list(np.asarray(mixture.ensemble_log_weights(SCORES, np.ones(SCORES.shape, bool), 0.1)))
+    hand = prefill_hand_weights(smollm2, contexts, [question_block(q.question, None) for q in QUESTIONS],
+                                retrieval, 0.5, 2)
+    for row, passages, ps, (ll, log_w) in zip(rows, kept_passages, PASSAGES, hand):
+        kept = np.argsort(-log_w, kind="stable")[:2]
+        assert row["kept_ranks"] == kept.tolist() and passages == [ps[j] for j in kept]
+        np.testing.assert_allclose(row["log_weights"], log_w[kept], atol=1e-3)
+        np.testing.assert_allclose(row["question_logliks"], ll[kept], atol=1e-3)
+        assert "answer_nll" not in row and row["prediction"]
 
 
 def test_rerank_keeps_the_highest_weights_and_renormalises():

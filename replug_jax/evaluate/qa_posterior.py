@@ -7,7 +7,8 @@ it follows the passage) and the gold answer's token log-probs. Then
     log λ_i = log softmax_i(s_i / τ + α · log p(x | d_i)),   the k highest kept (re-ranking when depth > k),
 
 the answer NLL is the per-token mixture of the kept passes, and the generation after the few-shot block mixes
-the kept passes with those fixed weights. Without gold answers (answer NLL off) the passes are scored up to x.
+the kept passes with those fixed weights. Without gold answers (answer NLL off) nothing is scored apart: the
+generation's own prefill reads log p(x | demos, d_i) and fixes the weights (`generate_at_prefill`).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from replug_jax import posterior
 from replug_jax.evaluate.answer_nll import mixture_loglik, query_and_continuation_scores
-from replug_jax.evaluate.qa import generate_answers
+from replug_jax.evaluate.qa import generate_answers, method_passes
 from replug_jax.passages import QA_DOC_TEMPLATE, question_block
 
 
@@ -64,15 +65,44 @@ def predict(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, de
             nll_with_demos: bool = False) -> tuple[list[dict], list[list[str]]]:
     """The QA job's rows for "replug_posterior": each question's generated answer from its kept passes (weights fixed
     before decoding), the kept ranks, their log λ and log p(x | d), and the answer NLL (zero-shot passes unless
-    `nll_with_demos`); and the kept passages per question (for answer recall)."""
+    `nll_with_demos`); and the kept passages per question (for answer recall). Without answers and with the
+    "replug" ensemble the weights are fixed at the generation's prefill (`generate_at_prefill`): no other pass."""
+    if not with_answers and ensemble == "replug":
+        return generate_at_prefill(lm, questions, retrieved, scores, demo_prefix=demo_prefix, k=k,
+                                   temperature=temperature, alpha=alpha, max_new_tokens=max_new_tokens)
     scored = posterior_passes(lm, questions, retrieved, scores, temperature=temperature, alpha=alpha, k=k,
                               with_answers=with_answers, prefix=demo_prefix if nll_with_demos else "")
     preds = generate_answers(lm, scored.contexts, scored.log_weights, ensemble=ensemble, demo_prefix=demo_prefix,
                              max_new_tokens=max_new_tokens, progress=True)
     for i, p in enumerate(preds):
-        p.update(kept_ranks=[int(j) for j in scored.kept[i]], log_weights=[round(float(w), 6) for w in
-                                                                            scored.log_weights[i]],
-                 question_logliks=[round(float(x), 4) for x in scored.query_logliks[i]])
+        _record_weights(p, scored.kept[i], scored.log_weights[i], scored.query_logliks[i])
         if with_answers:
             p["answer_nll"] = float(scored.answer_nll[i])
     return preds, [[ps[j] for j in kept] for ps, kept in zip(retrieved, scored.kept)]
+
+
+def generate_at_prefill(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, demo_prefix: str, k: int,
+                        temperature: float, alpha: float, max_new_tokens: int,
+                        progress: bool = True) -> tuple[list[dict], list[list[str]]]:
+    """`predict`'s rows without answer NLL: REPLUG's passes over all retrieved passages, weighted by the posterior
+    read in the generation's own prefill (`posterior.generate`; x = the question block after the demos and the
+    passage), the k best of each question mixed; and the kept passages per question."""
+    contexts, retrieval_w = method_passes(questions, retrieved, scores, method="replug", temperature=temperature)
+    queries = [question_block(q.question, None) for q in questions]
+    gens = posterior.generate(lm, contexts, queries, retrieval_w, alpha=alpha, keep=k, max_new_tokens=max_new_tokens,
+                              stop=("\n",), shared_prefix=demo_prefix, progress=progress)
+    preds, kept_passages = [], []
+    for g, ps in zip(gens, retrieved):
+        w = np.asarray(g.log_weights)  # [D], -inf: dropped
+        kept = np.argsort(-w, kind="stable")[: int(np.isfinite(w).sum())]  # best posterior first
+        p = {"prediction": g.text.strip(), "finish_reason": g.finish_reason}
+        _record_weights(p, kept, w[kept], np.asarray(g.query_logliks)[kept])
+        preds.append(p)
+        kept_passages.append([ps[j] for j in kept])
+    return preds, kept_passages
+
+
+def _record_weights(row: dict, kept, log_weights, query_logliks) -> None:
+    """A prediction row's kept ranks among the retrieved, their log λ and log p(x | d)."""
+    row.update(kept_ranks=[int(j) for j in kept], log_weights=[round(float(w), 6) for w in log_weights],
+               question_logliks=[round(float(x), 4) for x in query_logliks])

@@ -62,9 +62,9 @@ class BlackBoxLM(Protocol):
         ...
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str],
-                         continuations: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """From ONE pass `context ∘ query ∘ continuation` per triple (`query_token_ids`'s rule): the log-probs of
-        the query's tokens [T_q] and of the continuation's [T_c] (empty for an empty continuation)."""
+                         continuations: Sequence[str], prefix: str = "") -> list[tuple[np.ndarray, np.ndarray]]:
+        """From ONE pass `prefix ∘ context ∘ query ∘ continuation` per triple (`query_token_ids`'s rule): the
+        log-probs of the query's tokens [T_q] and of the continuation's [T_c] (empty for an empty continuation)."""
         ...
 
 
@@ -77,6 +77,21 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    # with a `PrefillPosterior`: the weights decoded with, per pass [K] (-inf: dropped), and log p(x | prefix, d) [K]
+    log_weights: list[float] | None = None
+    query_logliks: list[float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillPosterior:
+    """Weights fixed at prefill from the LM's posterior over passages (posterior.py), for `generate`: every pass
+    context of question b ends with `queries[b]` (x); the generator adds α · log p(x | shared prefix, passage),
+    read from the prefill's own logits, to the given log λ (the retrieval weights), keeps each question's `keep`
+    highest, renormalises them and decodes with those: no pass beyond the generation's own."""
+
+    queries: Sequence[str]
+    alpha: float
+    keep: int
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
@@ -145,12 +160,13 @@ def pair_token_ids(tokenizer: TextTokenizer, context: str, continuation: str, ma
 
 
 def query_token_ids(tokenizer: TextTokenizer, context: str, query: str, continuation: str, max_length: int | None,
-                    start_id: int | None) -> tuple[list[int], list[int], list[int]]:
+                    start_id: int | None, prefix: str = "") -> tuple[list[int], list[int], list[int]]:
     """(context ids, query ids, continuation ids) of one `score_with_query` pass. `context + query` is tokenised as
     one text, as REPLUG's pass context `d ∘ x` is, and the query's tokens are those that start at or after its first
     character (a token straddling the boundary stays with the context); the continuation is tokenised apart (the
     contract's rule). A tokenizer without character offsets (a server's /tokenize) tokenises the three apart. The
-    context is cut from the LEFT to fit; the query must keep a token, the continuation may be empty."""
+    context is cut from the LEFT to fit; the query must keep a token, the continuation may be empty. A `prefix` (a
+    generation's shared prefix: `generation_prompt_ids`'s rule) is tokenised apart, kept whole and put first."""
     if context and hasattr(tokenizer, "encode_with_offsets"):
         ids, offsets = tokenizer.encode_with_offsets(context + query)
         n_ctx = sum(1 for start, _ in offsets if start < len(context))
@@ -160,17 +176,30 @@ def query_token_ids(tokenizer: TextTokenizer, context: str, query: str, continua
     if not query_ids:
         raise ValueError(f"query {query[:40]!r} has no tokens of its own after its context: there is nothing to score")
     cont = tokenizer.encode(continuation) if continuation else []
-    scored = len(query_ids) + len(cont)
+    prefix_ids = tokenizer.encode(prefix) if prefix else []
+    scored = len(query_ids) + len(cont) + len(prefix_ids)
     if max_length is not None and scored >= max_length:
-        raise ValueError(f"query and continuation of {scored} tokens do not fit the LM's {max_length}-token window "
+        raise ValueError(f"query, continuation{' and shared prefix' if prefix_ids else ''} of {scored} tokens do not fit the LM's {max_length}-token window "
                          "with at least one context token")
-    if not ctx:
+    if not ctx and not prefix_ids:
         if start_id is None:
             raise ValueError("empty context and the tokenizer has no document-start token to condition on")
         ctx = [start_id]
     if max_length is not None:
-        ctx = ctx[-(max_length - scored):]
-    return ctx, query_ids, cont
+        ctx = ctx[len(ctx) - (max_length - scored):] if max_length - scored < len(ctx) else ctx
+    return prefix_ids + ctx, query_ids, cont
+
+
+def query_token_count(tokenizer: TextTokenizer, context: str, query: str) -> int:
+    """How many of `context`'s tokens (`tokenizer.encode(context)`, as `generation_prompt_ids` has them) are the
+    query's it ends with: those starting at or after the query's first character (`query_token_ids`'s rule)."""
+    if not query or not context.endswith(query):
+        raise ValueError(f"a pass context does not end with its query {query[:40]!r}: the posterior needs x last")
+    ids, offsets = tokenizer.encode_with_offsets(context)
+    n = sum(1 for start, _ in offsets if start >= len(context) - len(query))
+    if not n:
+        raise ValueError(f"query {query[:40]!r} has no tokens of its own after its passage: there is nothing to score")
+    return n
 
 
 def split_query_scores(scored: Sequence[np.ndarray],

@@ -65,16 +65,18 @@ class CachedLM:
         return self._through_cache(keys, compute)
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
-                         progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+                         prefix: str = "", progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
         """The LM's `score_with_query` through the cache: (query log-probs [T_q], continuation log-probs [T_c])."""
         from replug_jax.lm.blackbox import check_query_triples
 
         check_query_triples(contexts, queries, continuations)
-        keys = [self._key(c, "\0query\0" + q, y) for c, q, y in zip(contexts, queries, continuations)]
+        head = ("\0prefix\0" + prefix,) if prefix else ()  # (no prefix: the keys stored before prefixes existed)
+        keys = [self._key(*head, c, "\0query\0" + q, y) for c, q, y in zip(contexts, queries, continuations)]
 
         def compute(idx):  # stored as [T_q, query log-probs..., continuation log-probs...]
             pairs = self.lm.score_with_query([contexts[i] for i in idx], [queries[i] for i in idx],
-                                             [continuations[i] for i in idx], progress=progress)
+                                             [continuations[i] for i in idx], progress=progress,
+                                             **({"prefix": prefix} if prefix else {}))  # a contract without it too
             return [np.concatenate([[len(q)], q, c]) for q, c in pairs]
 
         stored = self._through_cache(keys, compute)

@@ -99,7 +99,7 @@ class HTTPLM:
         return self._score_items(items, progress)
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
-                         progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+                         prefix: str = "", progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
         """(log p of each query token, of each continuation token) from one echoed prompt `context ∘ query ∘
         continuation` per triple (the contract's `score_with_query`, token-id prompts only)."""
         check_query_triples(contexts, queries, continuations)
@@ -108,11 +108,11 @@ class HTTPLM:
                                       f"server is scored with text prompts ({self._findings.get('prompt_format')}); "
                                       "use the method replug (retrieval weights only) with this server")
         window = self.max_length - self._leading - self._max_tokens if self.max_length else None
-        triples = [query_token_ids(self.tokenizer, c, q, y, window, self.start_id)
+        triples = [query_token_ids(self.tokenizer, c, q, y, window, self.start_id, prefix)
                    for c, q, y in zip(contexts, queries, continuations)]
         own_start = self._start == "server" and self._leading  # an empty context: the server's start token
-        items = [(([] if own_start and not c else ctx) + q + y, len(q) + len(y)) for c, (ctx, q, y) in
-                 zip(contexts, triples)]
+        items = [(([] if own_start and not c and not prefix else ctx) + q + y, len(q) + len(y))
+                 for c, (ctx, q, y) in zip(contexts, triples)]
         return split_query_scores(self._score_items(items, progress), [len(q) for _, q, _ in triples])
 
     def _score_items(self, items: list, progress: bool) -> list[np.ndarray]:

@@ -33,6 +33,8 @@ LENGTH_STEPS_PER_OCTAVE = 8
 class LocalLM:
     """A causal LM in JAX behind `score(contexts, continuations)`."""
 
+    weights_at_prefill = True  # `generate(posterior=)` reads the posterior's log p(x | d) in its own prefill
+
     def __init__(self, config: causal_lm.CausalLMConfig, params, tokenizer: TextTokenizer, *, name: str = "lm",
                  max_length: int | None = None, batch_size: int = 4, length_multiple: int = 32,
                  dtype=None, param_dtype=None, mesh=None, model_parallel: int = 1,
@@ -93,15 +95,16 @@ class LocalLM:
                                                  dataclasses.asdict(self.config), tokenizer_fingerprint(self.tokenizer)])
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
-                 progress: bool = False):
+                 progress: bool = False, posterior=None):
         """REPLUG's ensembled greedy decoding (the contract in lm/blackbox.py), with a KV cache per pass and
-        the shared prefix computed once (lm/local_generate.py): one `Generation` per question."""
+        the shared prefix computed once (lm/local_generate.py): one `Generation` per question. `posterior` (a
+        `blackbox.PrefillPosterior`): the weights are fixed at prefill from the LM's posterior over the passes."""
         if self._generator is None:
             from replug_jax.lm.local_generate import LocalGenerator
 
             self._generator = LocalGenerator(self)
         return self._generator.generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
-                                        shared_prefix=shared_prefix, progress=progress)
+                                        shared_prefix=shared_prefix, progress=progress, posterior=posterior)
 
     def score(self, contexts: Sequence[str], continuations: Sequence[str], progress: bool = False) -> list[np.ndarray]:
         """log p of each continuation token given its context and the tokens before it."""
@@ -110,11 +113,11 @@ class LocalLM:
         return self.score_token_pairs(pairs, progress=progress)
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
-                         progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+                         prefix: str = "", progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
         """(log p of each query token, of each continuation token) from one row `context ∘ query ∘ continuation`
         per triple (the contract's `score_with_query`): the query's scores come from the same forward pass."""
         check_query_triples(contexts, queries, continuations)
-        triples = [query_token_ids(self.tokenizer, c, q, y, self.max_length, self.start_id)
+        triples = [query_token_ids(self.tokenizer, c, q, y, self.max_length, self.start_id, prefix)
                    for c, q, y in zip(contexts, queries, continuations)]
         scored = self.score_token_pairs([(c, q + y) for c, q, y in triples], progress=progress)
         return split_query_scores(scored, [len(q) for _, q, _ in triples])

@@ -2,7 +2,9 @@
 
 For B questions with K passes each, the rows are B·K sequences `prefix ∘ context_i`:
   1. the shared prefix (few-shot block) is run ONCE, as one row, into a key/value cache;
-  2. its cache is copied to the B·K rows and each pass's own context tokens are appended;
+  2. its cache is copied to the B·K rows and each pass's own context tokens are appended; with a
+     `PrefillPosterior` the same pass scores each pass's query x, and the weights become the posterior's
+     (λ ∝ exp(log λ + α · log p(x | prefix, d)), the `keep` best of each question), fixed from then on;
   3. a `lax.while_loop` decodes: mix the K next-token distributions of each question with λ
      (`mixture.ensemble_logprobs`), take the argmax, append it to all K passes (one
      token per row per step through the cache), until every question has emitted a stop token
@@ -21,8 +23,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from replug_jax import mixture, sharding
-from replug_jax.lm.blackbox import (Generation, check_generation_inputs, cut_at_stop, generation_prompt_ids,
-                                   tokens_through_stop)
+from replug_jax import posterior as posterior_module
+from replug_jax.lm.blackbox import (Generation, PrefillPosterior, check_generation_inputs, cut_at_stop,
+                                   generation_prompt_ids, query_token_count, tokens_through_stop)
 from replug_jax.models import causal_lm, partition
 
 NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
@@ -71,14 +74,34 @@ def split_rows(cache: dict, config, mesh) -> dict:
     return {**cache, **{name: jax.lax.with_sharding_constraint(cache[name], split) for name in ("k", "v")}}
 
 
-def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, stop_mask, limit, *, config, dtype, slots, steps,
-         mesh):
-    """Prefix once, copied to every row; each row's own tokens; then `mixture_decode`."""
+def posterior_weights(log_weights, query_logliks, alpha, keep: int):
+    """log λ = log softmax(log_weights + α · log p(x | d)) over each row's `keep` highest (the rest -inf), in the jit:
+    posterior.py's `rerank(posterior_log_weights(...))` with the passes left in place. [B, K] each -> [B, K]."""
+    valid = log_weights > -jnp.inf
+    combined = jnp.where(valid, log_weights + alpha * query_logliks, -jnp.inf)
+    if keep < combined.shape[1]:
+        _, top = jax.lax.top_k(combined, keep)  # [B, keep]; ties: the lower position first, as posterior.rerank
+        chosen = jnp.zeros(combined.shape, bool).at[jnp.arange(combined.shape[0])[:, None], top].set(True)
+        combined = jnp.where(chosen, combined, -jnp.inf)
+    norm = jax.nn.logsumexp(combined, axis=1, keepdims=True)  # [B, 1]; -inf for a row without passes
+    return jnp.where(combined > -jnp.inf, combined - norm, -jnp.inf)
+
+
+def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets, alpha, stop_mask, limit, *, config,
+         dtype, slots, steps, mesh, keep):
+    """Prefix once, copied to every row; each row's own tokens (scoring the query's, `query_targets` [B·K, T], for
+    the posterior weights when T > 0); then `mixture_decode`. -> (tokens, log-probs, counts, log λ [B, K],
+    log p(x | prefix, d) [B, K])."""
     cache = causal_lm.init_cache(config, 1, slots, dtype)
     _, cache = causal_lm.extend(params, config, cache, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
     cache = split_rows(causal_lm.repeat_cache(cache, ids.shape[0]), config, mesh)
-    logits, cache = causal_lm.extend(params, config, cache, ids, mask, dtype)  # [B·K, V] after each pass's tokens
-    return mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, steps=steps, dtype=dtype)
+    # [B·K, V] after each pass's tokens; [B·K, T] its query tokens' log-probs
+    logits, query_lps, cache = causal_lm.extend_and_score(params, config, cache, ids, mask, query_targets, dtype)
+    query_ll = query_lps.sum(axis=1).reshape(log_weights.shape)  # [B, K]
+    if query_targets.shape[1]:
+        log_weights = posterior_weights(log_weights, query_ll, alpha, keep)
+    out = mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, steps=steps, dtype=dtype)
+    return (*out, log_weights, query_ll)
 
 
 class LocalGenerator:
@@ -91,7 +114,7 @@ class LocalGenerator:
         self._jitted: dict[tuple, object] = {}
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
-                 progress: bool = False) -> list[Generation]:
+                 progress: bool = False, posterior: PrefillPosterior | None = None) -> list[Generation]:
         weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]
         lm = self.lm
         prompt = functools.partial(generation_prompt_ids, lm.tokenizer, shared_prefix, max_length=lm.max_length,
@@ -99,6 +122,7 @@ class LocalGenerator:
         passes = [[prompt(c) for c in ctx] for ctx in contexts]  # (prefix ids, context ids) per pass
         prefix = passes[0][0][0]
         rows = [[ids for _, ids in q] for q in passes]
+        query_lengths = self._query_lengths(contexts, rows, posterior)  # [B][K] tokens of x per pass (0: none)
         stop_mask = self._stop_mask(tuple(stop))
         steps = sharding.round_up(max_new_tokens, NEW_TOKEN_MULTIPLE)
         p_len = sharding.round_up(max(len(prefix), 1), lm.length_multiple)
@@ -110,43 +134,72 @@ class LocalGenerator:
         # questions per call: a power of two (at least the device count, at most questions_per_batch), so a
         # small call does not pay for filler questions and the shapes stay few
         per_call = sharding.power_of_two_rows(len(rows), self.questions_per_batch, lm.mesh)
+        keep = min(posterior.keep, weights.shape[1]) if posterior else weights.shape[1]
+        alpha = np.float32(posterior.alpha if posterior else 0.0)
         bar = tqdm(total=len(rows), disable=not progress, desc="generate", unit="question")
         for start in range(0, len(rows), per_call):
             idx = order[start : start + per_call]
-            tokens, lps, counts = self._batch([rows[i] for i in idx], weights[idx], prefix_ids, prefix_mask, stop_mask,
-                                              max_new_tokens, steps, per_call)
+            tokens, lps, counts, log_w, query_ll = self._batch(
+                [rows[i] for i in idx], weights[idx], [query_lengths[i] for i in idx], prefix_ids, prefix_mask,
+                stop_mask, max_new_tokens, steps, per_call, alpha, keep)
             for j, i in enumerate(idx):
-                out[i] = self._to_generation(tokens[j, : counts[j]], lps[j, : counts[j]], stop, max_new_tokens)
+                g = self._to_generation(tokens[j, : counts[j]], lps[j, : counts[j]], stop, max_new_tokens)
+                if posterior:
+                    n = len(rows[i])
+                    g.log_weights, g.query_logliks = log_w[j, :n].tolist(), query_ll[j, :n].tolist()
+                out[i] = g
             bar.update(len(idx))
         bar.close()
         return out  # type: ignore[return-value]
 
-    def _batch(self, rows, weights, prefix_ids, prefix_mask, stop_mask, limit, steps, n):
+    def _query_lengths(self, contexts, rows, posterior: PrefillPosterior | None) -> list[list[int]]:
+        """Per pass, how many of its context tokens (the last ones) are its question's query x; zeros without a
+        posterior. A query cut by the window, or with no passage token before it, is refused."""
+        if posterior is None:
+            return [[0] * len(q) for q in rows]
+        posterior_module.check_alpha(posterior.alpha)
+        if len(posterior.queries) != len(contexts) or posterior.keep < 1:
+            raise ValueError(f"PrefillPosterior: {len(posterior.queries)} queries for {len(contexts)} questions, "
+                             f"keep={posterior.keep} (at least 1)")
+        lengths = [[query_token_count(self.lm.tokenizer, c, x) for c in ctx]
+                   for ctx, x in zip(contexts, posterior.queries)]
+        for q_rows, q_lengths in zip(rows, lengths):
+            if any(n >= len(r) for r, n in zip(q_rows, q_lengths)):
+                raise ValueError("a pass keeps no passage token before its query in the LM's window: shorten the "
+                                 "shared prefix or the passages")
+        return lengths
+
+    def _batch(self, rows, weights, query_lengths, prefix_ids, prefix_mask, stop_mask, limit, steps, n, alpha, keep):
         lm = self.lm
         b, k = len(rows), weights.shape[1]
         width = sharding.length_bucket(max(len(r) for q in rows for r in q), CONTEXT_MULTIPLE, lm.max_length)
         # missing passes and filler questions: one pad token, weight 0 (-inf), never read by the mixture
         flat = [r for q in rows for r in q + [[lm.pad_id]] * (k - len(q))] + [[lm.pad_id]] * ((n - b) * k)
         ids, mask = sharding.pad_rows(flat, width, lm.pad_id, n * k)  # [n·K, width]
+        # [n·K, T]: where each pass's query tokens sit (the last of its row; right-padded), zeros past them
+        lengths = [x for q, ql in zip(rows, query_lengths) for x in ql + [0] * (k - len(q))]
+        t = max(lengths, default=0)
+        targets = np.zeros((n * k, sharding.round_up(t, CONTEXT_MULTIPLE) if t else 0), np.int32)
+        for row, (r, x) in enumerate(zip(flat, lengths)):
+            targets[row, :x] = np.arange(len(r) - x, len(r))
         w = np.full((n, k), -np.inf, np.float32)
         w[:b] = weights
         slots = prefix_ids.shape[1] + width + steps
-        fn = self._function(slots, steps)
+        fn = self._function(slots, steps, keep)
         split = sharding.batch_sharding(lm.mesh)
-        ids, mask, w = jax.device_put((ids, mask, w), split)
-        tokens, lps, counts = (np.asarray(sharding.local_copy(x)) for x in
-                               fn(lm.params, prefix_ids, prefix_mask, ids, mask, w, stop_mask, np.int32(limit)))
-        return tokens[:b], lps[:b], counts[:b]
+        ids, mask, w, targets = jax.device_put((ids, mask, w, targets), split)
+        outs = fn(lm.params, prefix_ids, prefix_mask, ids, mask, w, targets, alpha, stop_mask, np.int32(limit))
+        return tuple(np.asarray(sharding.local_copy(x))[:b] for x in outs)
 
-    def _function(self, slots: int, steps: int):
-        key = (slots, steps)
+    def _function(self, slots: int, steps: int, keep: int):
+        key = (slots, steps, keep)
         if key not in self._jitted:
             lm = self.lm
             # a mesh spanning processes: every process decodes the same questions in lockstep and gets every row
             # back (the rows are split over "data", which may span the processes), replicated
             out = sharding.replicated(lm.mesh) if sharding.spans_processes(lm.mesh) else None
             self._jitted[key] = jax.jit(functools.partial(_run, config=lm.config, dtype=lm.dtype, slots=slots,
-                                                          steps=steps, mesh=lm.mesh), out_shardings=out)
+                                                          steps=steps, mesh=lm.mesh, keep=keep), out_shardings=out)
         return self._jitted[key]
 
     def _stop_mask(self, stop: tuple) -> np.ndarray:

@@ -285,11 +285,25 @@ def extend(params, config: CausalLMConfig, cache: dict, input_ids, attention_mas
     """Append L tokens per row to the cache: -> (next-token logits after each row's last real token among
     them [B, V] float32, the new cache). Pads (mask 0) may sit anywhere (left, right, between tokens); they are
     never attended to."""
+    no_targets = jnp.zeros((input_ids.shape[0], 0), jnp.int32)
+    logits_, _, cache = extend_and_score(params, config, cache, input_ids, attention_mask, no_targets, dtype)
+    return logits_, cache
+
+
+def extend_and_score(params, config: CausalLMConfig, cache: dict, input_ids, attention_mask, target_positions,
+                     dtype=jnp.float32):
+    """`extend`, which also scores some of the appended tokens in the same pass: -> (next-token logits after each
+    row's last real token [B, V], log p(token at p | tokens before p) at target_positions [B, T] (0 marks an empty
+    slot: position 0 follows the cache and cannot be a target), the new cache). The LM head runs at T + 1
+    positions per row."""
     width = attention_mask.shape[1]
     last = (width - 1 - jnp.argmax(attention_mask[:, ::-1] > 0, axis=-1)).astype(jnp.int32)[:, None]  # [B, 1]
+    predict = jnp.concatenate([jnp.maximum(target_positions - 1, 0), last], axis=1)  # [B, T + 1]
     with precision.matmuls(dtype):
-        out, cache = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, last, cache)
-    return out[:, 0], cache
+        out, cache = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, predict, cache)
+    targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
+    scores = jnp.where(target_positions > 0, layers.gather_logprobs(out[:, :-1], targets), 0.0)
+    return out[:, -1], scores, cache
 
 
 def init_params(config: CausalLMConfig, seed: int = 0):
