@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 import replug_jax as rj
 from replug_jax import sharding
+from replug_jax.lm.blackbox import PrefillPosterior
 from replug_jax.lm.local import LocalLM
 from replug_jax.models import causal_lm, partition
 
@@ -20,6 +21,17 @@ CONTEXTS = [f"context number {i} about something" * (1 + i % 2) for i in range(9
 CONTINUATIONS = [f" continuation {i}" * (1 + i % 3) for i in range(9)]
 GEN_CONTEXTS = [["first passage. Q: what", "second one. Q: what"], ["only one pass here. Q:"], ["a", "b c", "d e f"]]
 GEN_WEIGHTS = [[-0.2, -1.7], [0.0], [-1.0, -1.1, -1.3]]
+# the posterior read in the prefill: every pass ends with its question's query, the 2 best of 3 kept
+POSTERIOR_CONTEXTS = [[f"{p} Q: what is it?" for p in ("first passage.", "second one", "a third")],
+                      [f"{p} Q: why" for p in ("only", "two passes")], [f"{p} Q: and" for p in ("a", "b c", "d e f")]]
+POSTERIOR_WEIGHTS = [[-0.2, -1.7, -2.0], [-0.1, -2.4], [-1.0, -1.1, -1.3]]
+POSTERIOR = PrefillPosterior([" Q: what is it?", " Q: why", " Q: and"], alpha=0.7, keep=2)
+
+
+def generations(lm):
+    """REPLUG's generation, and the posterior's (weights fixed at the prefill)."""
+    return (lm.generate(GEN_CONTEXTS, GEN_WEIGHTS, max_new_tokens=6, stop=()),
+            lm.generate(POSTERIOR_CONTEXTS, POSTERIOR_WEIGHTS, max_new_tokens=6, stop=(), posterior=POSTERIOR))
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +45,7 @@ def tiny_dir(tmp_path_factory):
 def reference(tiny_dir):
     """The one-device run: scores and generations."""
     lm = rj.load_lm(tiny_dir, batch_size=8, mesh=sharding.data_mesh(jax.devices()[:1]))
-    return lm.score(CONTEXTS, CONTINUATIONS), lm.generate(GEN_CONTEXTS, GEN_WEIGHTS, max_new_tokens=6, stop=())
+    return lm.score(CONTEXTS, CONTINUATIONS), generations(lm)
 
 
 def odd_config() -> causal_lm.CausalLMConfig:
@@ -112,10 +124,14 @@ def test_scores_and_generation_equal_the_one_device_run(tiny_dir, reference, sha
     scores, gens = reference
     for got, want in zip(lm.score(CONTEXTS, CONTINUATIONS), scores):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    out = lm.generate(GEN_CONTEXTS, GEN_WEIGHTS, max_new_tokens=6, stop=())
-    assert [g.token_ids for g in out] == [g.token_ids for g in gens]
-    for a, b in zip(out, gens):
-        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-6)
+    for out, want in zip(generations(lm), gens):
+        assert [g.token_ids for g in out] == [g.token_ids for g in want]
+        for a, b in zip(out, want):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-6)
+            if b.log_weights is not None:  # the posterior's weights and log p(x | d), 2 of each question's kept
+                np.testing.assert_allclose(a.log_weights, b.log_weights, rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(a.query_logliks, b.query_logliks, rtol=1e-5, atol=1e-5)
+                assert np.isfinite(b.log_weights).sum() == 2
     if model > 1:  # the weights really are split: the MLP's columns, and q's by whole heads where they divide
         up = lm.params["layers"]["up_proj"]["kernel"]  # [layers, D, F]
         assert up.addressable_shards[0].data.shape == (up.shape[0], up.shape[1], up.shape[2] // model)
@@ -252,8 +268,8 @@ def test_model_axis_spanning_two_processes_scores_as_one_device(tiny_dir, refere
     assert got["mesh"] == {"data": 4 // model_parallel, "model": model_parallel}
     for a, b in zip(got["scores"], reference[0]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert [g["ids"] for g in got["generations"]] == [g.token_ids for g in reference[1]]
-    for a, b in zip(got["generations"], reference[1]):
+    assert [g["ids"] for g in got["generations"]] == [g.token_ids for g in reference[1][0]]
+    for a, b in zip(got["generations"], reference[1][0]):
         np.testing.assert_allclose(a["logprobs"], b.logprobs, rtol=1e-5, atol=1e-6)
 
 
