@@ -12,7 +12,7 @@ import replug_jax as rj
 from replug_jax import sharding
 from replug_jax.lm.blackbox import PrefillPosterior
 from replug_jax.lm.local import LocalLM
-from replug_jax.models import causal_lm, partition
+from replug_jax.models import causal_lm, kv_cache, partition
 
 from tests import hf_tiny
 
@@ -184,7 +184,7 @@ def test_memory_plan_equals_the_bytes_the_devices_hold(model):
     plan_mesh = memory.abstract_mesh(8 // model, model)
     assert memory.weight_bytes_per_device(config, plan_mesh) == held
     rows = 3
-    cache = causal_lm.init_cache(config, rows * (8 // model), 16, jnp.bfloat16)["k"]
+    cache = kv_cache.init_cache(config, rows * (8 // model), 16, jnp.bfloat16)["k"]
     cache = jax.device_put(cache, NamedSharding(mesh, partition.kv_cache_spec(config.num_kv_heads, mesh)))
     on_device = sum(s.data.nbytes for s in cache.addressable_shards if s.device == device)
     assert memory.kv_cache_bytes_per_device(config, plan_mesh, rows, 16) == 2 * on_device

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import replug_jax as rj
-from replug_jax.models import causal_lm, encoder, weights
+from replug_jax.models import causal_lm, kv_cache, encoder, weights
 
 from tests import hf_tiny
 from tests.hf_tiny import compiled_programs
@@ -110,11 +110,11 @@ def test_mistral_window_through_the_cache(tmp_path):
     ids = random_ids(20)
     with torch.no_grad():
         expected = ref(torch.tensor([ids])).logits[0].numpy()  # [20, V]
-    cache = causal_lm.init_cache(config, 1, 32)
-    logits, cache = causal_lm.extend(params, config, cache, jnp.array([[0] + ids[:9]]), jnp.array([[0] + [1] * 9]))
+    cache = kv_cache.init_cache(config, 1, 32)
+    logits, cache = kv_cache.extend(params, config, cache, jnp.array([[0] + ids[:9]]), jnp.array([[0] + [1] * 9]))
     np.testing.assert_allclose(np.asarray(logits)[0], expected[8], atol=1e-4)
     for t in range(9, 20):
-        logits, cache = causal_lm.extend(params, config, cache, jnp.array([[ids[t], 0]]), jnp.array([[1, 0]]))
+        logits, cache = kv_cache.extend(params, config, cache, jnp.array([[ids[t], 0]]), jnp.array([[1, 0]]))
         np.testing.assert_allclose(np.asarray(logits)[0], expected[t], atol=1e-4, err_msg=f"token {t}")
 
 
@@ -267,8 +267,8 @@ def test_extend_takes_the_last_real_token_wherever_pads_sit(tmp_path):
         expected = ref(torch.tensor([[a, b, c]])).logits[0, -1].numpy()
     ids = np.array([[a, b, c, 0], [0, a, b, c], [a, 0, b, c]], np.int32)
     mask = np.array([[1, 1, 1, 0], [0, 1, 1, 1], [1, 0, 1, 1]], np.int32)
-    cache = causal_lm.init_cache(config, 3, 8)
-    logits, cache = causal_lm.extend(params, config, cache, jnp.array(ids), jnp.array(mask))
+    cache = kv_cache.init_cache(config, 3, 8)
+    logits, cache = kv_cache.extend(params, config, cache, jnp.array(ids), jnp.array(mask))
     for row in np.asarray(logits):
         np.testing.assert_allclose(row, expected, atol=1e-4)
     assert np.asarray(cache["count"]).tolist() == [3, 3, 3]

@@ -127,8 +127,7 @@ def prefill_hand_weights(lm, contexts, queries, retrieval, alpha, keep):
     return out
 
 
-@pytest.mark.parametrize("keep", [2, 3])
-def test_generation_fixes_the_posterior_weights_at_its_own_prefill(smollm2, monkeypatch, keep):
+def test_generation_fixes_the_posterior_weights_at_its_own_prefill(smollm2, monkeypatch, keep=2):
     """posterior.generate on a LocalLM reads log p(x | demos ∘ d) in the generation's own prefill (no scoring call,
     one generate call), equal to a float64 hand computation from the very tokens of each pass; the k best kept;
     the answers are the kept passes decoded with those weights; the score_with_query route (HTTP's) agrees."""

@@ -26,7 +26,7 @@ from replug_jax import mixture, sharding
 from replug_jax import posterior as posterior_module
 from replug_jax.lm.blackbox import (Generation, PrefillPosterior, check_generation_inputs, cut_at_stop,
                                    generation_prompt_ids, query_token_count, tokens_through_stop)
-from replug_jax.models import causal_lm, partition
+from replug_jax.models import kv_cache, partition
 
 NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
 CONTEXT_MULTIPLE = 16  # each pass's own tokens are padded to a multiple of this (the prefix: LocalLM's multiple)
@@ -55,7 +55,7 @@ def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit,
         counts = counts + (~done).astype(jnp.int32)
         done = done | stop_mask[token]
         ids = jnp.repeat(token, k)[:, None]  # [B·K, 1]: the chosen token goes to every pass
-        logits, cache = causal_lm.extend(params, config, cache, ids, jnp.ones_like(ids), dtype)
+        logits, cache = kv_cache.extend(params, config, cache, ids, jnp.ones_like(ids), dtype)
         return step + 1, cache, logits, tokens, lps, counts, done
 
     def cond(carry):
@@ -92,11 +92,11 @@ def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets,
     """Prefix once, copied to every row; each row's own tokens (scoring the query's, `query_targets` [B·K, T], for
     the posterior weights when T > 0); then `mixture_decode`. -> (tokens, log-probs, counts, log λ [B, K],
     log p(x | prefix, d) [B, K])."""
-    cache = causal_lm.init_cache(config, 1, slots, dtype)
-    _, cache = causal_lm.extend(params, config, cache, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
-    cache = split_rows(causal_lm.repeat_cache(cache, ids.shape[0]), config, mesh)
+    cache = kv_cache.init_cache(config, 1, slots, dtype)
+    _, cache = kv_cache.extend(params, config, cache, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
+    cache = split_rows(kv_cache.repeat_cache(cache, ids.shape[0]), config, mesh)
     # [B·K, V] after each pass's tokens; [B·K, T] its query tokens' log-probs
-    logits, query_lps, cache = causal_lm.extend_and_score(params, config, cache, ids, mask, query_targets, dtype)
+    logits, query_lps, cache = kv_cache.extend_and_score(params, config, cache, ids, mask, query_targets, dtype)
     query_ll = query_lps.sum(axis=1).reshape(log_weights.shape)  # [B, K]
     if query_targets.shape[1]:
         log_weights = posterior_weights(log_weights, query_ll, alpha, keep)

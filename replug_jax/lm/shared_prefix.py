@@ -4,7 +4,7 @@ Multiple-choice prompts repeat the same few-shot block before every pass: MMLU's
 are ~1,000 tokens before each ~200-token pass. `prefix_groups` finds, among the rows of one `score` call, the
 runs of rows that share a prefix of at least `min_length` tokens (on the token ids themselves, so the text's
 tokenisation is untouched); `PrefixScorer` runs each group's prefix once into a key/value cache
-(`causal_lm.extend`) and scores every row's remaining tokens against it (`causal_lm.logprobs_at` with the
+(`kv_cache.extend`) and scores every row's remaining tokens against it (`causal_lm.logprobs_at` with the
 cache), in batches. The values are the full rows' (tests/test_shared_prefix.py: to float rounding).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from replug_jax import sharding, xla_cpu
 from replug_jax.lm.local_generate import split_rows
-from replug_jax.models import causal_lm
+from replug_jax.models import causal_lm, kv_cache
 
 MIN_SHARED_PREFIX = 128  # tokens: rows sharing at least this long a prefix read it from one cache
 
@@ -67,13 +67,13 @@ def prefix_groups(rows: Sequence[Sequence[int]], first_predicted: Sequence[int],
 
 def _prefix_cache(params, ids, mask, *, config, dtype):
     """[1, P] prefix ids -> its key/value cache (P slots)."""
-    cache = causal_lm.init_cache(config, 1, ids.shape[1], dtype)
-    return causal_lm.extend(params, config, cache, ids, mask, dtype)[1]
+    cache = kv_cache.init_cache(config, 1, ids.shape[1], dtype)
+    return kv_cache.extend(params, config, cache, ids, mask, dtype)[1]
 
 
 def _score_after(params, prefix, ids, mask, targets, predict, *, config, dtype, mesh):
     """Rows [b, W] continuing the one-row `prefix` cache: log-probs [b, T] at `targets` (positions in the rows)."""
-    cache = split_rows(causal_lm.repeat_cache(prefix, ids.shape[0], ids.shape[1]), config, mesh)
+    cache = split_rows(kv_cache.repeat_cache(prefix, ids.shape[0], ids.shape[1]), config, mesh)
     return causal_lm.logprobs_at(params, config, ids, mask, targets, predict, dtype=dtype, cache=cache)
 
 

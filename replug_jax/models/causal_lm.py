@@ -3,7 +3,8 @@ Mistral a sliding attention window).
 
 Public boundary: `logits(params, config, input_ids, attention_mask)` and
 `token_logprobs(params, config, input_ids, attention_mask)`, pure functions of a parameter
-pytree; for generation, `init_cache` and `extend` (append tokens to a key/value cache). Positions are counted over real tokens only and padded keys are masked, so a
+pytree; for generation, models/kv_cache.py (`init_cache`, `extend`: append tokens to a key/value cache, whose
+attention `CausalLM` computes). Positions are counted over real tokens only and padded keys are masked, so a
 left- or right-padded batch gives the same values as each sequence scored alone.
 """
 from __future__ import annotations
@@ -168,7 +169,7 @@ class CausalLM(nn.Module):
     def __call__(self, input_ids, attention_mask, positions_to_predict=None, cache=None):
         """positions_to_predict [B, T] (optional): compute logits only at these positions -> [B, T, V].
 
-        cache (optional, see `init_cache`): the tokens extend the cached ones; returns (logits, new cache)."""
+        cache (optional, see `kv_cache.init_cache`): the tokens extend the cached ones; returns (logits, new cache)."""
         c = self.config
         if cache is None:
             positions = layers.positions_from_mask(attention_mask)  # [B, L]
@@ -241,7 +242,7 @@ def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, targe
     scores each target. Several one-token continuations of one context are scored in one row this
     way: ids = context + [a, b, ...], targets at L, L+1, ..., all predicted from L - 1 (causal
     attention keeps the later tokens out of position L - 1).
-    cache (optional, `init_cache`/`extend`): the rows continue the cached tokens (a shared prefix read once);
+    cache (optional, `kv_cache.init_cache`/`extend`): the rows continue the cached tokens (a shared prefix read once);
     positions then count within `input_ids` only; position 0 can predict (it follows the cache) but cannot be
     a target (0 marks an empty slot; the cache keeps no logits for its own last token).
     """
@@ -255,55 +256,6 @@ def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, targe
         logits_ = logits_[0]  # (logits, the extended cache): the cache is not kept
     targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
     return jnp.where(scored, layers.gather_logprobs(logits_, targets), 0.0)
-
-
-def init_cache(config: CausalLMConfig, batch: int, slots: int, dtype=jnp.float32) -> dict:
-    """An empty key/value cache of `slots` positions for `batch` rows:
-    {"k", "v": [layers, B, S, Hkv, Dh], "key_mask": [B, S] (1 = a real token), "count": [B] real tokens,
-    "length": [] slots written}."""
-    shape = (config.num_layers, batch, slots, config.num_kv_heads, config.dims_per_head)
-    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "key_mask": jnp.zeros((batch, slots), jnp.int32),
-            "count": jnp.zeros((batch,), jnp.int32), "length": jnp.zeros((), jnp.int32)}
-
-
-def repeat_cache(cache: dict, rows: int, extra_slots: int = 0) -> dict:
-    """A one-row cache (a shared prefix) as `rows` identical rows, with `extra_slots` empty slots appended for
-    the tokens each row adds: k, v [layers, 1, S, Hkv, Dh] -> [layers, rows, S + extra, Hkv, Dh]."""
-    def grow(x, axis):  # append `extra_slots` zeros on `axis` (the slots)
-        pad = [(0, 0)] * x.ndim
-        pad[axis] = (0, extra_slots)
-        return jnp.pad(x, pad)
-
-    k, v, key_mask = grow(cache["k"], 2), grow(cache["v"], 2), grow(cache["key_mask"], 1)
-    return {"k": jnp.broadcast_to(k, k.shape[:1] + (rows,) + k.shape[2:]),
-            "v": jnp.broadcast_to(v, v.shape[:1] + (rows,) + v.shape[2:]),
-            "key_mask": jnp.broadcast_to(key_mask, (rows,) + key_mask.shape[1:]),
-            "count": jnp.broadcast_to(cache["count"], (rows,)), "length": cache["length"]}
-
-
-def extend(params, config: CausalLMConfig, cache: dict, input_ids, attention_mask, dtype=jnp.float32):
-    """Append L tokens per row to the cache: -> (next-token logits after each row's last real token among
-    them [B, V] float32, the new cache). Pads (mask 0) may sit anywhere (left, right, between tokens); they are
-    never attended to."""
-    no_targets = jnp.zeros((input_ids.shape[0], 0), jnp.int32)
-    logits_, _, cache = extend_and_score(params, config, cache, input_ids, attention_mask, no_targets, dtype)
-    return logits_, cache
-
-
-def extend_and_score(params, config: CausalLMConfig, cache: dict, input_ids, attention_mask, target_positions,
-                     dtype=jnp.float32):
-    """`extend`, which also scores some of the appended tokens in the same pass: -> (next-token logits after each
-    row's last real token [B, V], log p(token at p | tokens before p) at target_positions [B, T] (0 marks an empty
-    slot: position 0 follows the cache and cannot be a target), the new cache). The LM head runs at T + 1
-    positions per row."""
-    width = attention_mask.shape[1]
-    last = (width - 1 - jnp.argmax(attention_mask[:, ::-1] > 0, axis=-1)).astype(jnp.int32)[:, None]  # [B, 1]
-    predict = jnp.concatenate([jnp.maximum(target_positions - 1, 0), last], axis=1)  # [B, T + 1]
-    with precision.matmuls(dtype):
-        out, cache = CausalLM(config, dtype).apply({"params": params}, input_ids, attention_mask, predict, cache)
-    targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
-    scores = jnp.where(target_positions > 0, layers.gather_logprobs(out[:, :-1], targets), 0.0)
-    return out[:, -1], scores, cache
 
 
 def init_params(config: CausalLMConfig, seed: int = 0):
