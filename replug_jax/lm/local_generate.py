@@ -158,9 +158,10 @@ class LocalGenerator:
         if posterior is None:
             return [[0] * len(q) for q in rows]
         posterior_module.check_alpha(posterior.alpha)
-        if len(posterior.queries) != len(contexts) or posterior.keep < 1:
-            raise ValueError(f"PrefillPosterior: {len(posterior.queries)} queries for {len(contexts)} questions, "
-                             f"keep={posterior.keep} (at least 1)")
+        if len(posterior.queries) != len(contexts):
+            raise ValueError(f"PrefillPosterior: {len(posterior.queries)} queries for {len(contexts)} questions")
+        if posterior.keep < 1:
+            raise ValueError(f"PrefillPosterior: keep={posterior.keep} must be at least 1 (passes mixed per question)")
         lengths = [[query_token_count(self.lm.tokenizer, c, x) for c in ctx]
                    for ctx, x in zip(contexts, posterior.queries)]
         for q_rows, q_lengths in zip(rows, lengths):
