@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 WORKDIR ?= runs/demo
 TEST_WORKERS ?= 2  # pytest-xdist workers, a test file each at a time; up to ~9 GB each (0: one process)
 
-.PHONY: install install-test llama-cpp readers reader-0.5b reader-1.5b demo demo-readers test bench clean
+.PHONY: install install-test llama-cpp readers reader-0.5b reader-1.5b demo demo-readers test test-all bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -65,7 +65,10 @@ demo-readers: install  # none / REPLUG / concat / vote with the 0.5B Qwen2 reade
 	$(PY) experiments/reader_effects.py --lms qwen2.5-coder-0.5b --tasks sciq,sciq_mc --questions 10 \
 		--workdir runs/demo_readers
 
-test: install-test
+test: install-test  # the core suite: every mechanism once (tests marked `slow`, second checks, left out)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 -m "not slow" tests
+
+test-all: install-test  # every test, the `slow` ones too (and the reader LMs' where `make readers` installed them)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 clean:

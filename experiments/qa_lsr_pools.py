@@ -19,8 +19,9 @@ retriever learns on more questions carry over further? `--eval_lms qwen2.5-coder
 pools with another LM and reports the same metrics under its ℓ (`heldout@LM`): the reader's own room, and
 whether a retriever trained on one LM's scores helps another (the paper's transfer claim). `--supervisor LM`
 trains on another LM's ℓ over the same passages (still cut with SmolLM2's tokenizer). `--save_retriever DIR` keeps
-one run's last-epoch query encoder where the QA job reads an LSR-trained retriever, so that its exact match is
-measured by generation: `python experiments/qa_lsr.py --lm qwen2.5-coder-0.5b --trained DIR`.
+one run's last-epoch query encoder where the QA job reads an LSR-trained retriever (DIR/answer and DIR/question with
+both targets), so that its exact match is measured by generation: `python experiments/qa_lsr.py --lm
+qwen2.5-coder-0.5b --trained DIR`, or any job's `--config.methods=replug_lsr --config.retriever_workdir=DIR`.
 
 `--lsr_targets answer,question` (issue 37, item 3) trains once per target: "answer" is the paper's teacher (ℓ as
 above), "question" the LM's posterior over the passages, ℓ_k = log p(x | d_k) (ART), which needs no answers:
@@ -126,7 +127,7 @@ def main(argv=None):
                    "dropped)")
     p.add_argument("--max_unlabelled", type=int, default=0, help="at most this many unlabelled questions (0: all)")
     p.add_argument("--save_retriever", default="", help="a folder for the last epoch's query encoder (one learning "
-                   "rate and training-set size): retriever.safetensors and train_questions.json, which the QA job's "
+                   "rate and training-set size; with both targets, one subfolder each): retriever.safetensors and train_questions.json, which the QA job's "
                    "replug_lsr method reads (--config.retriever_workdir, or qa_lsr.py --trained)")
     args = p.parse_args(argv)
     targets = args.lsr_targets.split(",")
@@ -136,8 +137,9 @@ def main(argv=None):
         raise ValueError("--unlabelled questions have no answers: only --lsr_targets question trains on them")
     runs = [(target, size, lr) for target in targets for size in map(int, args.train_questions.split(","))
             for lr in map(float, args.learning_rates.split(","))]  # (target, training questions, learning rate)
-    if args.save_retriever and len(runs) != 1:
-        raise ValueError(f"--save_retriever keeps one run, but --learning_rates x --train_questions asks {len(runs)}")
+    if args.save_retriever and len(runs) != len(targets):
+        raise ValueError(f"--save_retriever keeps one run per target, but --learning_rates x --train_questions asks "
+                         f"{len(runs) // len(targets)}")
 
     config = sibling_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "x"), "qa_lsr.py")
     config.lm_cache = args.lm_cache
@@ -221,7 +223,8 @@ def main(argv=None):
                    "lsr_target": target,
                    "epochs": args.epochs, "batch_size": args.batch_size, "k": args.depth, "train_documents": False,
                    "supervisor": args.supervisor or config.lm}
-            save_retriever(args.save_retriever, params, config, train["examples"], lsr)
+            folder = args.save_retriever if len(targets) == 1 else os.path.join(args.save_retriever, target)
+            save_retriever(folder, params, config, train["examples"], lsr)
     print_table(report, taus)
     return report
 

@@ -62,6 +62,9 @@ def minilm():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "exclusive: runs while no other pytest-xdist worker runs a test (memory)")
+    config.addinivalue_line("markers", "slow: a second check of a path the core suite covers once (another process "
+                            "layout, real weights where tiny ones are checked, a script's smoke run); `make test` "
+                            "leaves these out, `make test-all` and a plain `pytest tests` run them")
 
 
 # The longest files (seconds of one serial run, 2026-11-25) first: pytest-xdist hands files to workers in this order,

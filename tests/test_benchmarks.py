@@ -3,6 +3,8 @@ import importlib.util
 import json
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -13,6 +15,7 @@ def load_script(name):
     return module
 
 
+@pytest.mark.slow  # a smoke run of a device benchmark script
 def test_accelerator_benchmark_runs_with_tiny_shapes_in_bf16(tmp_path):
     out = tmp_path / "rows.jsonl"
     rows = load_script("bench_accelerator").main(["--shapes", "tiny", "--dtype", "bfloat16", "--passes", "8",
@@ -30,6 +33,7 @@ def test_accelerator_benchmark_runs_with_tiny_shapes_in_bf16(tmp_path):
     assert [json.loads(line) for line in open(out)] == rows
 
 
+@pytest.mark.slow  # a smoke run of a device check script
 def test_accelerator_numerics_check_runs_and_reads_right(tmp_path):
     """The bf16 numerics script on tiny shapes (CPU): float32 equals PyTorch float32, bf16 is close, not equal."""
     rows = load_script("check_accelerator_numerics").main(["--shapes", "tiny", "--passes", "4", "--docs", "32",

@@ -128,6 +128,7 @@ def test_device_search_over_two_processes_equals_faiss(tiny_job):
         assert two["perplexity"][method] == pytest.approx(value, rel=1e-5), method
 
 
+@pytest.mark.slow
 def test_tfds_corpus_read_by_random_access_and_embedded_over_two_processes(tiny_job, tmp_path, monkeypatch):
     """An array_record TFDS dataset written here (no network, no TensorFlow) is the corpus of a 2-process run."""
     from replug_jax.workspace import read_documents
@@ -199,7 +200,8 @@ LOSS_RTOL = 3e-5
 
 # (the plain query-side loop is the pipelined one's schedule without the prefetch, and both sides' loop without
 # the refresh: its own case added 60 s to the suite and no path)
-@pytest.mark.parametrize("pipeline,sides", [(True, "query"), (False, "both")],
+# slow: a second layout of the same split (the core suite keeps both sides, whose refresh re-embeds over processes)
+@pytest.mark.parametrize("pipeline,sides", [pytest.param(True, "query", marks=pytest.mark.slow), (False, "both")],
                          ids=["query-side-pipelined", "both-sides-refreshing"])
 def test_lsr_over_two_processes_equals_one(lsr_models, lsr_reference, tmp_path, pipeline, sides):
     """Each process retrieves for, LM-scores and encodes its half of every global batch of 8 (both sides: and
@@ -224,6 +226,7 @@ def test_lsr_over_two_processes_equals_one(lsr_models, lsr_reference, tmp_path, 
         assert not [f for f in os.listdir(tmp_path / "two" / "indexes") if ".part-" in f]  # shards merged
 
 
+@pytest.mark.slow  # two launches each; a one-process kill and resume is in the core suite (test_lsr_train.py)
 @pytest.mark.parametrize("pipeline,sides", [(False, "both"), (True, "query")],
                          ids=["both-sides-refreshing", "query-side-pipelined"])
 def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, lsr_reference, tmp_path, pipeline, sides):
@@ -259,6 +262,7 @@ def test_lsr_refuses_a_model_axis_spanning_processes(tiny_job, tmp_path):
     assert not os.path.exists(tmp_path / "run" / "datastore.jsonl")  # refused before building anything
 
 
+@pytest.mark.slow
 def test_lsr_whose_last_refresh_would_swap_after_the_end(lsr_models, tmp_path):
     """Refreshes every 3 steps swapped 2 steps later, 7 steps: the refresh at step 6 would swap at step 8, after
     the end, so it is not requested; both processes finish, write the final checkpoint and exit in bounded time."""
@@ -302,14 +306,15 @@ def tiny_letter_lm(path):
     tok.save(os.path.join(path, "tokenizer.json"))
 
 
-def test_qa_and_mmlu_over_two_processes_equal_one(tiny_job, tmp_path):
-    """qa and mmlu split their questions over 2 processes (each retrieves, decodes or scores its share), or, with
-    the LM's model axis spanning both processes, step through all of them in lockstep; the gathered predictions
-    and every metric equal the one-process run, written once."""
+@pytest.fixture(scope="module")
+def downstream_jobs(tiny_job, tmp_path_factory):
+    """(folder, {"qa" | "mmlu": config values}, {kind: the one-process results}): both jobs over the tiny models on
+    random questions, run once in this (8-device) process as the reference."""
     from replug_jax.config_files import sibling_config
     from replug_jax.jobs import downstream
 
     base, _ = tiny_job
+    tmp_path = tmp_path_factory.mktemp("downstream")
     tiny_letter_lm(str(tmp_path / "lm"))
     rng = np.random.default_rng(3)
     words = lambda n: " ".join(rng.choice(WORDS, n))
@@ -330,32 +335,41 @@ def test_qa_and_mmlu_over_two_processes_equal_one(tiny_job, tmp_path):
                  "questions": str(tmp_path / "mc.jsonl"), "demos": str(tmp_path / "mc.jsonl"),
                  "methods": ("none", "replug")},
     }
-    rows = lambda run: [json.loads(line) for line in open(tmp_path / run / "predictions.jsonl")]
     ones = {kind: downstream.run_downstream(config_dict.ConfigDict(values), str(tmp_path / f"{kind}_one"))
             for kind, values in jobs.items()}
-    # one launch per layout runs both jobs: each process its share of the questions (model axis 1), or, (2, 2)
-    # over 4 processes of 1 device as 4 hosts would, both axes spanning processes: a question's passes in lockstep
-    # on an LM split over two processes, a call's rows split over hosts and back whole to each
-    layouts = [(1, {"data": 2, "model": 1}, 2, ("qa", "mmlu")), (2, {"data": 2, "model": 2}, 4, ("qa", "mmlu"))]
-    for model_parallel, mesh, processes, kinds in layouts:
-        runs = {kind: f"{kind}_two_m{model_parallel}" for kind in kinds}
-        pairs = [item for kind, run in runs.items() for item in (  # CONFIG.py WORKDIR per job
-            write_config(tmp_path / f"{run}.py", {**jobs[kind], "lm_model_parallel": model_parallel}),
-            str(tmp_path / run))]
-        out = launch(processes, 4 // processes, os.path.join(ROOT, "tests", "jobs_multiprocess_run.py"), *pairs)
-        assert "[process 0] " in out and "[process 1] " in out
-        for kind, run in runs.items():
-            values, one = jobs[kind], ones[kind]
-            two = json.load(open(tmp_path / run / "results.json"))
-            assert two["processes"] == processes and one["processes"] == 1 and two["count"] == one["count"] > 2
-            assert two["lm_mesh"] == mesh, run
-            metric = "exact_match" if kind == "qa" else "accuracy"
-            assert two[metric] == one[metric], run
-            if kind == "qa":
-                assert two["answer_recall"] == one["answer_recall"]
-            got, want = rows(run), rows(f"{kind}_one")
-            if kind == "qa":  # likelihoods from other shardings of the LM: equal to float32 rounding
-                nll = lambda rs: [r[m].pop("answer_nll") for r in rs for m in values["methods"] if m != "vote"]
-                assert nll(got) == pytest.approx(nll(want), rel=1e-5), run
-                assert two["answer_nll"] == pytest.approx(one["answer_nll"], rel=1e-5), run
-            assert got == want, run  # every question's prediction, in order
+    return tmp_path, jobs, ones
+
+
+# one launch per layout runs both jobs: each process its share of the questions (model axis 1), or, (2, 2) over 4
+# processes of 1 device as 4 hosts would, both axes spanning processes: a question's passes in lockstep on an LM split
+# over two processes, a call's rows split over hosts and back whole to each (slow: 4 processes on the test machine's
+# cores; the LM's own lockstep over 2 processes is test_lm_mesh.py's, the lm_eval job's above)
+@pytest.mark.parametrize("model_parallel,mesh,processes", [
+    (1, {"data": 2, "model": 1}, 2), pytest.param(2, {"data": 2, "model": 2}, 4, marks=pytest.mark.slow)],
+    ids=["split-questions", "lockstep-4-hosts"])
+def test_qa_and_mmlu_over_processes_equal_one(downstream_jobs, model_parallel, mesh, processes):
+    """qa and mmlu split their questions over 2 processes (each retrieves, decodes or scores its share), or, with
+    the LM's model axis spanning processes, step through all of them in lockstep; the gathered predictions and
+    every metric equal the one-process run, written once."""
+    tmp_path, jobs, ones = downstream_jobs
+    rows = lambda run: [json.loads(line) for line in open(tmp_path / run / "predictions.jsonl")]
+    runs = {kind: f"{kind}_{processes}p_m{model_parallel}" for kind in jobs}
+    pairs = [item for kind, run in runs.items() for item in (  # CONFIG.py WORKDIR per job
+        write_config(tmp_path / f"{run}.py", {**jobs[kind], "lm_model_parallel": model_parallel}), str(tmp_path / run))]
+    out = launch(processes, 4 // processes, os.path.join(ROOT, "tests", "jobs_multiprocess_run.py"), *pairs)
+    assert "[process 0] " in out and "[process 1] " in out
+    for kind, run in runs.items():
+        values, one = jobs[kind], ones[kind]
+        two = json.load(open(tmp_path / run / "results.json"))
+        assert two["processes"] == processes and one["processes"] == 1 and two["count"] == one["count"] > 2
+        assert two["lm_mesh"] == mesh, run
+        metric = "exact_match" if kind == "qa" else "accuracy"
+        assert two[metric] == one[metric], run
+        if kind == "qa":
+            assert two["answer_recall"] == one["answer_recall"]
+        got, want = rows(run), rows(f"{kind}_one")
+        if kind == "qa":  # likelihoods from other shardings of the LM: equal to float32 rounding
+            nll = lambda rs: [r[m].pop("answer_nll") for r in rs for m in values["methods"] if m != "vote"]
+            assert nll(got) == pytest.approx(nll(want), rel=1e-5), run
+            assert two["answer_nll"] == pytest.approx(one["answer_nll"], rel=1e-5), run
+        assert got == want, run  # every question's prediction, in order

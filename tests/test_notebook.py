@@ -16,6 +16,7 @@ import ipykernel.kernelspec
 import nbclient
 import nbformat
 import numpy as np
+import pytest
 
 NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "quickstart.ipynb")
 KERNEL = "python3"
@@ -43,6 +44,7 @@ def test_committed_notebook_has_no_outputs():
     assert code and all(not c.outputs and c.execution_count is None for c in code)
 
 
+@pytest.mark.slow  # the notebook's calls are each tested in the core suite
 def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     prefix = tmp_path / "jupyter"
     ipykernel.kernelspec.install(kernel_name=KERNEL, prefix=str(prefix))  # argv: [sys.executable, -m, ipykernel_launcher, ...]

@@ -47,6 +47,7 @@ def test_bad_olmes_sources_are_refused():
     assert olmes.parse_source("sciq") is None
 
 
+@pytest.mark.slow  # SmolLM2 against transformers: test_real_weights.py
 def test_closed_book_loglikelihoods_equal_transformers(smollm2, torch_smollm2):
     """A handful of ARC-Easy and OpenBookQA requests (5-shot rc and mc: one question's options each): our
     log p(continuation | context) equal transformers' forward pass of the same GGUF on the same token ids, and those

@@ -44,7 +44,7 @@ def hand_posterior(lm, tau, alpha, k):
     return out
 
 
-@pytest.mark.parametrize("alpha,k", [(1.0, 2), (0.5, 3)])
+@pytest.mark.parametrize("alpha,k", [pytest.param(1.0, 2, marks=pytest.mark.slow), (0.5, 3)])
 def test_posterior_weights_equal_a_float64_hand_computation(smollm2, alpha, k):
     got = qa_posterior.posterior_passes(smollm2, QUESTIONS, PASSAGES, SCORES, temperature=0.1, alpha=alpha, k=k)
     for i, (kept, log_w, nll) in enumerate(hand_posterior(smollm2, 0.1, alpha, k)):

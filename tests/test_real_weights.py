@@ -83,6 +83,7 @@ def test_smollm2_generate_with_one_pass_equals_transformers_greedy(smollm2, torc
         assert gen.token_ids == ref, (prompt, smollm2.tokenizer.decode(gen.token_ids), smollm2.tokenizer.decode(ref))
 
 
+@pytest.mark.slow  # every mesh on tiny models: test_lm_mesh.py
 def test_smollm2_split_over_a_data_and_model_mesh_equals_one_device(smollm2):
     """The suite's SmolLM2 (conftest.py) runs on one device; the same weights split over a (2, 4) data x model mesh of
     the 8 fake devices score and decode as it does (the sharded path on real weights; tiny models on every mesh:

@@ -4,7 +4,8 @@ For B questions with K passes each, the rows are B·K sequences `prefix ∘ cont
   1. the shared prefix (few-shot block) is run ONCE, as one row, into a key/value cache;
   2. its cache is copied to the B·K rows and each pass's own context tokens are appended; with a
      `PrefillPosterior` the same pass scores each pass's query x, and the weights become the posterior's
-     (λ ∝ exp(log λ + α · log p(x | prefix, d)), the `keep` best of each question), fixed from then on;
+     (λ ∝ exp(log λ + α · log p(x | prefix, d)), the `keep` best of each question), fixed from then on, and
+     only the kept passes' rows go on;
   3. a `lax.while_loop` decodes: mix the K next-token distributions of each question with λ
      (`mixture.ensemble_logprobs`), take the argmax, append it to all K passes (one
      token per row per step through the cache), until every question has emitted a stop token
@@ -87,6 +88,18 @@ def posterior_weights(log_weights, query_logliks, alpha, keep: int):
     return jnp.where(combined > -jnp.inf, combined - norm, -jnp.inf)
 
 
+def kept_passes(cache: dict, logits, log_weights, keep: int, config, mesh):
+    """Each question's `keep` passes of highest weight, in pass order, as the only rows that go on decoding (the
+    others weigh nothing after re-ranking): cache rows and next-token logits [B·K, ...] -> [B·keep, ...], log λ
+    [B, K] -> [B, keep]."""
+    b, k = log_weights.shape
+    top = jnp.sort(jax.lax.top_k(log_weights, keep)[1], axis=1)  # [B, keep]
+    rows = (jnp.arange(b)[:, None] * k + top).reshape(-1)  # [B·keep]
+    cache = {**cache, "k": cache["k"][:, rows], "v": cache["v"][:, rows], "key_mask": cache["key_mask"][rows],
+             "count": cache["count"][rows]}
+    return split_rows(cache, config, mesh), logits[rows], jnp.take_along_axis(log_weights, top, axis=1)
+
+
 def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets, alpha, stop_mask, limit, *, config,
          dtype, slots, steps, mesh, keep):
     """Prefix once, copied to every row; each row's own tokens (scoring the query's, `query_targets` [B·K, T], for
@@ -98,9 +111,12 @@ def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets,
     # [B·K, V] after each pass's tokens; [B·K, T] its query tokens' log-probs
     logits, query_lps, cache = kv_cache.extend_and_score(params, config, cache, ids, mask, query_targets, dtype)
     query_ll = query_lps.sum(axis=1).reshape(log_weights.shape)  # [B, K]
+    decode_weights = log_weights
     if query_targets.shape[1]:
-        log_weights = posterior_weights(log_weights, query_ll, alpha, keep)
-    out = mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, steps=steps, dtype=dtype)
+        log_weights = decode_weights = posterior_weights(log_weights, query_ll, alpha, keep)
+        if keep < log_weights.shape[1]:  # re-ranked: only the kept passes decode
+            cache, logits, decode_weights = kept_passes(cache, logits, log_weights, keep, config, mesh)
+    out = mixture_decode(params, config, cache, logits, decode_weights, stop_mask, limit, steps=steps, dtype=dtype)
     return (*out, log_weights, query_ll)
 
 
