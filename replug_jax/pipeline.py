@@ -98,8 +98,7 @@ class REPLUG:
         docs = [c[: len(c) - len(text)] for c in contexts]  # the passage part of each pass
         scored = self.lm.score_with_query(docs, [text] * len(docs), [continuation] * len(docs))
         query_ll = [np.sum(q, dtype=np.float64) for q, _ in scored]  # the passages retrieved come first
-        order, kept = posterior.rerank(posterior.posterior_log_weights(log_w[None], np.ones((1, len(docs)), bool),
-                                                                       [query_ll], 1.0, self.posterior_alpha), self.k)
+        order, kept = posterior.kept_passes(log_w[None], [query_ll], 1.0, self.posterior_alpha, self.k)
         pos = order[0][order[0] >= 0]
         return [contexts[j] for j in pos], kept[0][: len(pos)], [scored[j][1] for j in pos]
 

@@ -53,11 +53,13 @@ def rerank(log_weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 def kept_passes(scores: np.ndarray, query_logliks, temperature: float, alpha: float,
                 k: int) -> tuple[np.ndarray, np.ndarray]:
     """`rerank(posterior_log_weights(...), k)` for rows whose first len(query_logliks[b]) passages are retrieved
-    (scores [B, D]; query_logliks: per row [D_b] Σ log p(x | d)): (positions [B, k'], renormalised log λ [B, k'])."""
+    (scores [B, D], -inf: no passage; query_logliks: per row [D_b] Σ log p(x | d)): (positions [B, k'],
+    renormalised log λ [B, k']). With temperature 1 and scores = log λ, it re-weighs given weights."""
+    scores = np.asarray(scores)
     valid = np.zeros(scores.shape, bool)  # [B, D]
     evidence = np.zeros(scores.shape, np.float64)
     for b, ll in enumerate(query_logliks):
-        valid[b, : len(ll)], evidence[b, : len(ll)] = True, ll
+        valid[b, : len(ll)], evidence[b, : len(ll)] = np.isfinite(scores[b, : len(ll)]), ll
     return rerank(posterior_log_weights(scores, valid, evidence, temperature, alpha), k)
 
 
@@ -78,16 +80,13 @@ def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max
     flat = [(b, c) for b, ctx in enumerate(contexts) for c in ctx]  # x scored in the generation's own tokens
     scored = lm.score_with_query([c[: len(c) - len(queries[b])] for b, c in flat], [queries[b] for b, _ in flat],
                                  [""] * len(flat), **({"prefix": shared_prefix} if shared_prefix else {}))
-    width = max(len(c) for c in contexts)
-    base = np.full((len(contexts), width), -np.inf, np.float32)  # [B, K]
-    query_ll = np.zeros((len(contexts), width), np.float64)
-    at = 0
+    base = np.full((len(contexts), max(len(c) for c in contexts)), -np.inf, np.float32)  # [B, K]
+    query_ll, at = [], 0  # [B][K_b]
     for b, ctx in enumerate(contexts):
         base[b, : len(ctx)] = log_weights[b][: len(ctx)]
-        query_ll[b, : len(ctx)] = [np.sum(q, dtype=np.float64) for q, _ in scored[at : at + len(ctx)]]
+        query_ll.append([float(np.sum(q, dtype=np.float64)) for q, _ in scored[at : at + len(ctx)]])
         at += len(ctx)
-    valid = np.isfinite(base)
-    order, kept = rerank(posterior_log_weights(base, valid, query_ll, 1.0, alpha), keep)  # log softmax(log λ + αℓ)
+    order, kept = kept_passes(base, query_ll, 1.0, alpha, keep)  # log softmax(log λ + αℓ) over the best `keep`
     positions = [o[o >= 0] for o in order]
     gens = lm.generate([[ctx[j] for j in pos] for ctx, pos in zip(contexts, positions)],
                        [w[: len(pos)] for w, pos in zip(kept, positions)], max_new_tokens=max_new_tokens, stop=stop,
@@ -95,5 +94,5 @@ def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max
     for b, (g, pos) in enumerate(zip(gens, positions)):
         full = np.full(len(contexts[b]), -np.inf)
         full[pos] = kept[b][: len(pos)]
-        g.log_weights, g.query_logliks = full.tolist(), query_ll[b, : len(contexts[b])].tolist()
+        g.log_weights, g.query_logliks = full.tolist(), query_ll[b]
     return gens
