@@ -70,6 +70,25 @@ def test_a_stop_string_spanning_tokens_ends_generation_on_both_backends(smollm2,
         assert http.token_ids == local.token_ids and http.text == local.text == " 7,"
 
 
+def test_an_over_long_prompt_keeps_the_prefix_whole_and_cuts_the_context_from_the_left(smollm2):
+    """The rule every backend sends a generation pass by (`generation_prompt_ids`), on SmolLM2's tokenizer: the
+    few-shot prefix whole, the context's last tokens up to the window less max_new_tokens; mistakes named."""
+    from replug_jax.lm.blackbox import generation_prompt_ids
+
+    tok = smollm2.tokenizer
+    prefix = "Answer with the name of a city.\nQuestion: Where is the Louvre?\nAnswer: Paris\n"
+    context = " ".join(DOCS * 8) + QUESTION
+    prefix_ids, ids = generation_prompt_ids(tok, prefix, context, 96, 6, smollm2.start_id)
+    assert prefix_ids == tok.encode(prefix) and len(tok.encode(context)) > 96
+    assert ids == tok.encode(context)[-(96 - len(prefix_ids) - 6):]
+    assert generation_prompt_ids(tok, prefix, QUESTION, 96, 6, None) == (prefix_ids, tok.encode(QUESTION))  # fits
+    with pytest.raises(ValueError, match="leave no room in the LM's 96-token window"):
+        generation_prompt_ids(tok, prefix * 8, context, 96, 6, None)
+    with pytest.raises(ValueError, match="a pass context is empty after the shared prefix"):
+        generation_prompt_ids(tok, prefix, "", 96, 6, None)
+
+
+@pytest.mark.slow  # the cut itself: the test above; here both backends' generations under it
 def test_an_over_long_prompt_is_cut_the_same_way_on_both_backends(smollm2):
     """A 96-token window: the few-shot prefix is kept whole and the context cut from the left, by both."""
     from replug_jax.lm.local import LocalLM

@@ -308,8 +308,8 @@ def tiny_letter_lm(path):
 
 @pytest.fixture(scope="module")
 def downstream_jobs(tiny_job, tmp_path_factory):
-    """(folder, {"qa" | "mmlu": config values}, {kind: the one-process results}): both jobs over the tiny models on
-    random questions, run once in this (8-device) process as the reference."""
+    """(folder, {"qa" | "mmlu": config values}, kind -> the one-process results): both jobs over the tiny models on
+    random questions; each reference is run once, when first asked for, in this (8-device) process."""
     from replug_jax.config_files import sibling_config
     from replug_jax.jobs import downstream
 
@@ -335,31 +335,39 @@ def downstream_jobs(tiny_job, tmp_path_factory):
                  "questions": str(tmp_path / "mc.jsonl"), "demos": str(tmp_path / "mc.jsonl"),
                  "methods": ("none", "replug")},
     }
-    ones = {kind: downstream.run_downstream(config_dict.ConfigDict(values), str(tmp_path / f"{kind}_one"))
-            for kind, values in jobs.items()}
-    return tmp_path, jobs, ones
+    ones = {}
+
+    def one(kind):
+        if kind not in ones:
+            ones[kind] = downstream.run_downstream(config_dict.ConfigDict(jobs[kind]), str(tmp_path / f"{kind}_one"))
+        return ones[kind]
+
+    return tmp_path, jobs, one
 
 
-# one launch per layout runs both jobs: each process its share of the questions (model axis 1), or, (2, 2) over 4
-# processes of 1 device as 4 hosts would, both axes spanning processes: a question's passes in lockstep on an LM split
-# over two processes, a call's rows split over hosts and back whole to each (slow: 4 processes on the test machine's
-# cores; the LM's own lockstep over 2 processes is test_lm_mesh.py's, the lm_eval job's above)
-@pytest.mark.parametrize("model_parallel,mesh,processes", [
-    (1, {"data": 2, "model": 1}, 2), pytest.param(2, {"data": 2, "model": 2}, 4, marks=pytest.mark.slow)],
-    ids=["split-questions", "lockstep-4-hosts"])
-def test_qa_and_mmlu_over_processes_equal_one(downstream_jobs, model_parallel, mesh, processes):
+# one launch per layout runs its jobs: each process its share of the questions (model axis 1; qa alone in the core
+# suite: mmlu's rows are split and gathered by the same code), or, (2, 2) over 4 processes of 1 device as 4 hosts
+# would, both axes spanning processes: a question's passes in lockstep on an LM split over two processes, a call's
+# rows split over hosts and back whole to each (slow: 4 processes on the test machine's cores; the LM's own lockstep
+# over 2 processes is test_lm_mesh.py's, the lm_eval job's above)
+@pytest.mark.parametrize("model_parallel,mesh,processes,kinds", [
+    (1, {"data": 2, "model": 1}, 2, ("qa",)),
+    pytest.param(1, {"data": 2, "model": 1}, 2, ("mmlu",), marks=pytest.mark.slow),
+    pytest.param(2, {"data": 2, "model": 2}, 4, ("qa", "mmlu"), marks=pytest.mark.slow)],
+    ids=["split-questions-qa", "split-questions-mmlu", "lockstep-4-hosts"])
+def test_qa_and_mmlu_over_processes_equal_one(downstream_jobs, model_parallel, mesh, processes, kinds):
     """qa and mmlu split their questions over 2 processes (each retrieves, decodes or scores its share), or, with
     the LM's model axis spanning processes, step through all of them in lockstep; the gathered predictions and
     every metric equal the one-process run, written once."""
-    tmp_path, jobs, ones = downstream_jobs
+    tmp_path, jobs, one_process = downstream_jobs
     rows = lambda run: [json.loads(line) for line in open(tmp_path / run / "predictions.jsonl")]
-    runs = {kind: f"{kind}_{processes}p_m{model_parallel}" for kind in jobs}
+    runs = {kind: f"{kind}_{processes}p_m{model_parallel}" for kind in kinds}
     pairs = [item for kind, run in runs.items() for item in (  # CONFIG.py WORKDIR per job
         write_config(tmp_path / f"{run}.py", {**jobs[kind], "lm_model_parallel": model_parallel}), str(tmp_path / run))]
     out = launch(processes, 4 // processes, os.path.join(ROOT, "tests", "jobs_multiprocess_run.py"), *pairs)
     assert "[process 0] " in out and "[process 1] " in out
     for kind, run in runs.items():
-        values, one = jobs[kind], ones[kind]
+        values, one = jobs[kind], one_process(kind)
         two = json.load(open(tmp_path / run / "results.json"))
         assert two["processes"] == processes and one["processes"] == 1 and two["count"] == one["count"] > 2
         assert two["lm_mesh"] == mesh, run
