@@ -93,7 +93,8 @@ TEXT = ("Photosynthesis converts light energy into chemical energy stored in glu
 
 
 def skip_unless_installed(name):
-    """Skipped at collection, before the `exclusive` lock is waited for (it would idle a worker for nothing)."""
+    """A plain boolean skipif, which tests/conftest.py reads before the `exclusive` lock: a reader that is not
+    installed is skipped without waiting to be alone (pytest itself reads skipif inside the lock)."""
     return pytest.mark.skipif(not installed(name), reason=f"{name} not installed (make readers)")
 
 

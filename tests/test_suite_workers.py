@@ -41,3 +41,25 @@ def test_an_exclusive_test_runs_alone_and_the_others_side_by_side(tmp_path):
         assert all(s_end <= start or s_start >= end for _, _, s_start, s_end in shared), alone
     # unmarked tests did run side by side: the two workers' intervals overlap somewhere
     assert any(a[1] != b[1] and a[2] < b[3] and b[2] < a[3] for a in shared for b in shared)
+
+
+def test_an_exclusive_test_skipped_by_a_true_condition_does_not_wait_to_be_alone(tmp_path):
+    """A reader test whose LM is not installed (`skipif(True)`) takes the shared lock: pytest reads skipif inside the
+    lock, and waiting alone for a skip idled a worker while the other stayed busy."""
+    conftest = open(os.path.join(ROOT, "tests", "conftest.py")).read()
+    (tmp_path / "conftest.py").write_text(conftest + "\n\ndef pytest_collection_finish(session):\n"
+                                          "    for item in session.items:\n"
+                                          "        print('RUNS_ALONE', item.name, _runs_alone(item))\n")
+    (tmp_path / "test_marks.py").write_text(
+        "import pytest\n\n@pytest.mark.exclusive\ndef test_alone():\n    pass\n\n"
+        "@pytest.mark.exclusive\n@pytest.mark.skipif(True, reason='not installed')\ndef test_skipped():\n    pass\n\n"
+        "@pytest.mark.exclusive\n@pytest.mark.skipif(False, reason='installed')\ndef test_installed():\n    pass\n\n"
+        "@pytest.mark.exclusive\n@pytest.mark.parametrize('name', [pytest.param('a', marks=pytest.mark.skipif(True, "
+        "reason='x')), 'b'])\ndef test_param(name):\n    pass\n\ndef test_plain():\n    pass\n")
+    env = {key: value for key, value in os.environ.items() if key not in ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "--collect-only", "."],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = dict(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RUNS_ALONE"))
+    assert found == {"test_alone": "True", "test_skipped": "False", "test_installed": "True", "test_param[a]": "False",
+                     "test_param[b]": "True", "test_plain": "False"}
