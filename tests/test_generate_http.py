@@ -41,6 +41,7 @@ def test_per_token_mixture_matches_local_with_lower_bound_logprobs(smollm2, remo
     assert remote.stats()["requests"] - before >= sum(len(g.token_ids) for g in got)  # one request per pass per step
 
 
+@pytest.mark.slow  # the per-token mixture over HTTP: test_per_token_mixture_matches_local_...; here at 5
 def test_mixture_against_a_server_capping_top_logprobs_at_five(smollm2, remote):
     """OpenAI's API refuses logprobs > 5: the probe finds the cap and generation asks for no more."""
     assert remote.top_logprobs == 20

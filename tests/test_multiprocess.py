@@ -69,8 +69,13 @@ def test_share_splits_rows_contiguously():
         distributed.share(5, 2, 2)
 
 
-def test_lm_eval_over_two_processes_equals_one(tiny_job):
-    base, values = tiny_job
+# slow: the second launch (lockstep over the split run's caches, the index reused); the LM's own lockstep over 2
+# processes is test_lm_mesh.py's
+@pytest.mark.parametrize("lockstep", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["split-windows", "then-lockstep"])
+def test_lm_eval_over_two_processes_equals_one(tiny_job, tmp_path, lockstep):
+    _, values = tiny_job
+    base = tmp_path
     one = run.run_lm_eval(config_dict.ConfigDict({**values, "lm_cache": str(base / "one" / "lm.sqlite")}),
                           str(base / "one"))
     config = write_config(base / "config.py", {**values, "lm_cache": str(base / "two" / "lm.sqlite")})
@@ -99,6 +104,8 @@ def test_lm_eval_over_two_processes_equals_one(tiny_job):
     e1, e2 = np.load(base / "one" / "embeddings_dense.npy"), np.load(base / "two" / "embeddings_dense.npy")
     assert e1.shape == e2.shape and np.abs(e1 - e2).max() <= 1e-5
     assert not [f for f in os.listdir(base / "two") if ".part-" in f]  # the shards were merged and removed
+    if not lockstep:
+        return
     # a second 2-process run reuses the index (process 0 decides); with lm_model_parallel=4 the LM's model axis
     # spans both processes, which then score every window in lockstep, with the split run's caches: each holds
     # only its own share, so hits and misses are decided together (every process scores the union of the misses,
