@@ -127,8 +127,9 @@ def main(argv=None):
                    "dropped)")
     p.add_argument("--max_unlabelled", type=int, default=0, help="at most this many unlabelled questions (0: all)")
     p.add_argument("--save_retriever", default="", help="a folder for the last epoch's query encoder (one learning "
-                   "rate and training-set size; with both targets, one subfolder each): retriever.safetensors and train_questions.json, which the QA job's "
-                   "replug_lsr method reads (--config.retriever_workdir, or qa_lsr.py --trained)")
+                   "rate and training-set size; with both targets, one subfolder each): retriever.safetensors and "
+                   "train_questions.json, which the QA job's replug_lsr method reads (--config.retriever_workdir, or "
+                   "qa_lsr.py --trained)")
     args = p.parse_args(argv)
     targets = args.lsr_targets.split(",")
     if not set(targets) <= {"answer", "question"}:

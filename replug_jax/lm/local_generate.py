@@ -88,7 +88,7 @@ def posterior_weights(log_weights, query_logliks, alpha, keep: int):
     return jnp.where(combined > -jnp.inf, combined - norm, -jnp.inf)
 
 
-def kept_passes(cache: dict, logits, log_weights, keep: int, config, mesh):
+def gather_kept_rows(cache: dict, logits, log_weights, keep: int, config, mesh):
     """Each question's `keep` passes of highest weight, in pass order, as the only rows that go on decoding (the
     others weigh nothing after re-ranking): cache rows and next-token logits [B·K, ...] -> [B·keep, ...], log λ
     [B, K] -> [B, keep]."""
@@ -115,7 +115,7 @@ def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets,
     if query_targets.shape[1]:
         log_weights = decode_weights = posterior_weights(log_weights, query_ll, alpha, keep)
         if keep < log_weights.shape[1]:  # re-ranked: only the kept passes decode
-            cache, logits, decode_weights = kept_passes(cache, logits, log_weights, keep, config, mesh)
+            cache, logits, decode_weights = gather_kept_rows(cache, logits, log_weights, keep, config, mesh)
     out = mixture_decode(params, config, cache, logits, decode_weights, stop_mask, limit, steps=steps, dtype=dtype)
     return (*out, log_weights, query_ll)
 
