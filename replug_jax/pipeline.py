@@ -41,6 +41,12 @@ class REPLUG:
     def __init__(self, lm, retriever, datastore: Datastore, *, k: int = 4, temperature: float = 1.0,
                  doc_template: str = DOC_TEMPLATE, weights: str = "retrieval", posterior_alpha: float = 1.0,
                  rerank_depth: int = 0):
+        if not callable(getattr(retriever, "retrieve", None)):
+            raise TypeError(f"REPLUG(lm, retriever, datastore): the retriever is a {type(retriever).__name__}, with no "
+                            "retrieve(queries, k) (REPLUG.from_documents builds one from an encoder)")
+        if not callable(getattr(lm, "score", None)):
+            raise TypeError(f"REPLUG(lm, retriever, datastore): the LM is a {type(lm).__name__}, with no score() "
+                            "(rj.load_lm gives one)")
         check_mixture(k, temperature, len(datastore), weights, posterior_alpha, rerank_depth)
         self.lm, self.retriever, self.datastore = lm, retriever, datastore
         self.k, self.temperature, self.doc_template = k, temperature, doc_template
@@ -139,12 +145,19 @@ class REPLUG:
         passages = [[passage_text(self.datastore.titles[r], self.datastore.texts[r]) for r in rows[0] if r >= 0]]
         example = [QAExample("question", question, ())]
         if self.weights == "retrieval":
-            return qa.answer_questions(self.lm, example, passages, scores, method="replug", ensemble="replug",
-                                       demo_prefix=demos, temperature=self.temperature,
-                                       max_new_tokens=max_new_tokens)[0]["prediction"]
-        return generate_at_prefill(self.lm, example, passages, scores, demo_prefix=demos, k=self.k,
-                                   temperature=self.temperature, alpha=self.posterior_alpha,
-                                   max_new_tokens=max_new_tokens, progress=False)[0][0]["prediction"]
+            answer = qa.answer_questions(self.lm, example, passages, scores, method="replug", ensemble="replug",
+                                         demo_prefix=demos, temperature=self.temperature,
+                                         max_new_tokens=max_new_tokens)[0]["prediction"]
+        else:
+            answer = generate_at_prefill(self.lm, example, passages, scores, demo_prefix=demos, k=self.k,
+                                         temperature=self.temperature, alpha=self.posterior_alpha,
+                                         max_new_tokens=max_new_tokens, progress=False)[0][0]["prediction"]
+        if not answer.strip():
+            import warnings
+
+            warnings.warn("REPLUG.answer: the LM ended its answer at once (an empty answer)"
+                          + ("" if demos else "; a small LM usually needs a few examples first: demos="), stacklevel=2)
+        return answer
 
 
 def check_mixture(k: int, temperature: float, passages: int | None = None, weights: str = "retrieval",

@@ -93,6 +93,16 @@ def test_posterior_weights_are_the_lms_posterior_over_the_top_passages(rag, smol
         rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="posterior", rerank_depth=1)
 
 
+def test_an_empty_answer_is_warned_about(smollm2, minilm):
+    """Zero-shot, SmolLM2 ends its answer at once: the empty answer says so and names demos."""
+    import replug_jax as rj
+
+    docs = ["Velmora is a harbour town whose lighthouse keeper is Ada Quill.", "A violin has four strings."]
+    r = rj.REPLUG.from_documents(docs, lm=smollm2, encoder=minilm, k=2)
+    with pytest.warns(UserWarning, match="empty answer.*demos="):
+        assert r.answer("Who is the lighthouse keeper of Velmora?") == ""
+
+
 def test_k_larger_than_the_datastore_is_refused(rag):
     with pytest.raises(ValueError, match="k=9 must be between 1 and the datastore's"):
         rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=9)
@@ -130,3 +140,10 @@ def test_documents_may_be_texts_dicts_documents_or_a_path(smollm2, minilm, tmp_p
         as_documents([DOCS[0], {"title": "no text"}])
     rag = rj.REPLUG.from_documents(given[1:3], lm=smollm2, encoder=minilm, k=2)
     assert rag.datastore.titles == ["Velmora", ""] and rag.datastore.sources == ["doc0", "k2"]
+
+
+def test_pieces_in_the_wrong_order_are_refused_at_once(rag, minilm):
+    with pytest.raises(TypeError, match="the retriever is a LocalLM, with no retrieve"):
+        type(rag)(minilm, rag.lm, rag.datastore)
+    with pytest.raises(TypeError, match="the LM is a DenseEncoder, with no score"):
+        type(rag)(minilm, rag.retriever, rag.datastore)
