@@ -41,13 +41,13 @@ class REPLUG:
     def __init__(self, lm, retriever, datastore: Datastore, *, k: int = 4, temperature: float = 1.0,
                  doc_template: str = DOC_TEMPLATE, weights: str = "retrieval", posterior_alpha: float = 1.0,
                  rerank_depth: int = 0):
+        check_mixture(k, temperature, len(datastore), weights, posterior_alpha, rerank_depth)
         if not callable(getattr(retriever, "retrieve", None)):
             raise TypeError(f"REPLUG(lm, retriever, datastore): the retriever is a {type(retriever).__name__}, with no "
                             "retrieve(queries, k) (REPLUG.from_documents builds one from an encoder)")
         if not callable(getattr(lm, "score", None)):
             raise TypeError(f"REPLUG(lm, retriever, datastore): the LM is a {type(lm).__name__}, with no score() "
                             "(rj.load_lm gives one)")
-        check_mixture(k, temperature, len(datastore), weights, posterior_alpha, rerank_depth)
         self.lm, self.retriever, self.datastore = lm, retriever, datastore
         self.k, self.temperature, self.doc_template = k, temperature, doc_template
         self.weights, self.posterior_alpha = weights, posterior_alpha
