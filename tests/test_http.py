@@ -114,6 +114,7 @@ def test_server_that_adds_a_start_token(tiny):
     assert_close(got[1:2], local_scores(lm, PAIRS[1:2]))  # empty context: LocalLM's own convention
 
 
+@pytest.mark.slow  # test_contract.py scores SmolLM2 over our server against local on every kind of split (core)
 def test_smollm2_over_http_matches_local(smollm2):
     pairs = [("The capital of France is", " Paris, on the Seine."), ("", "Wikipedia is a free online encyclopedia."),
              ("In 1905 Albert Einstein published", " four papers."), ("Water boils at 100", " degrees Celsius.")]

@@ -249,7 +249,9 @@ def test_lazy_tensor_reads_bfloat16_slices_and_transposes(tmp_path):
     np.testing.assert_array_equal(np.asarray(lazy), full)
 
 
-@pytest.mark.parametrize("model_parallel", [4, pytest.param(2, marks=pytest.mark.slow)])  # slow: a second layout
+# slow: a model axis over processes; the same meshes within one process are checked above (core)
+@pytest.mark.slow
+@pytest.mark.parametrize("model_parallel", [4, 2])
 def test_model_axis_spanning_two_processes_scores_as_one_device(tiny_dir, reference, tmp_path, model_parallel):
     """2 processes × 2 devices on one global LM mesh, every process scoring the same pairs in lockstep: (1, 4), the
     model axis spans both processes (a 2-host slice); (2, 2), each process one data row (the data axis spans the

@@ -69,10 +69,10 @@ def test_share_splits_rows_contiguously():
         distributed.share(5, 2, 2)
 
 
-# slow: the second launch (lockstep over the split run's caches, the index reused); the LM's own lockstep over 2
-# processes is test_lm_mesh.py's
-@pytest.mark.parametrize("lockstep", [False, pytest.param(True, marks=pytest.mark.slow)],
-                         ids=["split-windows", "then-lockstep"])
+# slow: a second job over the same split and gather (the core suite keeps the QA job's, below); the second launch
+# runs in lockstep over the split run's caches, the index reused (the LM's own lockstep is test_lm_mesh.py's)
+@pytest.mark.slow
+@pytest.mark.parametrize("lockstep", [False, True], ids=["split-windows", "then-lockstep"])
 def test_lm_eval_over_two_processes_equals_one(tiny_job, tmp_path, lockstep):
     _, values = tiny_job
     base = tmp_path
@@ -122,6 +122,7 @@ def test_lm_eval_over_two_processes_equals_one(tiny_job, tmp_path, lockstep):
     assert [p["cache_misses"] for p in lockstep["lm_requests"]] == [one["lm_requests"]["cache_misses"]] * 2
 
 
+@pytest.mark.slow  # the device index over 8 devices of one process is test_device_index.py's (core)
 def test_device_search_over_two_processes_equals_faiss(tiny_job):
     """The embedding matrix split over the 4 devices of 2 processes; each process searches its own queries."""
     base, values = tiny_job
@@ -207,8 +208,9 @@ LOSS_RTOL = 3e-5
 
 # (the plain query-side loop is the pipelined one's schedule without the prefetch, and both sides' loop without
 # the refresh: its own case added 60 s to the suite and no path)
-# slow: a second layout of the same split (the core suite keeps both sides, whose refresh re-embeds over processes)
-@pytest.mark.parametrize("pipeline,sides", [pytest.param(True, "query", marks=pytest.mark.slow), (False, "both")],
+# slow: a second process layout of the loop test_lsr_loop.py runs in one process (core), its refresh included
+@pytest.mark.slow
+@pytest.mark.parametrize("pipeline,sides", [(True, "query"), (False, "both")],
                          ids=["query-side-pipelined", "both-sides-refreshing"])
 def test_lsr_over_two_processes_equals_one(lsr_models, lsr_reference, tmp_path, pipeline, sides):
     """Each process retrieves for, LM-scores and encodes its half of every global batch of 8 (both sides: and

@@ -194,6 +194,7 @@ def test_rerank_keeps_the_highest_weights_and_renormalises():
             posterior.posterior_log_weights(SCORES, SCORES > 0, SCORES, 0.1, bad)
 
 
+@pytest.mark.slow  # α 0 is REPLUG through the multiple-choice job below (core); this is the QA job's second check
 def test_alpha_zero_is_replug_through_the_qa_job(files, smollm2, tmp_path):  # noqa: F811
     """α = 0, depth = k: the same passages, weights, answer NLL and predictions as REPLUG, from as many passes of
     as many tokens; the settings are in results.json."""

@@ -77,6 +77,7 @@ def test_model_parallel_prefix_cache_equals_one_device(tmp_path):
         np.testing.assert_allclose(g, w, atol=2e-5)
 
 
+@pytest.mark.slow  # real weights where the tiny models above are checked
 def test_real_weights_mmlu_option_scores_equal_full_rows(smollm2):
     """SmolLM2's option log-probs of 2-shot, 3-passage MMLU-style prompts: computed with the shots' tokens read
     once per subject equal the full rows (the issue's 1e-4)."""

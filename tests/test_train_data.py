@@ -105,6 +105,36 @@ def test_cache_scores_each_pair_once_across_restarts(tiny_lm, tmp_path):
     assert lm.pairs == 3 and again.stats()["cache_hits"] == 3
 
 
+class DyingLM(CountingLM):
+    """The LM, killed (an exception) in its call number `dies_at`."""
+
+    def __init__(self, lm, dies_at):
+        super().__init__(lm)
+        self.calls, self.dies_at = 0, dies_at
+
+    def score(self, contexts, continuations, progress=False):
+        self.calls += 1
+        if self.calls == self.dies_at:
+            raise KeyboardInterrupt("killed mid-run")
+        return super().score(contexts, continuations)
+
+
+def test_a_run_killed_mid_call_keeps_the_chunks_scored_before(tiny_lm, tmp_path):
+    contexts = [f"word {i} and" for i in range(7)]
+    conts = [f" then {'x ' * i}" for i in range(7)]
+    dying = DyingLM(tiny_lm, dies_at=3)
+    cached = CachedLM(dying, str(tmp_path / "lm.sqlite"))
+    cached.store_every = 3  # chunks of 3, 3, 1 misses: killed in the third
+    with pytest.raises(KeyboardInterrupt):
+        cached.score(contexts, conts, progress=True)
+    assert dying.pairs == 6
+    again = CachedLM(CountingLM(tiny_lm), str(tmp_path / "lm.sqlite"))  # the re-run
+    got = again.score(contexts, conts)
+    assert again.lm.pairs == 1 and again.cache_stats()["cache_hits"] == 6
+    for g, want in zip(got, tiny_lm.score(contexts, conts)):
+        np.testing.assert_array_equal(g, want.astype(np.float32))
+
+
 def test_cached_lm_returns_the_lms_token_logprobs_and_is_the_lm_otherwise(tiny_lm, tmp_path):
     lm = CountingLM(tiny_lm)
     lm.tokenizer = tiny_lm.tokenizer

@@ -16,10 +16,18 @@ from typing import Sequence
 import numpy as np
 
 
+def progress_bar(progress: bool) -> dict:
+    """The keyword that asks an LM's `score` for its progress bar, only where wanted: the black-box contract
+    (lm/blackbox.py) has no `progress`, which the project's own LMs (local, HTTP, cached) all take."""
+    return {"progress": True} if progress else {}
+
+
 def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
-                         continuations: Sequence[Sequence[str]], *, prefix: str = "") -> list[list[tuple[float, int]]]:
+                         continuations: Sequence[Sequence[str]], *, prefix: str = "",
+                         progress: bool = False) -> list[list[tuple[float, int]]]:
     """Per question, per continuation: (log p(continuation | mixture), its token count), the mixture per token
-    over `prefix` ∘ contexts[q][i] with weights log_weights[q] ([len(contexts[q])] log λ, normalised)."""
+    over `prefix` ∘ contexts[q][i] with weights log_weights[q] ([len(contexts[q])] log λ, normalised).
+    `progress`: the LM's progress bar (the project's LMs; a user's black box is called without it)."""
     empty = [q for q, ctx in enumerate(contexts) if not ctx]
     if empty:
         raise ValueError(f"questions {empty[:5]} have no passes to score (no passage retrieved?)")
@@ -29,7 +37,7 @@ def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Seq
             for c in ctx:
                 flat_ctx.append(prefix + c)
                 flat_cont.append(cont)
-    scored = lm.score(flat_ctx, flat_cont) if flat_ctx else []
+    scored = lm.score(flat_ctx, flat_cont, **progress_bar(progress)) if flat_ctx else []
     out, at = [], 0
     for q, conts in enumerate(continuations):
         k, log_w = len(contexts[q]), np.asarray(log_weights[q], np.float64)  # [K]
@@ -51,7 +59,7 @@ def mixture_loglik(log_weights, per_pass) -> float:
 
 
 def query_and_continuation_scores(lm, doc_contexts: Sequence[Sequence[str]], queries: Sequence[str],
-                                  continuations: Sequence[Sequence[str]]):
+                                  continuations: Sequence[Sequence[str]], progress: bool = False):
     """Every pass `doc_contexts[q][i] ∘ queries[q] ∘ continuation` of one `lm.score_with_query` call:
     (query_logliks: per question [D_q] float64 Σ_t log p(x_t | d_i, x_<t); continuation scores: per question, per
     continuation, the D_q passes' token log-probs [T]). A question without continuations is scored query-only."""
@@ -61,7 +69,7 @@ def query_and_continuation_scores(lm, doc_contexts: Sequence[Sequence[str]], que
             flat_ctx += list(docs)
             flat_query += [query] * len(docs)
             flat_cont += [cont] * len(docs)
-    scored = lm.score_with_query(flat_ctx, flat_query, flat_cont) if flat_ctx else []
+    scored = lm.score_with_query(flat_ctx, flat_query, flat_cont, **progress_bar(progress)) if flat_ctx else []
     query_logliks, cont_scores, at = [], [], 0
     for docs, conts in zip(doc_contexts, continuations):
         first = scored[at : at + len(docs)]
@@ -75,10 +83,10 @@ def query_and_continuation_scores(lm, doc_contexts: Sequence[Sequence[str]], que
 
 
 def answer_nll(lm, contexts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
-               answers: Sequence[Sequence[str]], *, prefix: str = "") -> np.ndarray:
+               answers: Sequence[Sequence[str]], *, prefix: str = "", progress: bool = False) -> np.ndarray:
     """[Q] float: -max over answers of log p(" answer" | mixture of `prefix` ∘ contexts[q][i], log λ[q][i]).
 
     contexts[q]: the question's passes; log_weights[q]: [len(contexts[q])] log λ (normalised)."""
     golds = [[f" {gold.strip()}" for gold in answers_q] for answers_q in answers]
-    logliks = continuation_logliks(lm, contexts, log_weights, golds, prefix=prefix)
+    logliks = continuation_logliks(lm, contexts, log_weights, golds, prefix=prefix, progress=progress)
     return np.array([-max(ll for ll, _ in row) if row else np.inf for row in logliks])

@@ -31,12 +31,13 @@ def predictions(lm, questions, methods, retrieve, store, metric: str, temperatur
                 by_metric = option_text.posterior_option_predictions(
                     lm, [[option_text.PASSAGE_BEFORE_CONTEXT.format(passage=p) for p in ps] for ps in passages],
                     [q.context for q in questions], scores, [q.continuations for q in questions],
-                    temperature=temperature, alpha=posterior_alpha, k=k or scores.shape[1])
+                    temperature=temperature, alpha=posterior_alpha, k=k or scores.shape[1], progress=True)
                 option_text.record(rows, method, by_metric, metric)
                 continue
             if method != "concat":
                 log_w = [option_text.log_lambda(s, len(p), temperature) for s, p in zip(scores, passages)]
         prompts = option_text.prepended_prompts(method, [q.context for q in questions], passages)
-        by_metric = option_text.option_predictions(lm, prompts, log_w, [q.continuations for q in questions])
+        by_metric = option_text.option_predictions(lm, prompts, log_w, [q.continuations for q in questions],
+                                                   progress=True)
         option_text.record(rows, method, by_metric, metric)
     return rows

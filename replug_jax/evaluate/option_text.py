@@ -53,20 +53,21 @@ def continuations(example) -> list[str]:
 
 
 def option_predictions(lm, prompts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
-                       conts: Sequence[Sequence[str]]) -> dict:
+                       conts: Sequence[Sequence[str]], progress: bool = False) -> dict:
     """{metric: [Q] predicted option} for "acc", "acc_per_char" and "acc_per_token", and "loglik": per question
     the options' mixture log-likelihoods. prompts[q]: the question's passes; log_weights[q]: their log λ;
     conts[q]: its options' continuations (`continuations`)."""
-    return predictions_by_metric(continuation_logliks(lm, prompts, log_weights, conts), conts)
+    return predictions_by_metric(continuation_logliks(lm, prompts, log_weights, conts, progress=progress), conts)
 
 
 def posterior_option_predictions(lm, doc_contexts: Sequence[Sequence[str]], queries: Sequence[str], scores: np.ndarray,
-                                 conts: Sequence[Sequence[str]], *, temperature: float, alpha: float, k: int) -> dict:
+                                 conts: Sequence[Sequence[str]], *, temperature: float, alpha: float, k: int,
+                                 progress: bool = False) -> dict:
     """`option_predictions` for "replug_posterior": pass i of question q is doc_contexts[q][i] ∘ queries[q] ∘
     option,
     scored once (`lm.score_with_query`); λ ∝ exp(s/τ + α log p(query | doc)) over the retrieved passes (scores
     [Q, D]), the k highest kept (posterior.py). Adds "kept" (positions) and "log_weights" per question."""
-    query_ll, cont_scores = query_and_continuation_scores(lm, doc_contexts, queries, conts)
+    query_ll, cont_scores = query_and_continuation_scores(lm, doc_contexts, queries, conts, progress)
     order, log_w = posterior.kept_passes(scores, query_ll, temperature, alpha, k)  # [Q, k]
     logliks = []
     for i, per_option in enumerate(cont_scores):  # per_option[o][j]: option o's token log-probs in pass j

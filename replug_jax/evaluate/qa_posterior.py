@@ -35,7 +35,8 @@ class PosteriorPasses:
 
 
 def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarray, *, temperature: float,
-                     alpha: float, k: int, prefix: str = "", with_answers: bool = True) -> PosteriorPasses:
+                     alpha: float, k: int, prefix: str = "", with_answers: bool = True,
+                     progress: bool = False) -> PosteriorPasses:
     """REPLUG-posterior passes of `questions` over their retrieved `passages` (best first, [Q][D]) with retrieval
     `scores` [Q, D]; `prefix` before every pass (the demo block, or "" for zero-shot scoring)."""
     posterior.check_alpha(alpha)
@@ -45,7 +46,7 @@ def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarra
     docs = [[prefix + QA_DOC_TEMPLATE.format(passage=p) for p in ps] for ps in passages]
     queries = [question_block(q.question, None) for q in questions]
     golds = [[f" {a.strip()}" for a in q.answers] if with_answers else [] for q in questions]
-    query_ll, cont_scores = query_and_continuation_scores(lm, docs, queries, golds)
+    query_ll, cont_scores = query_and_continuation_scores(lm, docs, queries, golds, progress)
     order, kept_w = posterior.kept_passes(scores, query_ll, temperature, alpha, k)  # [Q, k]
     contexts, weights, kept_ll, kept, nll = [], [], [], [], []
     for i, (q, ps) in enumerate(zip(questions, passages)):
@@ -71,7 +72,7 @@ def predict(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, de
         return generate_at_prefill(lm, questions, retrieved, scores, demo_prefix=demo_prefix, k=k,
                                    temperature=temperature, alpha=alpha, max_new_tokens=max_new_tokens)
     scored = posterior_passes(lm, questions, retrieved, scores, temperature=temperature, alpha=alpha, k=k,
-                              with_answers=with_answers, prefix=demo_prefix if nll_with_demos else "")
+                              with_answers=with_answers, prefix=demo_prefix if nll_with_demos else "", progress=True)
     preds = generate_answers(lm, scored.contexts, scored.log_weights, ensemble=ensemble, demo_prefix=demo_prefix,
                              max_new_tokens=max_new_tokens, progress=True)
     for i, p in enumerate(preds):

@@ -160,7 +160,7 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
             contexts, log_w = qa.method_passes(questions, passages, scores, method=method,
                                                temperature=config.temperature)
             nll = answer_nll.answer_nll(lm, contexts, log_w, [q.answers for q in questions],
-                                        prefix=prefix if config.get("answer_nll_demos", False) else "")
+                                        prefix=prefix if config.get("answer_nll_demos", False) else "", progress=True)
             for p, value in zip(preds, nll):
                 p["answer_nll"] = float(value)
         for row, p in zip(predictions, preds):
@@ -249,7 +249,7 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
             docs, blocks = option_text.cloze_passes(questions, passages, prefixes)
             by_metric = option_text.posterior_option_predictions(
                 lm, docs, blocks, scores, [option_text.continuations(q) for q in questions],
-                temperature=config.temperature, alpha=config.posterior_alpha, k=config.k)
+                temperature=config.temperature, alpha=config.posterior_alpha, k=config.k, progress=True)
             option_text.record(predictions, method, by_metric, option_metric)
             continue
         prompts = mmlu.method_prompts(method, questions, passages, prefixes, block=block)
@@ -258,7 +258,7 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
             log_w = [option_text.log_lambda(s, len(p), config.temperature) if passes else np.zeros(1, np.float32)
                      for s, p in zip(scores, prompts)]
             by_metric = option_text.option_predictions(lm, prompts, log_w, [option_text.continuations(q)
-                                                                             for q in questions])
+                                                                             for q in questions], progress=True)
             option_text.record(predictions, method, by_metric, option_metric)
             continue
         option_lps = mmlu.option_logprobs(lm, prompts, n_options=n_options, progress=True)

@@ -13,6 +13,9 @@ tokenizer, count_tokens, generate, ...) is the wrapped LM's.
 An LM whose mesh spans processes scores in lockstep: every process must make the same calls. Each process's
 cache may hold other pairs (its own file, filled by an earlier split run), so hits and misses are decided
 together: the processes check that they were asked the same pairs, then all score the union of their misses.
+
+Misses are scored and stored `store_every` pairs at a time: a run killed an hour into one call keeps all but the
+last chunk's scores, and its re-run starts from there.
 """
 from __future__ import annotations
 
@@ -24,10 +27,13 @@ import threading
 from typing import Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 
 class CachedLM:
     """`score` through an on-disk cache; every other attribute is the wrapped LM's."""
+
+    store_every = 512  # misses scored (in one call of the LM) between commits: minutes of a small LM on a CPU
 
     def __init__(self, lm, path: str):
         self.path = os.path.abspath(path)
@@ -60,9 +66,9 @@ class CachedLM:
         if len(contexts) != len(continuations):
             raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
         keys = [self._key(c, y) for c, y in zip(contexts, continuations)]
-        compute = lambda idx: self.lm.score([contexts[i] for i in idx], [continuations[i] for i in idx],
-                                            progress=progress)
-        return self._through_cache(keys, compute)
+        compute = lambda idx, bar: self.lm.score([contexts[i] for i in idx], [continuations[i] for i in idx],
+                                                 progress=bar)
+        return self._through_cache(keys, compute, progress)
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
                          prefix: str = "", progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -73,17 +79,18 @@ class CachedLM:
         head = ("\0prefix\0" + prefix,) if prefix else ()  # (no prefix: the keys stored before prefixes existed)
         keys = [self._key(*head, c, "\0query\0" + q, y) for c, q, y in zip(contexts, queries, continuations)]
 
-        def compute(idx):  # stored as [T_q, query log-probs..., continuation log-probs...]
+        def compute(idx, bar):  # stored as [T_q, query log-probs..., continuation log-probs...]
             pairs = self.lm.score_with_query([contexts[i] for i in idx], [queries[i] for i in idx],
-                                             [continuations[i] for i in idx], progress=progress,
+                                             [continuations[i] for i in idx], progress=bar,
                                              **({"prefix": prefix} if prefix else {}))  # a contract without it too
             return [np.concatenate([[len(q)], q, c]) for q, c in pairs]
 
-        stored = self._through_cache(keys, compute)
+        stored = self._through_cache(keys, compute, progress)
         return [(x[1 : 1 + int(x[0])], x[1 + int(x[0]) :]) for x in stored]
 
-    def _through_cache(self, keys: list[str], compute) -> list[np.ndarray]:
-        """The cached arrays of `keys`; compute(positions) -> arrays for the distinct misses, stored."""
+    def _through_cache(self, keys: list[str], compute, progress: bool = False) -> list[np.ndarray]:
+        """The cached arrays of `keys`; compute(positions, progress) -> arrays for the distinct misses, stored
+        `store_every` at a time (one progress bar over the chunks where there are several, else the LM's own)."""
         with self._lock:
             found = self._lookup(keys)
         first: dict[str, int] = {}  # one LM call per distinct uncached key
@@ -93,13 +100,18 @@ class CachedLM:
         missing = list(first.values())
         if self._lockstep():
             missing = self._agreed_misses(keys, missing)
-        if missing:
-            new = {keys[i]: np.asarray(x, np.float32) for i, x in zip(missing, compute(missing))}
-            with self._lock:
-                self.db.executemany("INSERT OR REPLACE INTO token_logprobs VALUES (?, ?)",
-                                    [(k, v.tobytes()) for k, v in new.items()])
-                self.db.commit()
-            found.update(new)
+        chunks = [missing[start : start + self.store_every] for start in range(0, len(missing), self.store_every)]
+        with tqdm(total=len(missing), disable=not progress or len(chunks) < 2, unit="pair",
+                  desc=f"score (stored every {self.store_every} pairs)") as bar:
+            for chunk in chunks:  # the same chunks in every process of a lockstep call (`missing` is agreed)
+                new = {keys[i]: np.asarray(x, np.float32)
+                       for i, x in zip(chunk, compute(chunk, progress and len(chunks) < 2))}
+                with self._lock:
+                    self.db.executemany("INSERT OR REPLACE INTO token_logprobs VALUES (?, ?)",
+                                        [(k, v.tobytes()) for k, v in new.items()])
+                    self.db.commit()
+                found.update(new)
+                bar.update(len(chunk))
         with self._lock:
             self.misses += len(missing)
             self.hits += len(keys) - len(missing)
