@@ -354,15 +354,16 @@ def downstream_jobs(tiny_job, tmp_path_factory):
     return tmp_path, jobs, one
 
 
-# one launch per layout runs its jobs: each process its share of the questions (model axis 1; qa alone in the core
-# suite: mmlu's rows are split and gathered by the same code), or, (2, 2) over 4 processes of 1 device as 4 hosts
-# would, both axes spanning processes: a question's passes in lockstep on an LM split over two processes, a call's
-# rows split over hosts and back whole to each (slow: 4 processes on the test machine's cores; the LM's own lockstep
-# over 2 processes is test_lm_mesh.py's, the lm_eval job's above)
+# one launch per layout runs its jobs: each process its share of the questions (model axis 1), or, (2, 2) over 4
+# processes of 1 device as 4 hosts would, both axes spanning processes: a question's passes in lockstep on an LM
+# split over two processes, a call's rows split over hosts and back whole to each. Slow (the jobs over processes,
+# ~50 s each on 2 cores): the core suite keeps their parts, processes joining and reducing (test_launch.py) and the
+# host store's gather of megabytes (test_host_store.py), beside every job in one process.
+@pytest.mark.slow
 @pytest.mark.parametrize("model_parallel,mesh,processes,kinds", [
     (1, {"data": 2, "model": 1}, 2, ("qa",)),
-    pytest.param(1, {"data": 2, "model": 1}, 2, ("mmlu",), marks=pytest.mark.slow),
-    pytest.param(2, {"data": 2, "model": 2}, 4, ("qa", "mmlu"), marks=pytest.mark.slow)],
+    (1, {"data": 2, "model": 1}, 2, ("mmlu",)),
+    (2, {"data": 2, "model": 2}, 4, ("qa", "mmlu"))],
     ids=["split-questions-qa", "split-questions-mmlu", "lockstep-4-hosts"])
 def test_qa_and_mmlu_over_processes_equal_one(downstream_jobs, model_parallel, mesh, processes, kinds):
     """qa and mmlu split their questions over 2 processes (each retrieves, decodes or scores its share), or, with
