@@ -7,14 +7,17 @@
         --row "REPLUG τ 0.1=runs/posterior_mc/sciq_mc/tau0.1:replug" ...
 
 A row is LABEL=WORKDIR:METHOD; the run's predictions.jsonl gives, per question, the predicted option (the job's
-metric) and the gold one. Every row must cover the same questions (refused otherwise). Writes the markdown table
-to --out and its numbers beside it (.json).
+metric) and the gold one, and its results.json the settings that ran: τ, α and the re-ranking depth are columns of
+the table, and a label that names another value ("α 1" of a run whose config had posterior_alpha 0.5) is refused.
+Every row must cover the same questions (refused otherwise). Writes the markdown table to --out and its numbers
+beside it (.json).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 
 import numpy as np
 
@@ -31,6 +34,35 @@ def correct(workdir: str, method: str) -> dict[str, float]:
     return {r["id"]: float(r[method] == r["answer"]) for r in rows}
 
 
+def settings(workdir: str, method: str) -> dict:
+    """What `method` ran with in that run (its results.json config): τ for the weighted ensembles; α and the
+    re-ranking depth for replug_posterior (depth 0: k)."""
+    path = os.path.join(workdir, "results.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{workdir}: no results.json, so the settings that ran are unknown")
+    with open(path) as f:
+        config = json.load(f)["config"]
+    out = {"k": config["k"]}
+    if method in ("replug", "replug_lsr", "replug_posterior"):
+        out["temperature"] = config["temperature"]
+    if method == "replug_posterior":
+        out["alpha"] = config["posterior_alpha"]
+        out["depth"] = config.get("rerank_depth") or config["k"]
+    return out
+
+
+LABEL_VALUES = {"temperature": r"τ ([0-9.]+)", "alpha": r"α ([0-9.]+)", "depth": r"re-rank (\d+)"}
+
+
+def check_label(label: str, workdir: str, ran: dict) -> None:
+    """Refuse a label naming a τ, α or depth other than the run's (or one the method does not have)."""
+    for key, pattern in LABEL_VALUES.items():
+        said = re.search(pattern, label)
+        if said and (key not in ran or float(said.group(1)) != float(ran[key])):
+            raise SystemExit(f"row {label!r} says {said.group(0)} but {workdir} ran "
+                             f"{key}={ran.get(key, 'none (not a setting of this method)')}")
+
+
 def table(rows: list[tuple[str, str, str]], baseline: str) -> tuple[list[dict], list[str]]:
     """(numbers per row, markdown lines): accuracy % and the per-question difference against `baseline`."""
     scored = {label: correct(workdir, method) for label, workdir, method in rows}
@@ -41,14 +73,18 @@ def table(rows: list[tuple[str, str, str]], baseline: str) -> tuple[list[dict], 
         if sorted(by_id) != ids:
             raise SystemExit(f"row {label!r} covers other questions than the baseline {baseline!r}")
     base = np.array([scored[baseline][i] for i in ids])
-    numbers, lines = [], [f"| method | accuracy % | vs {baseline} (95% CI) |", "|---|---:|---:|"]
+    numbers, lines = [], [f"| method | τ | α | depth → k | accuracy % | vs {baseline} (95% CI) |",
+                          "|---|---:|---:|---:|---:|---:|"]
     for label, workdir, method in rows:
+        ran = settings(workdir, method)
+        check_label(label, workdir, ran)
         acc = np.array([scored[label][i] for i in ids])
         lo, hi = bootstrap(100 * (acc - base))
-        numbers.append({"method": label, "run": workdir, "key": method, "accuracy": 100 * acc.mean(),
+        numbers.append({"method": label, "run": workdir, "key": method, "settings": ran, "accuracy": 100 * acc.mean(),
                         "diff_ci": [lo, hi], "questions": len(ids)})
-        lines.append(f"| {label} | {100 * acc.mean():.1f} | {100 * (acc.mean() - base.mean()):+.1f} "
-                     f"({lo:+.1f}, {hi:+.1f}) |")
+        depth = f"{ran['depth']} → {ran['k']}" if "depth" in ran else ""
+        lines.append(f"| {label} | {ran.get('temperature', '')} | {ran.get('alpha', '')} | {depth} | "
+                     f"{100 * acc.mean():.1f} | {100 * (acc.mean() - base.mean()):+.1f} ({lo:+.1f}, {hi:+.1f}) |")
     return numbers, lines
 
 

@@ -268,7 +268,8 @@ def test_multiple_choice_posterior_at_alpha_zero_is_replug_and_weighs_by_the_que
 
 def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypatch):
     """experiments/posterior_tables.py: accuracy per row from each run's predictions.jsonl and the bootstrap
-    interval of the per-question difference against the baseline row; runs over other questions are refused."""
+    interval of the per-question difference against the baseline row, τ, α and depth from its results.json; runs
+    over other questions, and labels naming settings other than the run's, are refused."""
     import importlib.util
 
     experiments = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
@@ -278,8 +279,12 @@ def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypat
     spec.loader.exec_module(tables)
     gold = [0, 1, 2, 3, 0, 1]
     runs = {"a": {"replug": [0, 1, 0, 0, 0, 0], "none": [1, 1, 1, 1, 1, 1]}, "b": {"replug_posterior": gold}}
+    configs = {"a": {"k": 4, "temperature": 0.1, "posterior_alpha": 0.5, "rerank_depth": 0},
+               "b": {"k": 4, "temperature": 0.1, "posterior_alpha": 1.0, "rerank_depth": 16}}
     for name, methods in runs.items():
         os.makedirs(tmp_path / name)
+        with open(tmp_path / name / "results.json", "w") as f:
+            json.dump({"config": configs[name]}, f)
         with open(tmp_path / name / "predictions.jsonl", "w") as f:
             for i, g in enumerate(gold):
                 f.write(json.dumps({"id": f"q{i}", "answer": g, **{m: p[i] for m, p in methods.items()}}) + "\n")
@@ -287,11 +292,18 @@ def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypat
     numbers = tables.main(["--out", str(out), "--baseline", "REPLUG", "--row", f"none={tmp_path / 'a'}:none",
                            "--row", f"REPLUG={tmp_path / 'a'}:replug",
                            "--row", f"posterior={tmp_path / 'b'}:replug_posterior"])
+    assert [r["settings"] for r in numbers] == [{"k": 4}, {"k": 4, "temperature": 0.1},
+                                                {"k": 4, "temperature": 0.1, "alpha": 1.0, "depth": 16}]
     assert [round(r["accuracy"], 6) for r in numbers] == [round(100 / 3, 6), 50.0, 100.0]  # 2, 3 and 6 of 6
     lo, hi = numbers[2]["diff_ci"]
     assert 0 < lo <= 50.0 <= hi <= 100.0  # three questions gained, none lost
-    assert numbers[1]["diff_ci"] == [0.0, 0.0] and "| posterior | 100.0 | +50.0" in out.read_text()
+    assert numbers[1]["diff_ci"] == [0.0, 0.0] and "| posterior | 0.1 | 1.0 | 16 → 4 | 100.0 | +50.0" in out.read_text()
     assert json.load(open(tmp_path / "table.json"))["rows"] == numbers
+    for label, said in (("posterior α 0.5", "α 0.5"), ("posterior τ 1", "τ 1"), ("posterior re-rank 8 → 4", "re-rank 8"),
+                        ("REPLUG α 1", "α 1")):  # what the run's config did not run
+        run = "a:replug" if label.startswith("REPLUG") else "b:replug_posterior"
+        with pytest.raises(SystemExit, match=f"says {said} but"):
+            tables.main(["--out", str(out), "--baseline", label, "--row", f"{label}={tmp_path / run}"])
     with open(tmp_path / "b" / "predictions.jsonl", "a") as f:
         f.write(json.dumps({"id": "q9", "answer": 0, "replug_posterior": 0}) + "\n")
     with pytest.raises(SystemExit, match="covers other questions"):
