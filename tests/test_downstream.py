@@ -61,6 +61,14 @@ class RecordingLM:
         return gens
 
 
+class SpaceStoppingLM(RecordingLM):
+    """The real LM, with " " among the stop strings: an answer whose first token starts with a space is cut to ""."""
+
+    def generate(self, contexts, log_weights, *, max_new_tokens, stop=("\n",), shared_prefix="", progress=False):
+        return super().generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=tuple(stop) + (" ",),
+                                shared_prefix=shared_prefix)
+
+
 class ScriptedLM:
     """A fake LM whose `generate` returns given Generations, one per (flattened) pass, and records the call."""
 
@@ -442,6 +450,16 @@ def test_qa_job_writes_results_per_method(qa_run):
         assert all(m in r and isinstance(r[m]["prediction"], str) for r in rows)
     assert saved["answer_recall"]["replug"] == pytest.approx(100 * np.mean([r["replug"]["answer_in_passages"]
                                                                            for r in rows]))
+    assert saved["empty_answers"] == {m: sum(not r[m]["prediction"] for r in rows) for m in ("none", "replug", "concat")}
+
+
+def test_empty_answers_are_counted_and_said(files, smollm2, tmp_path, capsys):
+    """Answers the LM ends at once are counted per method in results.json and named on the console."""
+    results = run_job(qa_config(files, methods=("none", "replug")), tmp_path / "run", SpaceStoppingLM(smollm2))
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "predictions.jsonl")]
+    empty = {m: sum(not r[m]["prediction"] for r in rows) for m in ("none", "replug")}
+    assert results["empty_answers"] == empty and empty["replug"] > 0
+    assert f"replug {empty['replug']} of {len(rows)}" in capsys.readouterr().out
 
 
 def test_qa_job_prompts_and_weights(qa_run):

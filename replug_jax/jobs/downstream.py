@@ -94,6 +94,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
     predictions = [row for part in split.gather(predictions) for row in part]
     results.update(_metrics(kind, config, questions, demos, predictions))
+    _warn_of_empty_answers(results.get("empty_answers", {}), len(questions), config.shots)
     results = {"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
                "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k,
@@ -116,9 +117,10 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> di
         scored = {m: qa.summarize([row[m] for row in predictions], config.k) for m in config.methods}
         nll = {m: float(np.mean([row[m]["answer_nll"] for row in predictions])) for m in config.methods
                if all("answer_nll" in row[m] for row in predictions)}
+        empty = {m: sum(not row[m]["prediction"].strip() for row in predictions) for m in config.methods}
         return {"exact_match": {m: s["exact_match"] for m, s in scored.items()},
                 "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()},
-                "answer_nll": nll, "count": len(questions)}
+                "answer_nll": nll, "empty_answers": empty, "count": len(questions)}
     shots_from_demos = config.shots and not olmes.parse_source(config.questions)  # OLMES: shots inside each request
     zero_shot = sorted({q.subject for q in questions} - set(mmlu.shots_by_subject(demos))) if shots_from_demos else []
     out = {"accuracy": {m: mmlu.accuracy(questions, [row[m] for row in predictions]) for m in config.methods},
@@ -128,6 +130,15 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> di
             metric: {m: mmlu.accuracy(questions, [row[f"{m}_options"][metric] for row in predictions])["micro"]
                      for m in config.methods} for metric in option_text.OPTION_METRICS}
     return out
+
+
+def _warn_of_empty_answers(empty: dict[str, int], count: int, shots: int) -> None:
+    """Say on the console which methods' answers came back empty (the LM ended at once: an exact match of 0 that
+    is no wrong answer); the counts are in results.json's "empty_answers"."""
+    said = [f"{method} {n} of {count}" for method, n in empty.items() if n]
+    if said:
+        hint = "; few-shot demos (--config.shots) usually fix it" if not shots else ""
+        console.phase(f"warning: empty answers (the LM ended its answer at once): {', '.join(said)}{hint}")
 
 
 def _run_qa(config, lm, store, retrievers, questions, demos):
