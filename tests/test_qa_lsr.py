@@ -385,6 +385,17 @@ def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="were LSR training questions"):
         downstream.run_downstream(_qa_config(tiny_qa, tiny_qa["all"], str(tmp_path / "saved")), str(tmp_path / "qa"))
+    # multiple choice too, by the question's text (OLMES's sciq requests hold SciQ's validation questions)
+    trained_text = downstream_data.load_qa(tiny_qa["train"], "validation")[0].question
+    mc = tmp_path / "mc.jsonl"
+    with open(mc, "w") as f:
+        for i, question in enumerate(["Which is no training question?", trained_text]):
+            f.write(json.dumps({"id": f"q{i + 4}", "question": question, "choices": ["a", "b", "c", "d"],
+                                "answer": 0, "subject": "science"}) + "\n")
+    mc_config = _qa_config(tiny_qa, str(mc), str(tmp_path / "saved"), job="mmlu", demos=str(mc), shots=0,
+                           methods=("replug_lsr",), scoring="options", max_new_tokens=1)
+    with pytest.raises(ValueError, match="1 evaluated questions were LSR training questions"):
+        downstream.run_downstream(mc_config, str(tmp_path / "mc"))
 
 
 def test_a_users_question_file_trains_on_all_its_rows(tmp_path):

@@ -74,8 +74,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
         why = (f": all {removed} were taken as the {config.shots} demos (shots); give --config.demos another file or "
                "lower --config.shots") if removed else ""
         raise InputError(f"no questions to evaluate from {config.questions!r}{why}")
-    if kind == "qa":
-        check_not_trained_on(config, questions)
+    check_not_trained_on(config, questions)  # QA and multiple choice alike (OLMES sciq holds SciQ's questions)
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
                   f"{len(demos)} demo candidates")
     prepared = workspace.prepare_downstream(config, workdir, lm)  # models (the LM behind lm_cache), datastore, index

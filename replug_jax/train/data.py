@@ -104,9 +104,11 @@ def check_disjoint_questions(trained_on, evaluated) -> None:
     """Refuse evaluated questions that training saw: by normalised question text, or by an id both data gave
     (a JSONL row's line number, the id of a row without one, is no identity across files).
 
-    trained_on: `trained_questions_record`'s dict; evaluated: `QAExample`s."""
+    trained_on: `trained_questions_record`'s dict; evaluated: `QAExample`s, or multiple-choice questions (by text
+    alone: their ids come from other files' schemes)."""
     ids, texts = set(trained_on.get("ids", ())), {question_key(q) for q in trained_on.get("questions", ())}
-    seen = [q.id for q in evaluated if (q.id_given and q.id in ids) or question_key(q.question) in texts]
+    seen = [q.id for q in evaluated
+            if (getattr(q, "id_given", False) and q.id in ids) or question_key(q.question) in texts]
     if seen:
         raise InputError(f"{len(seen)} evaluated questions were LSR training questions (e.g. {seen[:3]}; same "
                          "normalised text or same given id): evaluate on questions the retriever was not trained on")
