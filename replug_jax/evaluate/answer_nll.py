@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 
-def progress_bar(progress: bool) -> dict:
+def progress_keyword(progress: bool) -> dict:
     """The keyword that asks an LM's `score` for its progress bar, only where wanted: the black-box contract
     (lm/blackbox.py) has no `progress`, which the project's own LMs (local, HTTP, cached) all take."""
     return {"progress": True} if progress else {}
@@ -37,7 +37,7 @@ def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Seq
             for c in ctx:
                 flat_ctx.append(prefix + c)
                 flat_cont.append(cont)
-    scored = lm.score(flat_ctx, flat_cont, **progress_bar(progress)) if flat_ctx else []
+    scored = lm.score(flat_ctx, flat_cont, **progress_keyword(progress)) if flat_ctx else []
     out, at = [], 0
     for q, conts in enumerate(continuations):
         k, log_w = len(contexts[q]), np.asarray(log_weights[q], np.float64)  # [K]
@@ -69,7 +69,7 @@ def query_and_continuation_scores(lm, doc_contexts: Sequence[Sequence[str]], que
             flat_ctx += list(docs)
             flat_query += [query] * len(docs)
             flat_cont += [cont] * len(docs)
-    scored = lm.score_with_query(flat_ctx, flat_query, flat_cont, **progress_bar(progress)) if flat_ctx else []
+    scored = lm.score_with_query(flat_ctx, flat_query, flat_cont, **progress_keyword(progress)) if flat_ctx else []
     query_logliks, cont_scores, at = [], [], 0
     for docs, conts in zip(doc_contexts, continuations):
         first = scored[at : at + len(docs)]

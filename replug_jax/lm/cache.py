@@ -101,11 +101,12 @@ class CachedLM:
         if self._lockstep():
             missing = self._agreed_misses(keys, missing)
         chunks = [missing[start : start + self.store_every] for start in range(0, len(missing), self.store_every)]
-        with tqdm(total=len(missing), disable=not progress or len(chunks) < 2, unit="pair",
+        over_chunks = progress and len(chunks) > 1  # one bar over the chunks, else the LM's own for its one call
+        with tqdm(total=len(missing), disable=not over_chunks, unit="pair",
                   desc=f"score (stored every {self.store_every} pairs)") as bar:
             for chunk in chunks:  # the same chunks in every process of a lockstep call (`missing` is agreed)
                 new = {keys[i]: np.asarray(x, np.float32)
-                       for i, x in zip(chunk, compute(chunk, progress and len(chunks) < 2))}
+                       for i, x in zip(chunk, compute(chunk, progress and not over_chunks))}
                 with self._lock:
                     self.db.executemany("INSERT OR REPLACE INTO token_logprobs VALUES (?, ?)",
                                         [(k, v.tobytes()) for k, v in new.items()])
