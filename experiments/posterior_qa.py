@@ -30,7 +30,7 @@ from replug_jax.config_files import sibling_config
 from replug_jax.dispatch import run_job
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-RUNS = {  # name: (τ, methods, α, rerank depth)
+RUNS = {  # name: (τ, methods, α, rerank depth[, LSR target: the retriever --lsr_retrievers/TARGET])
     "tau1": (1.0, ("none", "replug", "concat"), 1.0, 0),
     "tau0.1": (0.1, ("replug", "replug_posterior"), 1.0, 0),
     "alpha0.5": (0.1, ("replug_posterior",), 0.5, 0),
@@ -38,6 +38,8 @@ RUNS = {  # name: (τ, methods, α, rerank depth)
     "concat": (0.1, ("concat",), 1.0, 0),  # concat alone (τ unused), for a shorter --runs selection
     "dev": (0.03, ("replug", "replug_posterior"), 0.5, 16),  # the dev split's choice, sciq.py's defaults
     "dev_posterior": (0.03, ("replug_posterior",), 0.5, 16),  # the same posterior alone (a slow LM's shorter run)
+    "lsr_answer": (0.1, ("replug", "replug_lsr"), 1.0, 0, "answer"),  # REPLUG beside LSR: the intervals' baseline
+    "lsr_question": (0.1, ("replug_lsr",), 1.0, 0, "question"),
 }
 DEFAULT_RUNS = "tau1,tau0.1,alpha0.5,rerank16"
 ROWS = [("none", "tau1", "none"), ("concat", "tau1", "concat"), ("REPLUG τ 1", "tau1", "replug"),
@@ -45,20 +47,24 @@ ROWS = [("none", "tau1", "none"), ("concat", "tau1", "concat"), ("REPLUG τ 1", 
         ("posterior α 0.5, τ 0.1", "alpha0.5", "replug_posterior"),
         ("posterior α 1, τ 0.1, re-rank 16 → 4", "rerank16", "replug_posterior"), ("concat", "concat", "concat"),
         ("REPLUG τ 0.03", "dev", "replug"), ("posterior α 0.5, τ 0.03, re-rank 16 → 4", "dev", "replug_posterior"),
-        ("posterior α 0.5, τ 0.03, re-rank 16 → 4", "dev_posterior", "replug_posterior")]
+        ("posterior α 0.5, τ 0.03, re-rank 16 → 4", "dev_posterior", "replug_posterior"),
+        ("REPLUG τ 0.1", "lsr_answer", "replug"), ("LSR, answer target, τ 0.1", "lsr_answer", "replug_lsr"),
+        ("LSR, question target, τ 0.1", "lsr_question", "replug_lsr")]
 BASELINE = "tau0.1:replug"
 
 
 def run(args, name: str) -> tuple[dict, list[dict]]:
     """(results.json, predictions rows) of one run, running it when absent."""
-    tau, methods, alpha, depth = RUNS[name]
+    tau, methods, alpha, depth, *lsr_target = RUNS[name]
     workdir = os.path.join(args.workdir, name)
     if not os.path.isfile(os.path.join(workdir, "results.json")):
         config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")
         config.update(dict(lm=args.lm, max_questions=args.questions, methods=methods, temperature=tau,
                            posterior_alpha=alpha, rerank_depth=depth,
-                           cache_dir=os.path.join(args.workdir, "shared"),
-                           lm_cache=os.path.join(args.workdir, "lm_cache.sqlite")))
+                           cache_dir=args.cache_dir or os.path.join(args.workdir, "shared"),
+                           lm_cache=args.lm_cache or os.path.join(args.workdir, "lm_cache.sqlite")))
+        if lsr_target:
+            config.retriever_workdir = os.path.join(args.lsr_retrievers, lsr_target[0])
         console.setup(workdir, -1)
         run_job(config, workdir)
     with open(os.path.join(workdir, "results.json")) as f:
@@ -84,8 +90,14 @@ def main(argv=None):
                     "re-rank 16 → 4)")
     ap.add_argument("--baseline", default=BASELINE, help="RUN:METHOD whose per-question differences the intervals "
                     "are of (its run must be among --runs)")
+    ap.add_argument("--cache_dir", default="", help="the datastore's folder (default WORKDIR/shared)")
+    ap.add_argument("--lm_cache", default="", help="the LM-score cache (default WORKDIR/lm_cache.sqlite)")
+    ap.add_argument("--lsr_retrievers", default="", help="for the lsr_* runs: qa_lsr_pools.py's --save_retriever "
+                    "folder, holding answer/ and question/")
     args = ap.parse_args(argv)
     chosen = args.runs.split(",")
+    if any(name.startswith("lsr_") for name in chosen) and not args.lsr_retrievers:
+        raise SystemExit("--runs lsr_answer / lsr_question need --lsr_retrievers (qa_lsr_pools.py's --save_retriever)")
     base_run, _, base_method = args.baseline.partition(":")
     if base_run not in chosen or not set(chosen) <= set(RUNS) or base_method not in RUNS[base_run][1]:
         raise SystemExit(f"--runs {args.runs!r} --baseline {args.baseline!r}: runs from {', '.join(RUNS)}, the "

@@ -71,7 +71,7 @@ def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max
     does it in the generation's pass; any other black box (HTTP) first scores x in each pass's own prompt tokens
     with `score_with_query` (one echoed request per pass), then generates with the kept passes. -> `Generation`s with
     `.log_weights` [K] (-inf: dropped) and `.query_logliks` [K], in the passes' given order."""
-    from replug_jax.lm.blackbox import PrefillPosterior
+    from replug_jax.lm.blackbox import PrefillPosterior, progress_keyword
 
     check_alpha(alpha)
     if getattr(lm, "weights_at_prefill", False):
@@ -90,7 +90,7 @@ def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max
     positions = [o[o >= 0] for o in order]
     gens = lm.generate([[ctx[j] for j in pos] for ctx, pos in zip(contexts, positions)],
                        [w[: len(pos)] for w, pos in zip(kept, positions)], max_new_tokens=max_new_tokens, stop=stop,
-                       shared_prefix=shared_prefix, progress=progress)
+                       shared_prefix=shared_prefix, **progress_keyword(lm.generate, progress))
     for b, (g, pos) in enumerate(zip(gens, positions)):
         full = np.full(len(contexts[b]), -np.inf)
         full[pos] = kept[b][: len(pos)]

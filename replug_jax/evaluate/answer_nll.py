@@ -15,11 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-
-def progress_keyword(progress: bool) -> dict:
-    """The keyword that asks an LM's `score` for its progress bar, only where wanted: the black-box contract
-    (lm/blackbox.py) has no `progress`, which the project's own LMs (local, HTTP, cached) all take."""
-    return {"progress": True} if progress else {}
+from replug_jax.lm.blackbox import progress_keyword
 
 
 def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
@@ -37,7 +33,7 @@ def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Seq
             for c in ctx:
                 flat_ctx.append(prefix + c)
                 flat_cont.append(cont)
-    scored = lm.score(flat_ctx, flat_cont, **progress_keyword(progress)) if flat_ctx else []
+    scored = lm.score(flat_ctx, flat_cont, **progress_keyword(lm.score, progress)) if flat_ctx else []
     out, at = [], 0
     for q, conts in enumerate(continuations):
         k, log_w = len(contexts[q]), np.asarray(log_weights[q], np.float64)  # [K]
@@ -69,7 +65,8 @@ def query_and_continuation_scores(lm, doc_contexts: Sequence[Sequence[str]], que
             flat_ctx += list(docs)
             flat_query += [query] * len(docs)
             flat_cont += [cont] * len(docs)
-    scored = lm.score_with_query(flat_ctx, flat_query, flat_cont, **progress_keyword(progress)) if flat_ctx else []
+    scored = (lm.score_with_query(flat_ctx, flat_query, flat_cont, **progress_keyword(lm.score_with_query, progress))
+              if flat_ctx else [])
     query_logliks, cont_scores, at = [], [], 0
     for docs, conts in zip(doc_contexts, continuations):
         first = scored[at : at + len(docs)]

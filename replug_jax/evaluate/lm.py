@@ -25,6 +25,7 @@ import numpy as np
 
 from replug_jax import console, distributed, mixture, posterior
 from replug_jax.evaluate.windows import Window
+from replug_jax.lm.blackbox import progress_keyword
 from replug_jax.passages import DOC_TEMPLATE, document_passes, format_docs
 
 # what the LM-evaluation job's --config.methods may name ("none" and "replug" always run; the LSR job adds
@@ -104,7 +105,8 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     mine = split.share(len(windows))
     all_windows, windows = windows, windows[mine.start : mine.stop]
     say(f"scoring none: {len(windows)} windows without retrieval")
-    base = lm.score([w.prefix for w in windows], [w.continuation for w in windows], progress=progress)
+    base = lm.score([w.prefix for w in windows], [w.continuation for w in windows],
+                    **progress_keyword(lm.score, progress))
     queried = [i for i, w in enumerate(windows) if w.query]
     queries = [windows[i].query for i in queried]
     lengths = [len(base[i]) for i in queried]  # continuation tokens of each queried window
@@ -191,12 +193,13 @@ def _score_with_docs(lm, windows, datastore, rows, template, progress, with_quer
     query_ll = np.zeros(rows.shape, np.float64) if with_query else None  # [W, D]
     if with_query and contexts:  # the pass is document ∘ prefix ∘ continuation, as REPLUG's: split where x begins
         docs = [c[: len(c) - len(windows[w].prefix)] for c, (w, _) in zip(contexts, where)]
-        pairs = lm.score_with_query(docs, [windows[w].prefix for w, _ in where], continuations, progress=progress)
+        pairs = lm.score_with_query(docs, [windows[w].prefix for w, _ in where], continuations,
+                                    **progress_keyword(lm.score_with_query, progress))
         flat = [c for _, c in pairs]
         for (w, rank), (q, _) in zip(where, pairs):
             query_ll[w, rank] = np.sum(q, dtype=np.float64)
     else:
-        flat = lm.score(contexts, continuations, progress=progress) if contexts else []
+        flat = lm.score(contexts, continuations, **progress_keyword(lm.score, progress)) if contexts else []
     out: list[list[np.ndarray]] = [[] for _ in windows]
     for (w, _), lps in zip(where, flat):
         out[w].append(lps)
@@ -208,7 +211,8 @@ def _score_concat(lm, windows, window_ids, datastore, rows, template, progress) 
     keep = [j for j, row in enumerate(rows) if (row >= 0).any()]
     contexts = ["".join(format_docs(datastore, [r for r in rows[j][::-1] if r >= 0], template)) + windows[j].prefix
                 for j in keep]
-    lps = lm.score(contexts, [windows[j].continuation for j in keep], progress=progress) if keep else []
+    lps = (lm.score(contexts, [windows[j].continuation for j in keep], **progress_keyword(lm.score, progress))
+           if keep else [])
     return {window_ids[j]: x for j, x in zip(keep, lps)}
 
 

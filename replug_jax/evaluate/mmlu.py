@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax import mixture
+from replug_jax.lm.blackbox import progress_keyword
 from replug_jax.data.downstream import MMLU_CATEGORIES
 
 LETTERS = ("A", "B", "C", "D", "E", "F")
@@ -82,7 +83,8 @@ def check_option_tokens(lm, n: int = 4) -> None:
 
 
 def option_logprobs(lm, prompts: list[list[str]], n_options: int = 4, progress: bool = False) -> np.ndarray:
-    """log p(" A") .. log p(" D") after each pass prompt: [Q, K, n] (-inf where a question has fewer passes)."""
+    """log p(" A") .. log p(" D") after each pass prompt: [Q, K, n] (-inf where a question has fewer passes).
+    `progress`: the LM's progress bar (the project's LMs; a user's black box is called without it)."""
     k = max(len(p) for p in prompts)
     contexts, conts, where = [], [], []
     for q, passes in enumerate(prompts):
@@ -90,7 +92,7 @@ def option_logprobs(lm, prompts: list[list[str]], n_options: int = 4, progress: 
             for o in range(n_options):
                 contexts.append(prompt), conts.append(f" {LETTERS[o]}"), where.append((q, i, o))
     out = np.full((len(prompts), k, n_options), -np.inf, np.float32)
-    for (q, i, o), lps in zip(where, lm.score(contexts, conts, progress=progress)):
+    for (q, i, o), lps in zip(where, lm.score(contexts, conts, **progress_keyword(lm.score, progress))):
         out[q, i, o] = float(np.sum(lps))
     return out
 

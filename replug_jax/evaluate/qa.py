@@ -27,6 +27,7 @@ import numpy as np
 
 from replug_jax import mixture
 from replug_jax.passages import passage_text, question_block  # noqa: F401 (the QA prompt, re-exported)
+from replug_jax.lm.blackbox import progress_keyword
 from replug_jax.evaluate.qa_metrics import answer_recall, exact_match, normalize_answer
 
 ENSEMBLES = ("replug", "vote")
@@ -76,7 +77,7 @@ def generate_answers(lm, contexts: list[list[str]], weights: list[np.ndarray], *
     if ensemble == "vote":
         return _vote(lm, contexts, weights, demo_prefix, max_new_tokens, stop, progress)
     gens = lm.generate(contexts, weights, max_new_tokens=max_new_tokens, stop=stop, shared_prefix=demo_prefix,
-                       progress=progress)
+                       **progress_keyword(lm.generate, progress))
     return [{"prediction": g.text.strip(), "finish_reason": g.finish_reason} for g in gens]
 
 
@@ -84,7 +85,7 @@ def _vote(lm, contexts, weights, demo_prefix, max_new_tokens, stop, progress) ->
     """The official REPLUG code's sequence-level vote over passes decoded one by one."""
     flat = [[c] for ctx in contexts for c in ctx]
     gens = lm.generate(flat, [[0.0]] * len(flat), max_new_tokens=max_new_tokens, stop=stop, shared_prefix=demo_prefix,
-                       progress=progress)
+                       **progress_keyword(lm.generate, progress))
     out, at = [], 0
     for ctx, w in zip(contexts, weights):
         votes: dict[str, float] = collections.defaultdict(float)

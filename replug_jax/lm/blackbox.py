@@ -33,6 +33,7 @@ says `"prompt_format": "text ..."`, since a split inside a word can then tokenis
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -92,6 +93,17 @@ class PrefillPosterior:
     queries: Sequence[str]
     alpha: float
     keep: int
+
+def progress_keyword(method, progress) -> dict:
+    """The keyword that asks an LM's `method` (its `score`, `score_with_query` or `generate`) for its progress
+    (True: its own bar; a callable: told of the work done), given only where wanted and taken: the contract above
+    has no `progress`, which the project's own LMs (local, HTTP, cached) all take; a user's black box is called
+    without it."""
+    if not progress:
+        return {}
+    params = inspect.signature(method).parameters.values()
+    takes = any(p.name == "progress" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return {"progress": progress} if takes else {}
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

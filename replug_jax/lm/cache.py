@@ -29,6 +29,8 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from replug_jax.lm.blackbox import check_query_triples, progress_keyword
+
 
 class CachedLM:
     """`score` through an on-disk cache; every other attribute is the wrapped LM's."""
@@ -67,21 +69,20 @@ class CachedLM:
             raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
         keys = [self._key(c, y) for c, y in zip(contexts, continuations)]
         compute = lambda idx, bar: self.lm.score([contexts[i] for i in idx], [continuations[i] for i in idx],
-                                                 progress=bar)
+                                                 **progress_keyword(self.lm.score, bar))
         return self._through_cache(keys, compute, progress)
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
                          prefix: str = "", progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
         """The LM's `score_with_query` through the cache: (query log-probs [T_q], continuation log-probs [T_c])."""
-        from replug_jax.lm.blackbox import check_query_triples
-
         check_query_triples(contexts, queries, continuations)
         head = ("\0prefix\0" + prefix,) if prefix else ()  # (no prefix: the keys stored before prefixes existed)
         keys = [self._key(*head, c, "\0query\0" + q, y) for c, q, y in zip(contexts, queries, continuations)]
 
         def compute(idx, bar):  # stored as [T_q, query log-probs..., continuation log-probs...]
             pairs = self.lm.score_with_query([contexts[i] for i in idx], [queries[i] for i in idx],
-                                             [continuations[i] for i in idx], progress=bar,
+                                             [continuations[i] for i in idx],
+                                             **progress_keyword(self.lm.score_with_query, bar),
                                              **({"prefix": prefix} if prefix else {}))  # a contract without it too
             return [np.concatenate([[len(q)], q, c]) for q, c in pairs]
 
