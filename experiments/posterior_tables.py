@@ -36,7 +36,8 @@ def correct(workdir: str, method: str) -> dict[str, float]:
 
 def settings(workdir: str, method: str) -> dict:
     """What `method` ran with in that run (its results.json config): τ for the weighted ensembles; α and the
-    re-ranking depth for replug_posterior (depth 0: k)."""
+    re-ranking depth for replug_posterior (depth 0: k); for replug_lsr, the LSR target its retriever was trained
+    with (the retriever's own results.json)."""
     path = os.path.join(workdir, "results.json")
     if not os.path.isfile(path):
         raise SystemExit(f"{workdir}: no results.json, so the settings that ran are unknown")
@@ -48,17 +49,30 @@ def settings(workdir: str, method: str) -> dict:
     if method == "replug_posterior":
         out["alpha"] = config["posterior_alpha"]
         out["depth"] = config.get("rerank_depth") or config["k"]
+    if method == "replug_lsr":
+        out["target"] = lsr_target(config.get("retriever_workdir") or "")
     return out
 
 
-LABEL_VALUES = {"temperature": r"τ ([0-9.]+)", "alpha": r"α ([0-9.]+)", "depth": r"re-rank (\d+)"}
+def lsr_target(retriever_workdir: str) -> str:
+    """The `lsr_target` an LSR run trained its retriever with ("answer" when the run predates the setting)."""
+    path = os.path.join(retriever_workdir, "results.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{retriever_workdir!r}: no results.json, so the retriever's LSR target is unknown")
+    with open(path) as f:
+        return json.load(f).get("lsr", {}).get("lsr_target", "answer")
+
+
+LABEL_VALUES = {"temperature": r"τ ([0-9.]+)", "alpha": r"α ([0-9.]+)", "depth": r"re-rank (\d+)",
+                "target": r"(answer|question) target"}
 
 
 def check_label(label: str, workdir: str, ran: dict) -> None:
-    """Refuse a label naming a τ, α or depth other than the run's (or one the method does not have)."""
+    """Refuse a label naming a τ, α, depth or LSR target other than the run's (or one the method does not have)."""
+    same = lambda said, value: said == value if isinstance(value, str) else float(said) == float(value)
     for key, pattern in LABEL_VALUES.items():
         said = re.search(pattern, label)
-        if said and (key not in ran or float(said.group(1)) != float(ran[key])):
+        if said and (key not in ran or not same(said.group(1), ran[key])):
             raise SystemExit(f"row {label!r} says {said.group(0)} but {workdir} ran "
                              f"{key}={ran.get(key, 'none (not a setting of this method)')}")
 

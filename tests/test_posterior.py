@@ -268,8 +268,9 @@ def test_multiple_choice_posterior_at_alpha_zero_is_replug_and_weighs_by_the_que
 
 def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypatch):
     """experiments/posterior_tables.py: accuracy per row from each run's predictions.jsonl and the bootstrap
-    interval of the per-question difference against the baseline row, τ, α and depth from its results.json; runs
-    over other questions, and labels naming settings other than the run's, are refused."""
+    interval of the per-question difference against the baseline row, τ, α and depth from its results.json (an LSR
+    row's target from its retriever's); runs over other questions, and labels naming settings other than the run's,
+    are refused."""
     import importlib.util
 
     experiments = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
@@ -304,6 +305,23 @@ def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypat
         run = "a:replug" if label.startswith("REPLUG") else "b:replug_posterior"
         with pytest.raises(SystemExit, match=f"says {said} but"):
             tables.main(["--out", str(out), "--baseline", label, "--row", f"{label}={tmp_path / run}"])
+    os.makedirs(tmp_path / "retriever")  # an LSR row: its retriever's target, from the retriever's results.json
+    with open(tmp_path / "retriever" / "results.json", "w") as f:
+        json.dump({"lsr": {"lsr_target": "question"}}, f)
+    with open(tmp_path / "a" / "results.json", "w") as f:
+        json.dump({"config": {**configs["a"], "retriever_workdir": str(tmp_path / "retriever")}}, f)
+    with pytest.raises(SystemExit, match="says question target but .* ran target=none"):  # REPLUG's, not LSR's
+        tables.main(["--out", str(out), "--baseline", "LSR, question target",
+                     "--row", f"LSR, question target={tmp_path / 'a'}:replug"])
+    with open(tmp_path / "a" / "predictions.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    with open(tmp_path / "a" / "predictions.jsonl", "w") as f:
+        f.writelines(json.dumps({**r, "replug_lsr": r["replug"]}) + "\n" for r in rows)
+    lsr = tables.main(["--out", str(out), "--baseline", "LSR", "--row", f"LSR={tmp_path / 'a'}:replug_lsr"])
+    assert lsr[0]["settings"] == {"k": 4, "temperature": 0.1, "target": "question"}
+    with pytest.raises(SystemExit, match="says answer target but"):
+        tables.main(["--out", str(out), "--baseline", "LSR, answer target",
+                     "--row", f"LSR, answer target={tmp_path / 'a'}:replug_lsr"])
     with open(tmp_path / "b" / "predictions.jsonl", "a") as f:
         f.write(json.dumps({"id": "q9", "answer": 0, "replug_posterior": 0}) + "\n")
     with pytest.raises(SystemExit, match="covers other questions"):
