@@ -16,8 +16,9 @@ from replug_jax.models import causal_lm, kv_cache, partition
 
 from tests import hf_tiny
 
-# (data, model) shapes; (8, 1), the data axis alone, is the one every job's tiny runs use: a second check, slow
-MESHES = [pytest.param((8, 1), marks=pytest.mark.slow), (2, 4), (1, 8)]
+# (data, model) shapes; (8, 1), the data axis alone, is the one every job's tiny runs use, and (2, 4) splits both
+# axes, so (8, 1) and (1, 8), the model axis alone, are second checks: slow
+MESHES = [pytest.param((8, 1), marks=pytest.mark.slow), (2, 4), pytest.param((1, 8), marks=pytest.mark.slow)]
 CONTEXTS = [f"context number {i} about something" * (1 + i % 2) for i in range(9)]
 CONTINUATIONS = [f" continuation {i}" * (1 + i % 3) for i in range(9)]
 GEN_CONTEXTS = [["first passage. Q: what", "second one. Q: what"], ["only one pass here. Q:"], ["a", "b c", "d e f"]]

@@ -33,6 +33,7 @@ def metrics(workdir):
         return [json.loads(line) for line in f if line.strip()]
 
 
+@pytest.mark.slow  # a second check: test_lsr_loop's crash-and-resume keeps the resume in the core suite
 def test_killed_run_resumes_to_the_same_parameters_and_losses(models, tmp_path):
     reference = tmp_path / "reference"
     proc = run(models, reference)
