@@ -23,8 +23,8 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax import mixture
-from replug_jax.lm.blackbox import progress_keyword
 from replug_jax.data.downstream import MMLU_CATEGORIES
+from replug_jax.lm.blackbox import progress_keyword
 
 LETTERS = ("A", "B", "C", "D", "E", "F")
 # what the mmlu job's --config.methods may name; "replug_posterior" needs scoring="options" (option_text.py)

@@ -27,8 +27,8 @@ import numpy as np
 
 from replug_jax import mixture
 from replug_jax.passages import passage_text, question_block  # noqa: F401 (the QA prompt, re-exported)
-from replug_jax.lm.blackbox import progress_keyword
 from replug_jax.evaluate.qa_metrics import answer_recall, exact_match, normalize_answer
+from replug_jax.lm.blackbox import progress_keyword
 
 ENSEMBLES = ("replug", "vote")
 # "vote": REPLUG's passes with the "vote" ensemble; "replug_posterior": λ ∝ exp(s/τ + α log p(x | d)) (qa_posterior.py)
