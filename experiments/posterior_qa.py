@@ -11,7 +11,9 @@ that share one LM-score cache and one datastore:
   * τ = 0.1: replug_posterior α = 1 re-ranking the top 16 to 4.
 `--runs tau0.1,concat` runs fewer (ensembled generation with the 0.5B reader is slow on 2 cores: the minutes of
 each run are in its table); `--runs dev,concat` runs the dev split's choice (sciq.py's defaults: τ 0.03, α 0.5,
-re-rank 16 → 4) for REPLUG and the posterior, `--baseline concat:concat` measures the intervals against concat.
+re-rank 16 → 4) for REPLUG and the posterior, `--baseline concat:concat` measures the intervals against concat;
+`--runs lsr_answer,lsr_question --baseline lsr_answer:replug --lsr_retrievers DIR` runs REPLUG LSR at τ = 0.1 with
+each target's retriever (DIR/answer, DIR/question: qa_lsr_pools.py's --save_retriever), REPLUG beside the first.
 WORKDIR/table.md and table.json: exact match, answer NLL (nats per answer, the QA job's per-token mixture, zero-shot
 passes), and the 95% bootstrap interval of the per-question difference against the baseline (REPLUG τ = 0.1 unless
 `--baseline`). A finished run is reused.
