@@ -9,7 +9,8 @@
 A row is LABEL=WORKDIR:METHOD; the run's predictions.jsonl gives, per question, the predicted option (the job's
 metric) and the gold one, and its results.json the settings that ran: τ, α and the re-ranking depth are columns of
 the table, and a label that names another value ("α 1" of a run whose config had posterior_alpha 0.5) is refused.
-Every row must cover the same questions (refused otherwise). Writes the markdown table to --out and its numbers
+Every row must cover the same questions and come from the same LM (refused otherwise), and the caption names that LM
+as the runs recorded it. Writes the markdown table to --out and its numbers
 beside it (.json).
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ def settings(workdir: str, method: str) -> dict:
         raise SystemExit(f"{workdir}: no results.json, so the settings that ran are unknown")
     with open(path) as f:
         config = json.load(f)["config"]
-    out = {"k": config["k"]}
+    out = {"lm": config["lm"], "k": config["k"]}
     if method in ("replug", "replug_lsr", "replug_posterior"):
         out["temperature"] = config["temperature"]
     if method == "replug_posterior":
@@ -86,6 +87,9 @@ def table(rows: list[tuple[str, str, str]], baseline: str) -> tuple[list[dict], 
     for label, by_id in scored.items():
         if sorted(by_id) != ids:
             raise SystemExit(f"row {label!r} covers other questions than the baseline {baseline!r}")
+    lms = {label: settings(workdir, method)["lm"] for label, workdir, method in rows}
+    if len(set(lms.values())) > 1:
+        raise SystemExit("rows from different LMs in one table: " + ", ".join(f"{k!r}: {v}" for k, v in lms.items()))
     base = np.array([scored[baseline][i] for i in ids])
     numbers, lines = [], [f"| method | τ | α | depth → k | accuracy % | vs {baseline} (95% CI) |",
                           "|---|---:|---:|---:|---:|---:|"]
@@ -117,7 +121,9 @@ def main(argv=None):
             raise SystemExit(f"--row {spec!r}: use LABEL=WORKDIR:METHOD")
         rows.append((label, workdir, method))
     numbers, lines = table(rows, args.baseline)
-    text = (args.title + f", {numbers[0]['questions']} questions\n\n" if args.title else "") + "\n".join(lines)
+    caption = f"{args.title}, " if args.title else ""
+    text = (f"{caption}{numbers[0]['questions']} questions, LM {numbers[0]['settings']['lm']} (the runs' "
+            "results.json)\n\n" + "\n".join(lines))
     with open(args.out, "w") as f:
         f.write(text + "\n")
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:

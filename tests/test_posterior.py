@@ -268,9 +268,9 @@ def test_multiple_choice_posterior_at_alpha_zero_is_replug_and_weighs_by_the_que
 
 def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypatch):
     """experiments/posterior_tables.py: accuracy per row from each run's predictions.jsonl and the bootstrap
-    interval of the per-question difference against the baseline row, τ, α and depth from its results.json (an LSR
-    row's target from its retriever's); runs over other questions, and labels naming settings other than the run's,
-    are refused."""
+    interval of the per-question difference against the baseline row, the LM, τ, α and depth from its results.json
+    (an LSR row's target from its retriever's); runs over other questions or of another LM, and labels naming
+    settings other than the run's, are refused."""
     import importlib.util
 
     experiments = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
@@ -280,8 +280,8 @@ def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypat
     spec.loader.exec_module(tables)
     gold = [0, 1, 2, 3, 0, 1]
     runs = {"a": {"replug": [0, 1, 0, 0, 0, 0], "none": [1, 1, 1, 1, 1, 1]}, "b": {"replug_posterior": gold}}
-    configs = {"a": {"k": 4, "temperature": 0.1, "posterior_alpha": 0.5, "rerank_depth": 0},
-               "b": {"k": 4, "temperature": 0.1, "posterior_alpha": 1.0, "rerank_depth": 16}}
+    configs = {"a": {"lm": "smollm2", "k": 4, "temperature": 0.1, "posterior_alpha": 0.5, "rerank_depth": 0},
+               "b": {"lm": "smollm2", "k": 4, "temperature": 0.1, "posterior_alpha": 1.0, "rerank_depth": 16}}
     for name, methods in runs.items():
         os.makedirs(tmp_path / name)
         with open(tmp_path / name / "results.json", "w") as f:
@@ -293,8 +293,10 @@ def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypat
     numbers = tables.main(["--out", str(out), "--baseline", "REPLUG", "--row", f"none={tmp_path / 'a'}:none",
                            "--row", f"REPLUG={tmp_path / 'a'}:replug",
                            "--row", f"posterior={tmp_path / 'b'}:replug_posterior"])
-    assert [r["settings"] for r in numbers] == [{"k": 4}, {"k": 4, "temperature": 0.1},
-                                                {"k": 4, "temperature": 0.1, "alpha": 1.0, "depth": 16}]
+    lm = {"lm": "smollm2"}
+    assert [r["settings"] for r in numbers] == [{**lm, "k": 4}, {**lm, "k": 4, "temperature": 0.1},
+                                                {**lm, "k": 4, "temperature": 0.1, "alpha": 1.0, "depth": 16}]
+    assert out.read_text().startswith("6 questions, LM smollm2 (the runs' results.json)")
     assert [round(r["accuracy"], 6) for r in numbers] == [round(100 / 3, 6), 50.0, 100.0]  # 2, 3 and 6 of 6
     lo, hi = numbers[2]["diff_ci"]
     assert 0 < lo <= 50.0 <= hi <= 100.0  # three questions gained, none lost
@@ -318,10 +320,17 @@ def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypat
     with open(tmp_path / "a" / "predictions.jsonl", "w") as f:
         f.writelines(json.dumps({**r, "replug_lsr": r["replug"]}) + "\n" for r in rows)
     lsr = tables.main(["--out", str(out), "--baseline", "LSR", "--row", f"LSR={tmp_path / 'a'}:replug_lsr"])
-    assert lsr[0]["settings"] == {"k": 4, "temperature": 0.1, "target": "question"}
+    assert lsr[0]["settings"] == {**lm, "k": 4, "temperature": 0.1, "target": "question"}
     with pytest.raises(SystemExit, match="says answer target but"):
         tables.main(["--out", str(out), "--baseline", "LSR, answer target",
                      "--row", f"LSR, answer target={tmp_path / 'a'}:replug_lsr"])
+    with open(tmp_path / "b" / "results.json", "w") as f:  # another LM's run in the same table
+        json.dump({"config": {**configs["b"], "lm": "qwen2.5-coder-0.5b"}}, f)
+    with pytest.raises(SystemExit, match="rows from different LMs"):
+        tables.main(["--out", str(out), "--baseline", "REPLUG", "--row", f"REPLUG={tmp_path / 'a'}:replug",
+                     "--row", f"posterior={tmp_path / 'b'}:replug_posterior"])
+    with open(tmp_path / "b" / "results.json", "w") as f:
+        json.dump({"config": configs["b"]}, f)
     with open(tmp_path / "b" / "predictions.jsonl", "a") as f:
         f.write(json.dumps({"id": "q9", "answer": 0, "replug_posterior": 0}) + "\n")
     with pytest.raises(SystemExit, match="covers other questions"):
