@@ -10,8 +10,7 @@ A row is LABEL=WORKDIR:METHOD; the run's predictions.jsonl gives, per question, 
 metric) and the gold one, and its results.json the settings that ran: τ, α and the re-ranking depth are columns of
 the table, and a label that names another value ("α 1" of a run whose config had posterior_alpha 0.5) is refused.
 Every row must cover the same questions and come from the same LM (refused otherwise), and the caption names that LM
-as the runs recorded it. Writes the markdown table to --out and its numbers
-beside it (.json).
+as the runs recorded it. Writes the markdown table to --out and its numbers beside it (.json).
 """
 from __future__ import annotations
 
