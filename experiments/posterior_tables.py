@@ -86,14 +86,15 @@ def table(rows: list[tuple[str, str, str]], baseline: str) -> tuple[list[dict], 
     for label, by_id in scored.items():
         if sorted(by_id) != ids:
             raise SystemExit(f"row {label!r} covers other questions than the baseline {baseline!r}")
-    lms = {label: settings(workdir, method)["lm"] for label, workdir, method in rows}
-    if len(set(lms.values())) > 1:
-        raise SystemExit("rows from different LMs in one table: " + ", ".join(f"{k!r}: {v}" for k, v in lms.items()))
+    ran_by_label = {label: settings(workdir, method) for label, workdir, method in rows}  # each results.json read once
+    if len({ran["lm"] for ran in ran_by_label.values()}) > 1:
+        raise SystemExit("rows from different LMs in one table: "
+                         + ", ".join(f"{label!r}: {ran['lm']}" for label, ran in ran_by_label.items()))
     base = np.array([scored[baseline][i] for i in ids])
     numbers, lines = [], [f"| method | τ | α | depth → k | accuracy % | vs {baseline} (95% CI) |",
                           "|---|---:|---:|---:|---:|---:|"]
     for label, workdir, method in rows:
-        ran = settings(workdir, method)
+        ran = ran_by_label[label]
         check_label(label, workdir, ran)
         acc = np.array([scored[label][i] for i in ids])
         lo, hi = bootstrap(100 * (acc - base))

@@ -70,7 +70,8 @@ class ContractLM:
         return [np.full(len(y), -0.5 - len(c) % 3, np.float32) for c, y in zip(contexts, continuations)]
 
     def generate(self, contexts, log_weights, *, max_new_tokens, stop=("\n",), shared_prefix=""):
-        return [Generation(text=f"{len(ctx)}", token_ids=[1], logprobs=[-0.1], finish_reason="stop") for ctx in contexts]
+        return [Generation(text=f"{len(ctx)}", token_ids=[1], logprobs=[-0.1], finish_reason="stop")
+                for ctx in contexts]
 
 
 def test_a_black_box_without_progress_keywords_runs_where_the_projects_lms_show_progress(tmp_path):
