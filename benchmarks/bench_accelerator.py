@@ -31,11 +31,13 @@ import common  # noqa: E402
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "TPU v4": 275e12, "TPU v5 lite": 197e12,
               "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12}
 
-LMS = {  # transformers LlamaConfig fields
+LMS = {  # transformers LlamaConfig fields (Qwen2Config's with architecture="qwen2")
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True),
     "llama-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                      num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen2.5-0.5b": dict(architecture="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
     "tiny-llama": dict(vocab_size=260, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                        num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=False),
 }
@@ -58,13 +60,16 @@ def peak_flops(device) -> tuple[float, str]:
 def save_random(kind: str, fields: dict, folder: str, torch_dtype):
     """A random transformers model of the given shape saved to `folder` (safetensors + a byte tokenizer)."""
     import torch
-    from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
+    from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from tests.hf_tiny import save_tiny_tokenizer
 
     torch.manual_seed(0)
     if kind == "lm":
-        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=2048, **fields))
+        fields = dict(fields)
+        config, model_class = {"llama": (LlamaConfig, LlamaForCausalLM),
+                               "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[fields.pop("architecture", "llama")]
+        model = model_class(config(max_position_embeddings=2048, **fields))
     else:
         model = BertModel(BertConfig(**fields), add_pooling_layer=False)
     model = model.to(torch_dtype).eval()

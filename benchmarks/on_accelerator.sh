@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The accelerator session in one call (the device machine starts bare, its image has jax[cuda], torch and
-# transformers): install the carried wheels this project needs beyond the image (.whl/: faiss-cpu, gguf,
-# ml_collections; .whl/pinned/: the project's flax/optax/orbax, used only where the image's fail to import),
+# transformers): install the carried wheels this project needs beyond the image (.whl/: gguf, ml_collections, and
+# faiss-cpu where a run searches; .whl/pinned/: the project's flax/optax/orbax, used only where the image's fail to
+# import),
 # then each command given (default: the bf16 numerics check and the accelerator benchmark), logged under $OUT.
 # Usage (device tool): bash benchmarks/on_accelerator.sh ["COMMAND" ...], carrying .whl
 set -u
@@ -14,7 +15,12 @@ if ! python3 -c "import flax.linen, optax, orbax.checkpoint, replug_jax.models.c
   export PYTHONPATH=/tmp/pinned:$PYTHONPATH
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
-  python3 -c "import jax, flax, optax, orbax.checkpoint as o, torch, transformers, faiss; print({m.__name__: m.__version__ for m in (jax, flax, optax, torch, transformers, faiss)}, jax.devices())"
+  python3 -c "
+import importlib, jax
+def version(name):  # faiss is carried only for the runs that search
+    try: return importlib.import_module(name).__version__
+    except ImportError: return 'not installed'
+print({n: version(n) for n in ('jax', 'flax', 'optax', 'orbax.checkpoint', 'torch', 'transformers', 'faiss')}, jax.devices())"
 } 2>&1 | tee "$OUT/versions.txt"
 # each argument is one command to run after the setup (default: the numerics check, then the benchmark)
 [ $# -gt 0 ] || set -- "python3 benchmarks/check_accelerator_numerics.py --out $OUT/results.jsonl" \

@@ -43,3 +43,26 @@ def test_accelerator_numerics_check_runs_and_reads_right(tmp_path):
     assert set(lm) == set(enc) == {("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16")}
     assert lm["float32", "float32"]["max_abs_dlogp"] < 1e-5 and enc["float32", "float32"]["min_cosine_to_ref"] > 1 - 1e-6
     assert 1e-5 < lm["bfloat16", "bfloat16"]["max_abs_dlogp"] < 0.1 and enc["bfloat16", "bfloat16"]["top10_overlap"] > 0.8
+
+
+@pytest.mark.slow  # a smoke run of a device benchmark script
+def test_posterior_benchmark_runs_and_float32_weights_match_pytorch(tmp_path):
+    """The posterior's cost and numerics script on tiny shapes (CPU): every row, the passes each scores, and in
+    float32 the posterior weights and re-ranking's kept passes equal those from PyTorch float32's log-probs."""
+    rows = load_script("bench_posterior").main(["--shapes", "tiny", "--questions", "4", "--depth", "6", "--k", "2",
+                                                "--doc-tokens", "16", "--query-tokens", "6", "--cont-tokens", "3",
+                                                "--new-tokens", "3", "--batch", "4", "--rounds", "1",
+                                                "--out", str(tmp_path / "rows.jsonl")])
+    cost = {r["impl"]: r for r in rows if r.get("benchmark") == "posterior_cost"}
+    assert set(cost) == {"replug", "posterior", "rerank", "torch_per_pass", "torch_batched4", "generate",
+                         "generate_posterior", "generate_rerank"}
+    assert {impl: r["passes_per_question"] for impl, r in cost.items()} == {
+        "replug": 2, "posterior": 2, "rerank": 6, "torch_per_pass": 2, "torch_batched4": 2, "generate": 2,
+        "generate_posterior": 2, "generate_rerank": 6}
+    assert all(r["ms_per_question"] > 0 for r in cost.values()) and cost["replug"]["vs_replug"] == 1.0
+    checks = {(r["compute"], r["weights"]): r for r in rows if r.get("check") == "posterior_weights"}
+    assert set(checks) == {("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16")}
+    exact = checks["float32", "float32"]
+    assert exact["max_abs_dlog_lambda"] < 1e-4 and exact["rerank_same_kept_set"] == 1.0
+    assert exact["ref_query_loglik_spread"] > 1e-3  # the passages do change log p(x | d): the check has a signal
+    assert checks["bfloat16", "bfloat16"]["max_abs_dlog_lambda"] > exact["max_abs_dlog_lambda"]
