@@ -64,7 +64,8 @@ def posterior_weights(questions, scored, n: int, args) -> tuple[np.ndarray, np.n
     from replug_jax import posterior
 
     lx = len(questions[0]["x"])
-    query_ll = [[float(np.sum(scored[b * n + i][:lx], dtype=np.float64)) for i in range(n)] for b in range(len(questions))]
+    query_ll = [[float(np.sum(scored[b * n + i][:lx], dtype=np.float64)) for i in range(n)]
+                for b in range(len(questions))]  # [B][n]: Σ log p(x | d)
     scores = np.stack([q["scores"][:n] for q in questions])  # [B, n]
     return posterior.kept_passes(scores, query_ll, args.temperature, args.alpha, args.k)
 
@@ -105,7 +106,8 @@ def bench_shape(name, fields, args, torch_dtype, jnp_dtype, device, record):
             for s in range(0, len(pairs), size):
                 rows = [c + y for c, y in pairs[s : s + size]]
                 width = max(map(len, rows))
-                ids, mask = torch.zeros((len(rows), width), dtype=torch.long), torch.zeros((len(rows), width), dtype=torch.long)
+                ids = torch.zeros((len(rows), width), dtype=torch.long)
+                mask = torch.zeros_like(ids)
                 for i, r in enumerate(rows):
                     ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
                 logits = model(ids.to(device), attention_mask=mask.to(device)).logits
@@ -127,7 +129,8 @@ def bench_shape(name, fields, args, torch_dtype, jnp_dtype, device, record):
         "generate_posterior": lambda: posterior.generate(lm, [c[: args.k] for c in contexts], queries,
                                                          [w[: args.k] for w in log_w], alpha=args.alpha,
                                                          keep=args.k, **gen),
-        "generate_rerank": lambda: posterior.generate(lm, contexts, queries, log_w, alpha=args.alpha, keep=args.k, **gen),
+        "generate_rerank": lambda: posterior.generate(lm, contexts, queries, log_w, alpha=args.alpha, keep=args.k,
+                                                      **gen),
     }
     for fn in fns.values():  # compile every bucket
         fn()
@@ -208,7 +211,8 @@ def main(argv=None):
 
     def record(row):
         dtype = {"dtype": args.dtype} if "benchmark" in row else {}  # the checks name compute and weights
-        rows.append({**row, **dtype, "device": jax.devices()[0].device_kind, "torch_device": device, "command": command})
+        rows.append({**row, **dtype, "device": jax.devices()[0].device_kind, "torch_device": device,
+                     "command": command})
 
     names = SHAPES[args.shapes]
     for name in names:
