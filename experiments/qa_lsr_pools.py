@@ -32,6 +32,7 @@ often the retriever's first passage is the LM's posterior's first (held-out pool
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -193,17 +194,16 @@ def main(argv=None):
         print(f"heldout@{other}: ℓ scored", flush=True)
     taus = (1.0, args.gamma)
 
-    def evaluate(params, train=None) -> dict:
-        """Metrics on every pool; `train`: the training pool actually trained on (a learning curve's subset)."""
+    def evaluate(params, train=None, target="answer") -> dict:
+        """Metrics on `pools_to_judge`; `train`: the pool a run trained on, `target` its teacher."""
         out = {}
-        judged = {n: pool for n, pool in pools.items() if "ell" in pool}  # pools with answers
-        for name, pool in {**judged, **({"train": train} if train is not None else {})}.items():
+        for name, pool in pools_to_judge(pools, train, target).items():
             q = encoder.embed([e.query for e in pool["examples"]], params=params)  # [N, D]
             s = np.einsum("nkd,nd->nk", vectors(pool["rows"]), q)
             out[name] = pool_metrics(s, pool["ell"], args.k, taus, pool.get("ell_question"))
         return out
 
-    judged = {n: pool for n, pool in pools.items() if "ell" in pool}
+    judged = pools_to_judge(pools)
     report = {"settings": vars(args), "initial": evaluate(None),
               "oracle_nll": {n: oracle_nll(pool["ell"], args.k) for n, pool in judged.items()},
               "oracle_top1_nll": {n: oracle_nll(pool["ell"], 1) for n, pool in judged.items()},
@@ -216,7 +216,8 @@ def main(argv=None):
         train = training_pool(pools, target, size)
         name = (f"{lr:g}" if size == 0 else f"{lr:g}, {len(train['examples'])} questions") + \
             ("" if targets == ["answer"] else f", {target} target")
-        report["runs"][name], params = train_on_pools(train, lr, args, config, encoder, store, vectors, evaluate)
+        report["runs"][name], params = train_on_pools(train, lr, args, config, encoder, store, vectors,
+                                                      functools.partial(evaluate, target=target))
         with open(os.path.join(args.workdir, "pools.json"), "w") as f:
             json.dump(report, f, indent=1)
         if args.save_retriever:
@@ -242,6 +243,18 @@ def training_pool(pools: dict, target: str, size: int) -> dict:
                  **{key: np.concatenate([train[key], extra[src]]) for key, src in
                     (("rows", "rows"), ("initial", "initial"), ("ell", "ell_question"))}}
     return train
+
+
+def pools_to_judge(pools: dict, train=None, target: str = "answer") -> dict:
+    """name -> pool for the metrics after an epoch: every pool with answers ("ell" is the answer ℓ) and, with
+    `train`, the pool the run trained on. The answer target's pool (a learning curve's subset) is "train". The
+    question target's holds log p(x | d) as its ℓ, so its "seq NLL" is the question's NLL (tens of nats), not the
+    answer's: it is reported as "trained on, ℓ = log p(x | d)", and "train" stays the labelled questions judged
+    by their answers."""
+    judged = {name: pool for name, pool in pools.items() if "ell" in pool}
+    if train is not None:
+        judged["train" if target == "answer" else "trained on, ℓ = log p(x | d)"] = train
+    return judged
 
 
 def with_lm(config, name: str):

@@ -349,6 +349,13 @@ def test_pools_experiment_trains_the_question_target_on_unlabelled_questions_too
     np.testing.assert_array_equal(question["rows"], np.concatenate([labelled["rows"], extra["rows"]]))
     with pytest.raises(ValueError, match="only --lsr_targets question"):
         pools.main(["--workdir", "unused", "--unlabelled", "nq_open"])
+    # after an epoch, "train" is judged by the answers; the question target's own pool (ℓ = log p(x | d), whose
+    # "seq NLL" is the question's) is reported under its own name, never as "train"
+    judged = pools.pools_to_judge(both, question, "question")
+    assert judged["train"] is labelled and judged["trained on, ℓ = log p(x | d)"] is question
+    assert "unlabelled" not in judged  # no answers: nothing to judge it by
+    assert pools.pools_to_judge(both, answer, "answer") == {"train": answer}  # a learning curve's subset
+    assert pools.pools_to_judge(both) == {"train": labelled}
 
 
 def test_unlabelled_science_questions_from_olmes_files_leave_out_the_evaluated_ones():
