@@ -673,14 +673,23 @@ def test_subjects_without_shots_are_warned_and_recorded(files, smollm2, tmp_path
 
 
 def test_runs_over_one_corpus_share_the_cache_dir(files, smollm2, tmp_path, capsys):
-    """cache_dir holds datastore, embeddings and index: a second run (another task, another workdir) reuses them."""
+    """cache_dir holds datastore, embeddings and index: a second run (another task, another workdir) reuses them;
+    with a shared lm_cache it decodes no answer either (a killed QA job resumes at the questions it reached)."""
     shared = tmp_path / "shared"
-    for name in ("a", "b"):
-        run_job(qa_config(files, methods=("none",), cache_dir=str(shared)), tmp_path / name, RecordingLM(smollm2))
+    config = qa_config(files, methods=("none",), cache_dir=str(shared), lm_cache=str(shared / "lm.sqlite"))
+    lms, results = [RecordingLM(smollm2), RecordingLM(smollm2)], []
+    for name, lm in zip("ab", lms):
+        results.append(run_job(config, tmp_path / name, lm))
     out = capsys.readouterr().out
     assert out.count("(embedded and built)") == 1 and out.count("(reused)") == 1
     assert (shared / "index_dense").is_dir() and (shared / "datastore.jsonl").is_file()
     assert not (tmp_path / "a" / "index_dense").exists() and (tmp_path / "b" / "results.json").is_file()
+    asked = results[0]["count"]
+    assert len(lms[0].generate_calls) == 1 and lms[1].generate_calls == []
+    assert results[0]["lm_requests"]["generations_decoded"] == asked
+    assert results[1]["lm_requests"]["generations_from_cache"] == asked  # recorded in results.json
+    rows = [[json.loads(line)["none"] for line in open(tmp_path / name / "predictions.jsonl")] for name in "ab"]
+    assert rows[0] == rows[1]
 
 
 def test_unknown_methods_are_refused(files, smollm2, tmp_path):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
+from replug_jax.lm.blackbox import PrefillPosterior
 from replug_jax.lm.cache import CachedLM
 from replug_jax.retrieval.datastore import Document, chunk_documents
 from replug_jax.train.data import check_disjoint, training_examples
@@ -155,3 +156,69 @@ def test_cached_lm_returns_the_lms_token_logprobs_and_is_the_lm_otherwise(tiny_l
     assert lm.pairs == 3 and list(counts) == [len(x) for x in second[::-1]]
     with pytest.raises(ValueError, match="3 contexts but 2 continuations"):
         cached.score(contexts, conts[:2])
+
+
+class GeneratingLM(CountingLM):
+    """The LM's `generate`, counting the questions it decodes; killed (an exception) in its call number `dies_at`."""
+
+    def __init__(self, lm, dies_at=0):
+        super().__init__(lm)
+        self.questions, self.calls, self.dies_at = 0, 0, dies_at
+
+    def generate(self, contexts, log_weights, **kw):
+        self.calls += 1
+        if self.calls == self.dies_at:
+            raise KeyboardInterrupt("killed mid-generation")
+        self.questions += len(contexts)
+        return self.lm.generate(contexts, log_weights, **kw)
+
+
+PASSES = [[f"Knowledge: fact {i} about {w}\nQuestion: what of {w}?\nAnswer:" for w in (f"cat {i}", "dogs")]
+          for i in range(5)]
+WEIGHTS = [np.log(np.array([0.7, 0.3], np.float32)) for _ in PASSES]
+QUERIES = ["?\nAnswer:"] * len(PASSES)  # x: what ends every pass of its question
+
+
+def _same_generations(got, want):
+    for g, w in zip(got, want, strict=True):
+        assert (g.text, g.token_ids, g.finish_reason) == (w.text, w.token_ids, w.finish_reason)
+        np.testing.assert_allclose(g.logprobs, w.logprobs, rtol=1e-6)
+        assert g.log_weights == w.log_weights and g.query_logliks == w.query_logliks
+
+
+def test_a_generation_killed_mid_call_resumes_at_the_question_it_reached(tiny_lm, tmp_path):
+    settings = dict(max_new_tokens=4, stop=("\n",), shared_prefix="Demo: one\n\n")
+    want = tiny_lm.generate(PASSES, WEIGHTS, **settings)
+    dying = CachedLM(GeneratingLM(tiny_lm, dies_at=3), str(tmp_path / "lm.sqlite"))
+    dying.generations_every = 2  # chunks of 2, 2, 1 questions: killed in the third
+    with pytest.raises(KeyboardInterrupt):
+        dying.generate(PASSES, WEIGHTS, progress=True, **settings)
+    assert dying.lm.questions == 4
+    again = CachedLM(GeneratingLM(tiny_lm), str(tmp_path / "lm.sqlite"))  # the re-run
+    _same_generations(again.generate(PASSES, WEIGHTS, **settings), want)
+    assert again.lm.questions == 1
+    assert again.cache_stats() == {"cache_hits": 0, "cache_misses": 0, "cache_hit_rate": 0.0,
+                                   "generations_from_cache": 4, "generations_decoded": 1}
+    # any input that changes a decoding is a miss: another weight, budget, prefix or stop string
+    other = [w.copy() for w in WEIGHTS]
+    other[0] = np.log(np.array([0.2, 0.8], np.float32))
+    again.generate(PASSES, other, **settings)
+    again.generate(PASSES[:1], WEIGHTS[:1], **{**settings, "max_new_tokens": 5})
+    again.generate(PASSES[:1], WEIGHTS[:1], **{**settings, "shared_prefix": ""})
+    again.generate(PASSES[:1], WEIGHTS[:1], **{**settings, "stop": (".",)})
+    assert again.lm.questions == 1 + 4
+
+
+def test_cached_generation_keeps_the_prefill_posterior_and_its_dropped_passes(tiny_lm, tmp_path):
+    settings = dict(max_new_tokens=3, shared_prefix="Demo: one\n\n")
+    posterior = PrefillPosterior(QUERIES, alpha=0.5, keep=1)
+    want = tiny_lm.generate(PASSES, WEIGHTS, posterior=posterior, **settings)
+    assert all(np.isneginf(g.log_weights).sum() == 1 for g in want)  # one pass of two dropped per question
+    cached = CachedLM(GeneratingLM(tiny_lm), str(tmp_path / "lm.sqlite"))
+    cached.generations_every = 3
+    _same_generations(cached.generate(PASSES, WEIGHTS, posterior=posterior, **settings), want)
+    _same_generations(cached.generate(PASSES, WEIGHTS, posterior=posterior, **settings), want)  # from disk
+    assert cached.lm.questions == 5
+    cached.generate(PASSES, WEIGHTS, posterior=PrefillPosterior(QUERIES, alpha=1.0, keep=1), **settings)
+    cached.generate(PASSES, WEIGHTS, **settings)  # without the posterior: other generations
+    assert cached.lm.questions == 15

@@ -40,7 +40,8 @@ def get_config():
     c.metric = "cosine"  # or "ip" (the official code: unnormalised inner product)
     c.index_factory = "Flat"
     c.cache_dir = ""  # where the datastore, embeddings and index live ("": the workdir); runs over one corpus share it
-    c.lm_cache = ""  # one SQLite file of LM scores shared by runs ("": none); several processes: one file each
+    c.lm_cache = ""  # one SQLite file of LM scores and generated answers shared by runs: a killed job resumes
+    # ("": none); several processes: one file each
     c.embedding_dtype = "float32"
     c.lm_batch_size = 4
     c.lm_max_length = 0

@@ -16,9 +16,14 @@ together: the processes check that they were asked the same pairs, then all scor
 
 Misses are scored and stored `store_every` pairs at a time: a run killed an hour into one call keeps all but the
 last chunk's scores, and its re-run starts from there.
+
+`generate` goes through the same file: each question's `Generation` is kept under its inputs (shared prefix, its
+passes, their weights, the new-token budget, the stop strings, a `PrefillPosterior`'s query, α and keep), stored
+`generations_every` questions at a time, so a QA job killed mid-generation resumes at the question it had reached.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -29,13 +34,14 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from replug_jax.lm.blackbox import check_query_triples, progress_keyword
+from replug_jax.lm.blackbox import Generation, PrefillPosterior, check_query_triples, progress_keyword
 
 
 class CachedLM:
-    """`score` through an on-disk cache; every other attribute is the wrapped LM's."""
+    """`score`, `score_with_query` and `generate` through an on-disk cache; every other attribute is the LM's."""
 
     store_every = 512  # misses scored (in one call of the LM) between commits: minutes of a small LM on a CPU
+    generations_every = 32  # questions generated (in one call of the LM) between commits: minutes, likewise
 
     def __init__(self, lm, path: str):
         self.path = os.path.abspath(path)
@@ -45,8 +51,10 @@ class CachedLM:
         self._lock = threading.Lock()  # one connection, shared by the training loop's threads
         self.db = sqlite3.connect(self.path, check_same_thread=False, timeout=60)
         self.db.execute("CREATE TABLE IF NOT EXISTS token_logprobs (key TEXT PRIMARY KEY, logprobs BLOB)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS generations (key TEXT PRIMARY KEY, generation TEXT)")
         self.db.commit()
         self.hits = self.misses = 0
+        self.generation_hits = self.generation_misses = 0
 
     def __getattr__(self, name):
         return getattr(self.__dict__["lm"], name)
@@ -54,13 +62,15 @@ class CachedLM:
     def _key(self, *texts: str) -> str:
         return hashlib.sha256("\0".join((self.namespace, *texts)).encode()).hexdigest()
 
-    def _lookup(self, keys: list[str]) -> dict[str, np.ndarray]:
+    def _lookup(self, keys: list[str], table: str = "token_logprobs") -> dict:
+        """The stored values of those `keys` found in `table`: float32 arrays (token_logprobs) or JSON texts."""
+        column = "logprobs" if table == "token_logprobs" else "generation"
         found = {}
         for start in range(0, len(keys), 500):  # SQLite limits the number of bound parameters
             chunk = keys[start : start + 500]
-            rows = self.db.execute(f"SELECT key, logprobs FROM token_logprobs WHERE key IN ({','.join('?' * len(chunk))})",
+            rows = self.db.execute(f"SELECT key, {column} FROM {table} WHERE key IN ({','.join('?' * len(chunk))})",
                                    chunk)
-            found.update({k: np.frombuffer(blob, np.float32) for k, blob in rows})
+            found.update({k: np.frombuffer(v, np.float32) if column == "logprobs" else v for k, v in rows})
         return found
 
     def score(self, contexts: Sequence[str], continuations: Sequence[str], progress: bool = False) -> list[np.ndarray]:
@@ -89,11 +99,38 @@ class CachedLM:
         stored = self._through_cache(keys, compute, progress)
         return [(x[1 : 1 + int(x[0])], x[1 + int(x[0]) :]) for x in stored]
 
-    def _through_cache(self, keys: list[str], compute, progress: bool = False) -> list[np.ndarray]:
-        """The cached arrays of `keys`; compute(positions, progress) -> arrays for the distinct misses, stored
-        `store_every` at a time (one progress bar over the chunks where there are several, else the LM's own)."""
+    def generate(self, contexts: Sequence[Sequence[str]], log_weights, *, max_new_tokens: int,
+                 stop: Sequence[str] = ("\n",), shared_prefix: str = "", progress: bool = False,
+                 posterior: PrefillPosterior | None = None) -> list[Generation]:
+        """The LM's `generate` (one `Generation` per question) through the cache: a question asked before with the
+        same inputs is not decoded again."""
+        if len(contexts) != len(log_weights):
+            raise ValueError(f"{len(contexts)} questions' passes but {len(log_weights)} questions' weights")
+        head = json.dumps(["\0generate", shared_prefix, max_new_tokens, list(stop),
+                           [posterior.alpha, posterior.keep] if posterior else None])
+        keys = [self._key(head, *ctx, "\0weights\0" + np.asarray(w, np.float32).tobytes().hex(),
+                          "\0query\0" + posterior.queries[b] if posterior else "")
+                for b, (ctx, w) in enumerate(zip(contexts, log_weights))]
+
+        def compute(idx, bar):
+            extra = {"posterior": PrefillPosterior([posterior.queries[i] for i in idx], posterior.alpha,
+                                                   posterior.keep)} if posterior else {}  # a contract without it too
+            gens = self.lm.generate([contexts[i] for i in idx], [log_weights[i] for i in idx],
+                                    max_new_tokens=max_new_tokens, stop=stop, shared_prefix=shared_prefix,
+                                    **progress_keyword(self.lm.generate, bar), **extra)
+            return [json.dumps(dataclasses.asdict(g)) for g in gens]  # -inf weights as -Infinity (json's own)
+
+        stored = self._through_cache(keys, compute, progress, table="generations")
+        return [Generation(**json.loads(x)) for x in stored]
+
+    def _through_cache(self, keys: list[str], compute, progress: bool = False,
+                       table: str = "token_logprobs") -> list:
+        """The cached values of `keys` in `table`; compute(positions, progress) -> values for the distinct misses,
+        stored `store_every` (`generations_every`) at a time (one progress bar over the chunks where there are
+        several, else the LM's own). token_logprobs holds float32 arrays, generations JSON texts."""
+        arrays = table == "token_logprobs"
         with self._lock:
-            found = self._lookup(keys)
+            found = self._lookup(keys, table)
         first: dict[str, int] = {}  # one LM call per distinct uncached key
         for i, k in enumerate(keys):
             if k not in found:
@@ -101,23 +138,28 @@ class CachedLM:
         missing = list(first.values())
         if self._lockstep():
             missing = self._agreed_misses(keys, missing)
-        chunks = [missing[start : start + self.store_every] for start in range(0, len(missing), self.store_every)]
+        every, unit = (self.store_every, "pair") if arrays else (self.generations_every, "question")
+        chunks = [missing[start : start + every] for start in range(0, len(missing), every)]
         over_chunks = progress and len(chunks) > 1  # one bar over the chunks, else the LM's own for its one call
-        with tqdm(total=len(missing), disable=not over_chunks, unit="pair",
-                  desc=f"score (stored every {self.store_every} pairs)") as bar:
+        with tqdm(total=len(missing), disable=not over_chunks, unit=unit,
+                  desc=f"{'score' if arrays else 'generate'} (stored every {every} {unit}s)") as bar:
             for chunk in chunks:  # the same chunks in every process of a lockstep call (`missing` is agreed)
-                new = {keys[i]: np.asarray(x, np.float32)
+                new = {keys[i]: np.asarray(x, np.float32) if arrays else x
                        for i, x in zip(chunk, compute(chunk, progress and not over_chunks))}
                 with self._lock:
-                    self.db.executemany("INSERT OR REPLACE INTO token_logprobs VALUES (?, ?)",
-                                        [(k, v.tobytes()) for k, v in new.items()])
+                    self.db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?, ?)",
+                                        [(k, v.tobytes() if arrays else v) for k, v in new.items()])
                     self.db.commit()
                 found.update(new)
                 bar.update(len(chunk))
         with self._lock:
-            self.misses += len(missing)
-            self.hits += len(keys) - len(missing)
-        return [found[k].copy() for k in keys]
+            if arrays:
+                self.misses += len(missing)
+                self.hits += len(keys) - len(missing)
+            else:
+                self.generation_misses += len(missing)
+                self.generation_hits += len(keys) - len(missing)
+        return [found[k].copy() if arrays else found[k] for k in keys]
 
     def _lockstep(self) -> bool:
         """Whether the wrapped LM's calls are collective over several processes (its mesh spans them)."""
@@ -142,7 +184,10 @@ class CachedLM:
 
     def cache_stats(self) -> dict:
         total = self.hits + self.misses
-        return {"cache_hits": self.hits, "cache_misses": self.misses, "cache_hit_rate": self.hits / total if total else 0.0}
+        stats = {"cache_hits": self.hits, "cache_misses": self.misses, "cache_hit_rate": self.hits / total if total else 0.0}
+        if self.generation_hits + self.generation_misses:  # a job that generated: how many answers came from disk
+            stats.update(generations_from_cache=self.generation_hits, generations_decoded=self.generation_misses)
+        return stats
 
     def stats(self) -> dict:
         inner = self.lm.stats() if hasattr(self.lm, "stats") else {}
