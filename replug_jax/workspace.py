@@ -270,7 +270,7 @@ def prepare_downstream(config, workdir: str, lm=None) -> Workspace:
     lm = lm if lm is not None else load_job_lm(config, dtype)
     tokenizer = lm_tokenizer(lm, config)
     lm = cached_lm(lm, config)
-    cached = f", scores cached in {lm.path}" if isinstance(lm, CachedLM) else ""
+    cached = f", scores and answers cached in {lm.path}" if isinstance(lm, CachedLM) else ""
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__}{cached})")
     store = distributed.lead_first(lambda: build_corpus(  # one writer of the files
         config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
