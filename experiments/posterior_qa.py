@@ -16,7 +16,8 @@ re-rank 16 → 4) for REPLUG and the posterior, `--baseline concat:concat` measu
 each target's retriever (DIR/answer, DIR/question: qa_lsr_pools.py's --save_retriever), REPLUG beside the first.
 WORKDIR/table.md and table.json: exact match, answer NLL (nats per answer, the QA job's per-token mixture, zero-shot
 passes), and the 95% bootstrap interval of the per-question difference against the baseline (REPLUG τ = 0.1 unless
-`--baseline`). A finished run is reused.
+`--baseline`). A finished run is reused; a killed one resumes from the LM cache, which keeps scores and generated
+answers (every 512 pairs, every 32 questions).
 """
 from __future__ import annotations
 
