@@ -34,7 +34,8 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from replug_jax.lm.blackbox import Generation, PrefillPosterior, check_query_triples, progress_keyword
+from replug_jax.lm.blackbox import (Generation, PrefillPosterior, check_generation_inputs, check_query_triples,
+                                    progress_keyword)
 
 
 class CachedLM:
@@ -104,13 +105,12 @@ class CachedLM:
                  posterior: PrefillPosterior | None = None) -> list[Generation]:
         """The LM's `generate` (one `Generation` per question) through the cache: a question asked before with the
         same inputs is not decoded again."""
-        if len(contexts) != len(log_weights):
-            raise ValueError(f"{len(contexts)} questions' passes but {len(log_weights)} questions' weights")
+        weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K] float32, -inf: no pass
         head = json.dumps(["\0generate", shared_prefix, max_new_tokens, list(stop),
                            [posterior.alpha, posterior.keep] if posterior else None])
-        keys = [self._key(head, *ctx, "\0weights\0" + np.asarray(w, np.float32).tobytes().hex(),
+        keys = [self._key(head, *ctx, "\0weights\0" + weights[b, : len(ctx)].tobytes().hex(),
                           "\0query\0" + posterior.queries[b] if posterior else "")
-                for b, (ctx, w) in enumerate(zip(contexts, log_weights))]
+                for b, ctx in enumerate(contexts)]
 
         def compute(idx, bar):
             extra = {"posterior": PrefillPosterior([posterior.queries[i] for i in idx], posterior.alpha,
