@@ -16,8 +16,9 @@ re-rank 16 → 4) for REPLUG and the posterior, `--baseline concat:concat` measu
 each target's retriever (DIR/answer, DIR/question: qa_lsr_pools.py's --save_retriever), REPLUG beside the first.
 WORKDIR/table.md and table.json: exact match, answer NLL (nats per answer, the QA job's per-token mixture, zero-shot
 passes), and the 95% bootstrap interval of the per-question difference against the baseline (REPLUG τ = 0.1 unless
-`--baseline`). A finished run is reused; a killed one resumes from the LM cache, which keeps scores and generated
-answers (every 512 pairs, every 32 questions).
+`--baseline`), and answer recall@k (a gold answer in the passages mixed: the kept ones when re-ranking). A finished
+run is reused; a killed one resumes from the LM cache, which keeps scores and generated answers (every 512 pairs,
+every 32 questions).
 """
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ def main(argv=None):
     base = runs[base_run][1]
     base_nll = np.array([r[base_method]["answer_nll"] for r in base])
     base_em = np.array([r[base_method]["exact_match"] for r in base], float)
-    rows, lines = [], [f"| method | EM % | answer NLL | vs {base_label} (95% CI) | EM diff (95% CI) | minutes |",
-                       "|---|---:|---:|---:|---:|---:|"]
+    rows, lines = [], [f"| method | EM % | answer NLL | vs {base_label} (95% CI) | EM diff (95% CI) | "
+                       "recall@k % | minutes |", "|---|---:|---:|---:|---:|---:|---:|"]
     for label, name, method in (row for row in ROWS if row[1] in runs):
         results, preds = runs[name]
         nll = np.array([r[method]["answer_nll"] for r in preds])
@@ -120,12 +121,13 @@ def main(argv=None):
         lo, hi = bootstrap(nll - base_nll)
         elo, ehi = bootstrap(100 * (em - base_em))
         rel = 100 * (nll.mean() / base_nll.mean() - 1)
+        recall = results["answer_recall"].get(method)  # % of questions with a gold answer in the mixed passages
         rows.append({"method": label, "run": name, "baseline": base_label, "exact_match": 100 * em.mean(),
                      "answer_nll": nll.mean(), "nll_vs_baseline_percent": rel, "nll_diff_ci": [lo, hi], "em_diff_ci": [elo, ehi],
-                     "minutes": results["seconds"] / 60, "questions": len(preds)})
+                     "answer_recall": recall, "minutes": results["seconds"] / 60, "questions": len(preds)})
         lines.append(f"| {label} | {100 * em.mean():.1f} | {nll.mean():.3f} | {rel:+.1f}% ({lo:+.3f}, {hi:+.3f}) | "
                      f"{100 * (em.mean() - base_em.mean()):+.1f} ({elo:+.1f}, {ehi:+.1f}) | "
-                     f"{results['seconds'] / 60:.1f} |")
+                     f"{'—' if recall is None else f'{recall:.1f}'} | {results['seconds'] / 60:.1f} |")
     text = (f"SciQ open QA, LM {args.lm}, {len(base)} held-out questions, 4 demos, k = 4 (minutes: the run that "
             f"row comes from)\n\n" + "\n".join(lines) + f"\n\nTotal {(time.time() - started) / 60:.1f} min")
     with open(os.path.join(args.workdir, "table.json"), "w") as f:

@@ -340,8 +340,8 @@ def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypat
 
 def test_qa_tables_of_finished_runs_against_a_chosen_baseline(tmp_path, monkeypatch):
     """experiments/posterior_qa.py reuses finished runs and measures every row against `--baseline RUN:METHOD`:
-    the answer NLL's relative change and the exact-match difference equal a hand count; a baseline outside the
-    chosen runs is refused before anything runs."""
+    the answer NLL's relative change and the exact-match difference equal a hand count, each row carries its run's
+    answer recall; a baseline outside the chosen runs is refused before anything runs."""
     import importlib.util
 
     experiments = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
@@ -349,12 +349,12 @@ def test_qa_tables_of_finished_runs_against_a_chosen_baseline(tmp_path, monkeypa
     spec = importlib.util.spec_from_file_location("posterior_qa", os.path.join(experiments, "posterior_qa.py"))
     qa_tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(qa_tables)
-    runs = {"concat": ("concat", [2.0, 4.0, 6.0, 8.0], [1, 0, 0, 1]),
-            "dev_posterior": ("replug_posterior", [1.0, 3.0, 6.0, 6.0], [1, 1, 0, 1])}
-    for name, (method, nll, em) in runs.items():
+    runs = {"concat": ("concat", [2.0, 4.0, 6.0, 8.0], [1, 0, 0, 1], 75.0),
+            "dev_posterior": ("replug_posterior", [1.0, 3.0, 6.0, 6.0], [1, 1, 0, 1], 100.0)}
+    for name, (method, nll, em, recall) in runs.items():
         os.makedirs(tmp_path / name)
         with open(tmp_path / name / "results.json", "w") as f:
-            json.dump({"seconds": 60.0}, f)
+            json.dump({"seconds": 60.0, "answer_recall": {method: recall}}, f)
         with open(tmp_path / name / "predictions.jsonl", "w") as f:
             for x, e in zip(nll, em):
                 f.write(json.dumps({method: {"answer_nll": x, "exact_match": bool(e)}}) + "\n")
@@ -364,8 +364,10 @@ def test_qa_tables_of_finished_runs_against_a_chosen_baseline(tmp_path, monkeypa
     assert {r["baseline"] for r in rows} == {"concat"}
     assert rows[1]["nll_vs_baseline_percent"] == pytest.approx(100 * (16 / 20 - 1))  # mean 4.0 against 5.0
     assert rows[1]["exact_match"] == 75.0 and rows[0]["exact_match"] == 50.0
+    assert [r["answer_recall"] for r in rows] == [75.0, 100.0]  # each run's own recall of its method's passages
     lo, hi = rows[1]["nll_diff_ci"]
     assert -2.0 <= lo < -1.0 < hi <= 0.0  # the differences -1, -1, 0, -2: the interval within their range, about -1
-    assert "| concat |" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert "| concat | 50.0 |" in table and "| 100.0 | 1.0 |" in table  # recall, then minutes
     with pytest.raises(SystemExit, match="baseline"):
         qa_tables.main(["--workdir", str(tmp_path), "--runs", "concat", "--baseline", "tau0.1:replug"])
