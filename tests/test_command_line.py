@@ -130,6 +130,18 @@ def test_input_checks_cover_every_job(tmp_path):
         input_checks.check_job_inputs(lsr)
 
 
+def test_settings_no_chosen_method_reads_are_named():
+    """posterior_alpha / rerank_depth away from their defaults without replug_posterior among the methods: one
+    warning naming each (a run that would look re-ranked but is plain REPLUG); none where replug_posterior runs."""
+    assert input_checks.unused_settings(_config("sciq.py", lm="smollm2")) == []  # α 0.5, 16 → 4 for its posterior
+    assert input_checks.unused_settings(_config("qa.py")) == []  # the defaults: nothing set
+    (both,) = input_checks.unused_settings(_config("sciq.py", lm="smollm2", methods=("none", "replug")))
+    assert "--config.posterior_alpha=0.5 and --config.rerank_depth=16 unused" in both
+    assert "--config.methods=none,replug does not run it" in both
+    (depth,) = input_checks.unused_settings(_config("lm_eval.py", rerank_depth=8))
+    assert depth.startswith("--config.rerank_depth=8 unused: only replug_posterior reads it")
+
+
 def _config(name: str, **overrides):
     config = sibling_config(os.path.join(ROOT, "experiments", "configs", name), name)
     config.update(overrides)

@@ -453,13 +453,20 @@ def test_qa_job_writes_results_per_method(qa_run):
     assert saved["empty_answers"] == {m: sum(not r[m]["prediction"] for r in rows) for m in ("none", "replug", "concat")}
 
 
-def test_empty_answers_are_counted_and_said(files, smollm2, tmp_path, capsys):
-    """Answers the LM ends at once are counted per method in results.json and named on the console."""
-    results = run_job(qa_config(files, methods=("none", "replug")), tmp_path / "run", SpaceStoppingLM(smollm2))
+def test_empty_answers_and_unused_settings_are_said(files, smollm2, tmp_path, capsys):
+    """Answers the LM ends at once are counted per method in results.json and named on the console; a setting no
+    chosen method reads (rerank_depth without replug_posterior) is said on the console, in results.json and under
+    the table."""
+    config = qa_config(files, methods=("none", "replug"), rerank_depth=4)
+    results = run_job(config, tmp_path / "run", SpaceStoppingLM(smollm2))
     rows = [json.loads(line) for line in open(tmp_path / "run" / "predictions.jsonl")]
     empty = {m: sum(not r[m]["prediction"] for r in rows) for m in ("none", "replug")}
     assert results["empty_answers"] == empty and empty["replug"] > 0
-    assert f"replug {empty['replug']} of {len(rows)}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"replug {empty['replug']} of {len(rows)}" in out
+    (unused,) = json.load(open(tmp_path / "run" / "results.json"))["warnings"]
+    assert unused.startswith("--config.rerank_depth=4 unused") and f"warning: {unused}" in out
+    assert f"Warning: {unused}" in open(tmp_path / "run" / "results.md").read()
 
 
 def test_qa_job_prompts_and_weights(qa_run):

@@ -102,6 +102,7 @@ def write(results: dict, predictions: list[dict], workdir: str) -> str:
         for row in predictions:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     table = mmlu_table(results) if results["task"] == "mmlu" else qa_table(results)
+    table += "".join(f"\nWarning: {w}\n" for w in results.get("warnings", ()))
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)
     plot(results, os.path.join(workdir, "accuracy.png" if results["task"] == "mmlu" else "exact_match.png"))

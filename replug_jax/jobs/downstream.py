@@ -26,7 +26,7 @@ from replug_jax import console, distributed, results_file, workspace
 from replug_jax.data import evaluation_sets, olmes
 from replug_jax.evaluate import (answer_nll, demo_passages, downstream_report, mmlu, olmes_tasks, option_text, qa,
                                  qa_posterior)
-from replug_jax.input_checks import read_methods
+from replug_jax.input_checks import read_methods, unused_settings
 from replug_jax.passages import passages_of
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
@@ -75,6 +75,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "lower --config.shots") if removed else ""
         raise InputError(f"no questions to evaluate from {config.questions!r}{why}")
     check_not_trained_on(config, questions)  # QA and multiple choice alike (OLMES sciq holds SciQ's questions)
+    for warning in unused_settings(config):  # also in results.json and under the table
+        console.phase(f"warning: {warning}")
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
                   f"{len(demos)} demo candidates")
     prepared = workspace.prepare_downstream(config, workdir, lm)  # models (the LM behind lm_cache), datastore, index
@@ -99,7 +101,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k,
                "shots": len(demos) if kind == "qa" else config.shots, "config": results_file.config_record(config),
                "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
-               "processes": jax.process_count(), **_lsr_direction(config),
+               "processes": jax.process_count(), "warnings": unused_settings(config), **_lsr_direction(config),
                **results}  # the run's own settings win (OLMES: the file's shots)
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())

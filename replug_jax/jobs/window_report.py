@@ -13,6 +13,7 @@ from replug_jax import distributed, results_file, workspace
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
 from replug_jax.evaluate.windows import retrieval_shortfall
+from replug_jax.input_checks import unused_settings
 
 
 def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, retrievers: dict,
@@ -24,9 +25,9 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
     windows = workspace.make_windows(prepared.paths["eval"], prepared.tokenizer, config)
     logging.info("datastore %d chunks; %d evaluation windows", len(prepared.store), len(windows))
     shortfall = retrieval_shortfall(windows)
-    warnings = [shortfall] if shortfall else []  # also in results.json and under the printed table
-    if shortfall and distributed.is_lead():
-        logging.warning(shortfall)  # the console and WORKDIR/log.txt
+    warnings = ([shortfall] if shortfall else []) + unused_settings(config)  # also in results.json, under the table
+    for warning in warnings if distributed.is_lead() else ():
+        logging.warning(warning)  # the console and WORKDIR/log.txt
     results = lm_eval.evaluate_lm(
         prepared.lm, windows, prepared.store, retrievers, k=config.get("eval_k") or config.k,
         k_sweep=tuple(config.k_sweep), sweep_retrievers=("replug", "replug_lsr", "random"),
