@@ -171,22 +171,6 @@ def _check_posterior(config) -> None:
                          "passage): set --config.scoring=options (the letter prompt puts the options after the question)")
 
 
-POSTERIOR_KEYS = {"posterior_alpha": 1.0, "rerank_depth": 0}  # key: its default; replug_posterior alone reads them
-
-
-def unused_settings(config) -> list[str]:
-    """Warnings (not errors: a config file may set them for its default methods) for settings no chosen method
-    reads: posterior_alpha / rerank_depth away from their defaults while --config.methods has no replug_posterior,
-    a run that would look re-ranked but is plain REPLUG."""
-    methods = job_methods(config)
-    given = [f"--config.{key}={config.get(key)!r}" for key, default in POSTERIOR_KEYS.items()
-             if "replug_posterior" not in methods and config.get(key, default) != default]
-    if not given:
-        return []
-    return [f"{' and '.join(given)} unused: only replug_posterior reads {'them' if len(given) > 1 else 'it'}, and "
-            f"--config.methods={','.join(methods)} does not run it"]
-
-
 def _check_lsr_target(config) -> None:
     """lsr_target is "answer" or "question"; "answer" refuses a question file whose first row has no answers, and text
     windows without a continuation (train_continuation_tokens 0, which the question target takes)."""

@@ -9,6 +9,7 @@ import pytest
 
 from replug_jax import input_checks
 from replug_jax.config_files import sibling_config
+from replug_jax.unused_settings import unused_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join("experiments", "configs", "demo.py")
@@ -133,12 +134,12 @@ def test_input_checks_cover_every_job(tmp_path):
 def test_settings_no_chosen_method_reads_are_named():
     """posterior_alpha / rerank_depth away from their defaults without replug_posterior among the methods: one
     warning naming each (a run that would look re-ranked but is plain REPLUG); none where replug_posterior runs."""
-    assert input_checks.unused_settings(_config("sciq.py", lm="smollm2")) == []  # α 0.5, 16 → 4 for its posterior
-    assert input_checks.unused_settings(_config("qa.py")) == []  # the defaults: nothing set
-    (both,) = input_checks.unused_settings(_config("sciq.py", lm="smollm2", methods=("none", "replug")))
+    assert unused_settings(_config("sciq.py", lm="smollm2")) == []  # α 0.5, 16 → 4 for its posterior
+    assert unused_settings(_config("qa.py")) == []  # the defaults: nothing set
+    (both,) = unused_settings(_config("sciq.py", lm="smollm2", methods=("none", "replug")))
     assert "--config.posterior_alpha=0.5 and --config.rerank_depth=16 unused" in both
     assert "--config.methods=none,replug does not run it" in both
-    (depth,) = input_checks.unused_settings(_config("lm_eval.py", rerank_depth=8))
+    (depth,) = unused_settings(_config("lm_eval.py", rerank_depth=8))
     assert depth.startswith("--config.rerank_depth=8 unused: only replug_posterior reads it")
 
 

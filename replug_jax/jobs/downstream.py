@@ -26,10 +26,11 @@ from replug_jax import console, distributed, results_file, workspace
 from replug_jax.data import evaluation_sets, olmes
 from replug_jax.evaluate import (answer_nll, demo_passages, downstream_report, mmlu, olmes_tasks, option_text, qa,
                                  qa_posterior)
-from replug_jax.input_checks import read_methods, unused_settings
+from replug_jax.input_checks import read_methods
 from replug_jax.passages import passages_of
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
+from replug_jax.unused_settings import unused_settings
 
 
 def load_sets(config, kind: str):

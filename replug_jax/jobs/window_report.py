@@ -13,7 +13,7 @@ from replug_jax import distributed, results_file, workspace
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
 from replug_jax.evaluate.windows import retrieval_shortfall
-from replug_jax.input_checks import unused_settings
+from replug_jax.unused_settings import unused_settings
 
 
 def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, retrievers: dict,
