@@ -17,7 +17,7 @@ each target's retriever (DIR/answer, DIR/question: qa_lsr_pools.py's --save_retr
 WORKDIR/table.md and table.json: exact match, answer NLL (nats per answer, the QA job's per-token mixture, zero-shot
 passes), and the 95% bootstrap interval of the per-question difference against the baseline (REPLUG τ = 0.1 unless
 `--baseline`), and answer recall@k (a gold answer in the passages mixed: the kept ones when re-ranking). A finished
-run is reused; a killed one resumes from the LM cache, which keeps scores and generated answers (every 512 pairs,
+run of the same config is reused (another config's is refused); a killed one resumes from the LM cache, which keeps scores and generated answers (every 512 pairs,
 every 32 questions).
 """
 from __future__ import annotations
@@ -57,22 +57,43 @@ ROWS = [("none", "tau1", "none"), ("concat", "tau1", "concat"), ("REPLUG τ 1", 
 BASELINE = "tau0.1:replug"
 
 
-def run(args, name: str) -> tuple[dict, list[dict]]:
-    """(results.json, predictions rows) of one run, running it when absent."""
+RUN_KEYS = ("lm", "max_questions", "methods", "temperature", "posterior_alpha", "rerank_depth", "retriever_workdir")
+
+
+def run_config(args, name: str):
+    """The sciq.py config of one run."""
     tau, methods, alpha, depth, *lsr_target = RUNS[name]
-    workdir = os.path.join(args.workdir, name)
+    config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")
+    config.update(dict(lm=args.lm, max_questions=args.questions, methods=methods, temperature=tau,
+                       posterior_alpha=alpha, rerank_depth=depth,
+                       cache_dir=args.cache_dir or os.path.join(args.workdir, "shared"),
+                       lm_cache=args.lm_cache or os.path.join(args.workdir, "lm_cache.sqlite")))
+    if lsr_target:
+        config.retriever_workdir = os.path.join(args.lsr_retrievers, lsr_target[0])
+    return config
+
+
+def check_reused(results: dict, config, workdir: str) -> None:
+    """A finished run is reused only where its results.json config is this run's (RUN_KEYS); else SystemExit."""
+    ran = results.get("config") or {}
+    wanted = json.loads(config.to_json_best_effort())
+    differ = [f"{key} {ran.get(key, 'unrecorded')!r} (wanted {wanted.get(key)!r})" for key in RUN_KEYS
+              if json.dumps(ran.get(key), sort_keys=True) != json.dumps(wanted.get(key), sort_keys=True)]
+    if differ:
+        raise SystemExit(f"{workdir} holds a finished run of another config: {'; '.join(differ)}. Give another "
+                         "--workdir, or delete that run to measure it again")
+
+
+def run(args, name: str) -> tuple[dict, list[dict]]:
+    """(results.json, predictions rows) of one run, running it when absent; a finished run of another config is
+    refused (`check_reused`)."""
+    workdir, config = os.path.join(args.workdir, name), run_config(args, name)
     if not os.path.isfile(os.path.join(workdir, "results.json")):
-        config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")
-        config.update(dict(lm=args.lm, max_questions=args.questions, methods=methods, temperature=tau,
-                           posterior_alpha=alpha, rerank_depth=depth,
-                           cache_dir=args.cache_dir or os.path.join(args.workdir, "shared"),
-                           lm_cache=args.lm_cache or os.path.join(args.workdir, "lm_cache.sqlite")))
-        if lsr_target:
-            config.retriever_workdir = os.path.join(args.lsr_retrievers, lsr_target[0])
         console.setup(workdir, -1)
         run_job(config, workdir)
     with open(os.path.join(workdir, "results.json")) as f:
         results = json.load(f)
+    check_reused(results, config, workdir)
     with open(os.path.join(workdir, "predictions.jsonl")) as f:
         return results, [json.loads(line) for line in f if line.strip()]
 

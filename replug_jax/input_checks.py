@@ -162,13 +162,16 @@ def _check_posterior(config) -> None:
         check_alpha(config.get("posterior_alpha", 1.0))
     except ValueError as e:
         raise InputError(f"--config.{e}") from None
-    depth = config.get("rerank_depth", 0)
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0 or 0 < depth < config.k:
-        raise InputError(f"--config.rerank_depth={depth!r}: passages scored before keeping k={config.k}: 0 (k) or a "
-                         "whole number >= k")
-    if config.job == "mmlu" and not config.questions.startswith("olmes:") and config.get("scoring") != "options":
-        raise InputError("--config.methods has replug_posterior, which weighs each passage by log p(question | "
-                         "passage): set --config.scoring=options (the letter prompt puts the options after the question)")
+    depth, k = config.get("rerank_depth", 0), config.get("eval_k") or config.k  # the k the job evaluates with
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0 or 0 < depth < k:
+        key = "eval_k" if config.get("eval_k") else "k"
+        raise InputError(f"--config.rerank_depth={depth!r}: passages scored before keeping {key}={k}: 0 ({key}) or a "
+                         f"whole number >= {key}")
+    olmes_mc = str(config.get("questions", "")).startswith("olmes:") and config.questions.split(":")[-1][:2] == "mc"
+    if config.job == "mmlu" and (olmes_mc or not config.questions.startswith("olmes:") and config.get("scoring") != "options"):
+        raise InputError("--config.methods has replug_posterior, which weighs each passage by log p(question | passage):"
+                         + (f" {config.questions} lists the options in the question block, use an rc form" if olmes_mc else
+                            " set --config.scoring=options (the letter prompt puts the options after the question)"))
 
 
 def _check_lsr_target(config) -> None:

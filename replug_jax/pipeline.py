@@ -118,15 +118,15 @@ class REPLUG:
         """log p(y_t | context, y_<t) under REPLUG's mixture, per continuation token: [T] float32. Retrieval is
         for `query` (default: the context); each passage is `doc_template` followed by the context."""
         query = query if query is not None else context
-        if self.weights == "retrieval":  # the LM evaluation's own mixture
+        if self.weights == "retrieval":
             scores, rows = self.retrieve([query])
             contexts, continuations, _ = document_passes(self.datastore, rows, [context], [continuation],
                                                          self.doc_template)
-            lps = self.lm.score(contexts, continuations)
-            return ensemble([lps], [len(lps[0])], scores, rows, self.k, self.temperature)[0]
-        _, log_w, lps = self._mixed_passes(query, context, continuation)
-        per_pass = np.stack([np.asarray(x, np.float64) for x in lps])  # [k, T]
-        return np.logaddexp.reduce(log_w[:, None] + per_pass, axis=0).astype(np.float32)
+            lps, mask, tau = self.lm.score(contexts, continuations), rows[:, : self.k] >= 0, self.temperature
+        else:  # the kept passes, their normalised log λ as scores at τ = 1 (softmax gives them back)
+            _, log_w, lps = self._mixed_passes(query, context, continuation)
+            scores, mask, tau = log_w[None], np.ones((1, len(log_w)), bool), 1.0
+        return ensemble([lps], [len(lps[0])], scores, mask, tau)[0]  # the LM evaluation's own mixture
 
     def generate(self, prompt: str, *, max_new_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  query: str | None = None) -> str:
@@ -163,10 +163,16 @@ class REPLUG:
 def check_mixture(k: int, temperature: float, passages: int | None = None, weights: str = "retrieval",
                   posterior_alpha: float = 1.0, rerank_depth: int = 0) -> None:
     """Refuse k outside [1, `passages`] (the datastore's size, when known), a temperature τ of λ = softmax(s / τ)
-    that is not positive, unknown weights, a negative α and a re-ranking depth below k."""
+    that is not positive, unknown weights, a negative α, a re-ranking depth below k, and posterior settings given
+    with the retrieval weights (which would ignore them)."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: use one of {', '.join(WEIGHTS)}")
     posterior.check_alpha(posterior_alpha)
+    unread = [f"{key}={value!r}" for key, value, default in (("posterior_alpha", posterior_alpha, 1.0),
+                                                             ("rerank_depth", rerank_depth, 0)) if value != default]
+    if weights == "retrieval" and unread:
+        raise ValueError(f"{' and '.join(unread)} would be ignored: only weights=\"posterior\" reads "
+                         f"{'them' if len(unread) > 1 else 'it'} (weights=\"retrieval\" is the paper's λ)")
     if rerank_depth and rerank_depth < k:
         raise ValueError(f"rerank_depth={rerank_depth} must be 0 (k) or at least k={k}")
     if not temperature > 0:  # NaN too

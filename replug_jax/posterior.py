@@ -24,17 +24,30 @@ def check_alpha(alpha: float) -> None:
         raise ValueError(f"posterior_alpha must be a finite number >= 0 (0: REPLUG's weights), got {alpha!r}")
 
 
-def posterior_log_weights(scores, doc_mask, query_logliks, temperature: float, alpha: float) -> np.ndarray:
-    """log λ = log softmax(s / τ + α · log p(x | d)) over the valid passages of each row.
-
-    scores, query_logliks: [B, K] (query_logliks: Σ_t log p(x_t | d_k, x_<t)); doc_mask: [B, K] bool.
-    Returns float32 [B, K], -inf for masked passages (`mixture.ensemble_log_weights`'s conventions)."""
+def combined_scores(scores, doc_mask, query_logliks, temperature: float, alpha: float) -> np.ndarray:
+    """s + τ·α·log p(x | d), float32 [B, K], so that softmax(combined / τ) = softmax(s/τ + α·ℓ): the retrieval
+    softmax's own stable centring serves both terms, and α 0 gives the scores back unchanged (REPLUG's weights).
+    scores, query_logliks: [B, K] (query_logliks: Σ_t log p(x_t | d_k, x_<t)); doc_mask: [B, K] bool."""
     check_alpha(alpha)
     mask = np.asarray(doc_mask, bool)
     evidence = np.where(mask, np.asarray(query_logliks, np.float64), 0.0)  # never read where masked
-    # s/τ + α·ℓ = (s + τ·α·ℓ)/τ: the retrieval softmax's own stable centring serves both terms
-    combined = np.asarray(scores, np.float64) + temperature * alpha * evidence  # [B, K]
-    return np.asarray(mixture.ensemble_log_weights(combined.astype(np.float32), mask, temperature), np.float32)
+    return (np.asarray(scores, np.float64) + temperature * alpha * evidence).astype(np.float32)  # [B, K]
+
+
+def posterior_log_weights(scores, doc_mask, query_logliks, temperature: float, alpha: float) -> np.ndarray:
+    """log λ = log softmax(s / τ + α · log p(x | d)) over the valid passages of each row: float32 [B, K], -inf for
+    masked passages (`mixture.ensemble_log_weights`'s conventions)."""
+    combined = combined_scores(scores, doc_mask, query_logliks, temperature, alpha)
+    return np.asarray(mixture.ensemble_log_weights(combined, np.asarray(doc_mask, bool), temperature), np.float32)
+
+
+def kept_mask(log_weights: np.ndarray, k: int) -> np.ndarray:
+    """bool [B, D]: each row's k highest weights (`rerank`'s choice and tie rule), missing passages never kept."""
+    order, _ = rerank(log_weights, k)  # [B, k']
+    mask = np.zeros(np.shape(log_weights), bool)
+    for b, row in enumerate(order):
+        mask[b, row[row >= 0]] = True
+    return mask
 
 
 def rerank(log_weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -78,6 +91,10 @@ def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max
         return lm.generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop, shared_prefix=shared_prefix,
                            progress=progress, posterior=PrefillPosterior(list(queries), alpha, keep))
     flat = [(b, c) for b, ctx in enumerate(contexts) for c in ctx]  # x scored in the generation's own tokens
+    for b, c in flat:
+        if not queries[b] or not c.endswith(queries[b]):
+            raise ValueError(f"a pass context of question {b} does not end with its query {queries[b][:40]!r}: the "
+                             "posterior needs x last")
     scored = lm.score_with_query([c[: len(c) - len(queries[b])] for b, c in flat], [queries[b] for b, _ in flat],
                                  [""] * len(flat), **({"prefix": shared_prefix} if shared_prefix else {}))
     base = np.full((len(contexts), max(len(c) for c in contexts)), -np.inf, np.float32)  # [B, K]

@@ -6,10 +6,10 @@ a local staging directory ($REPLUG_JAX_STAGING_DIR, default ~/.cache/replug_jax/
 the job there, and pushes it back after every LSR checkpoint and when the job ends, failed or not. Both
 directions mirror by MD5 checksum: a pull makes the local copy equal the bucket (local files the bucket lacks
 are deleted: a stale staged checkpoint never reaches a fresh bucket), a push makes the bucket equal the local
-copy (bucket files the local copy lacks are deleted). Never mirrored: temporary files (`*.tmp`, `.NAME.*.tmp` of
-atomic writes, `.NAME.tmp-*` folders, `*.old-*` folders being replaced, `*.part`) and SQLite's side files
-(`-wal`, `-shm`, `-journal`); an SQLite database is pushed as a consistent snapshot (SQLite's backup API),
-so a cache written while a push runs is never sent half-written. A resumed run on a new VM pulls the
+copy (uploads first, then bucket files the local copy lacks are deleted: the newest complete checkpoint is
+always there). Never mirrored: the project's own temporary names (`_TEMPORARY`; a user's `notes.part` is) and
+SQLite's side files (`-wal`, `-shm`, `-journal`); an SQLite database is pushed as a consistent snapshot (SQLite's
+backup API), so a cache written while a push runs is never sent half-written. A resumed run on a new VM pulls the
 checkpoints first. Paths go through `etils.epath` (installed with orbax): gs:// needs `gcsfs` (or TensorFlow's
 gfile), s3:// `s3fs`; a scheme it cannot open fails at start with one line, never a local folder named "gs:".
 Several processes with a bucket workdir are refused (each host would stage its own copy): give them a shared
@@ -25,7 +25,12 @@ import sqlite3
 
 ENV_STAGING = "REPLUG_JAX_STAGING_DIR"
 SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's: consistent only with their open database
-_TEMPORARY = re.compile(r"\.(tmp|part)$|^\..*\.tmp|\.old-")
+_RANDOM = "[a-z0-9_]{8}"  # tempfile's random part; below, the project's own temporary names (a path part whole)
+_TEMPORARY = re.compile("|".join((
+    rf"\..+\.{_RANDOM}\.tmp", rf"tmp{_RANDOM}\.tmp",  # mkstemp's: retrieval.datastore.atomic_open, wiki.write_jsonl
+    rf"\..+\.tmp-{_RANDOM}", rf".+\.old-{_RANDOM}",  # retrieval.index.atomic_directory: the new folder, the old one
+    r".+\.safetensors\.tmp", r".+\.orbax-checkpoint-tmp(-\d+)?",  # models.weights.save_params; orbax's unfinished
+    r"\..+\.(snapshot|pull)\.tmp")))  # this module's: an SQLite snapshot being pushed, a file being pulled
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _active: "Staging | None" = None  # the job's staging, for `sync` from inside a job (LSR checkpoints)
 
@@ -38,7 +43,7 @@ def is_remote(path) -> bool:
 def ignored(rel: str) -> bool:
     """Whether a relative path is never mirrored: a temporary file or folder, or an SQLite side file."""
     parts = rel.replace(os.sep, "/").split("/")
-    return any(_TEMPORARY.search(p) for p in parts) or parts[-1].endswith(SIDE_FILES)
+    return any(_TEMPORARY.fullmatch(p) for p in parts) or parts[-1].endswith(SIDE_FILES)
 
 
 def _md5(path: str) -> str:
@@ -131,12 +136,13 @@ class Staging:
                 self._bucket[rel] = (want, os.path.getsize(target))
                 continue
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            path.copy(target + ".part", overwrite=True)
-            got = _md5(target + ".part")
+            part = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.pull.tmp")
+            path.copy(part, overwrite=True)
+            got = _md5(part)
             if os.path.isfile(target) and self._digest(target) == got:
-                os.remove(target + ".part")  # the same bytes (a bucket whose listing gives no checksum)
+                os.remove(part)  # the same bytes (a bucket whose listing gives no checksum)
             else:
-                os.replace(target + ".part", target)
+                os.replace(part, target)
                 copied += 1
             self._digests[target] = (self._key(target), got)
             self._bucket[rel] = (got, os.path.getsize(target))
@@ -144,20 +150,20 @@ class Staging:
         return copied
 
     def push(self) -> int:
-        """Make the bucket equal the local copy: files that differ by checksum are copied (an SQLite database as
-        a consistent snapshot), bucket files the local copy lacks deleted; returns files copied."""
+        """Make the bucket equal the local copy: files that differ by checksum are copied (an SQLite database as a
+        snapshot), then bucket files the local copy lacks deleted (none if an upload failed); returns files copied."""
         local = set(self._local_files())
         remote = _files(self.remote)
-        for rel, (path, _) in remote.items():
-            if rel not in local:
-                path.unlink(missing_ok=True)
-                self._bucket.pop(rel, None)
         copied = 0
         for rel in sorted(local):
             try:
                 copied += self._push_one(rel, remote.get(rel))
             except FileNotFoundError:
                 continue  # removed meanwhile (a replaced index): the next push mirrors what replaced it
+        for rel, (path, _) in remote.items():
+            if rel not in local:
+                path.unlink(missing_ok=True)
+                self._bucket.pop(rel, None)
         return copied
 
     def _push_one(self, rel: str, remote) -> int:

@@ -45,10 +45,10 @@ class RecordingLM:
         self.score_calls.append({"contexts": list(contexts), "continuations": list(continuations), "out": out})
         return out
 
-    def score_with_query(self, contexts, queries, continuations, progress=False):
-        out = self.inner.score_with_query(contexts, queries, continuations)
+    def score_with_query(self, contexts, queries, continuations, progress=False, prefix=""):
+        out = self.inner.score_with_query(contexts, queries, continuations, prefix=prefix)
         self.query_calls.append({"contexts": list(contexts), "queries": list(queries),
-                                 "continuations": list(continuations), "out": out})
+                                 "continuations": list(continuations), "prefix": prefix, "out": out})
         return out
 
     def generate(self, contexts, log_weights, *, max_new_tokens, stop=("\n",), shared_prefix="", progress=False):

@@ -97,3 +97,28 @@ def test_generate_rejects_bad_input(tiny_lm):
         tiny_lm.generate([["a"]], [[1.0]], max_new_tokens=2)
     with pytest.raises(ValueError, match="leave no room"):
         tiny_lm.generate([["a"]], [[0.0]], max_new_tokens=2, shared_prefix="word " * 200)
+
+
+def test_prefill_posterior_weights_are_posterior_kept_passes(tiny_lm, monkeypatch):
+    """The weights fixed at the prefill are `posterior.kept_passes` of the given log λ and the prefill's own
+    log p(x | d) (posterior.py's one re-ranking rule, ties included: two equal passes), -inf where dropped."""
+    from replug_jax import posterior
+    from replug_jax.lm.blackbox import PrefillPosterior
+
+    contexts = [[f"{p} Q: what is it?" for p in ("first passage.", "second one", "second one")],
+                [f"{p} Q: why" for p in ("only", "two passes")]]
+    weights = [np.log([0.5, 0.25, 0.25]), np.log([0.5, 0.5])]
+    calls, inner = [], posterior.kept_passes
+    monkeypatch.setattr(posterior, "kept_passes", lambda *a, **kw: calls.append(1) or inner(*a, **kw))
+    gens = tiny_lm.generate(contexts, weights, max_new_tokens=3, stop=(),
+                            posterior=PrefillPosterior([" Q: what is it?", " Q: why"], alpha=0.7, keep=2))
+    assert calls
+    base = np.full((2, 3), -np.inf, np.float32)
+    for b, w in enumerate(weights):
+        base[b, : len(w)] = w
+    order, kept = inner(base, [g.query_logliks for g in gens], 1.0, 0.7, 2)
+    for b, g in enumerate(gens):
+        want, pos = np.full(len(contexts[b]), -np.inf, np.float32), order[b][order[b] >= 0]
+        want[pos] = kept[b][: len(pos)]
+        assert list(np.isfinite(g.log_weights)) == list(np.isfinite(want))
+        np.testing.assert_allclose(g.log_weights, want, atol=1e-5)  # ℓ summed by XLA twice: float32 rounding

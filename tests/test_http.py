@@ -452,6 +452,15 @@ def test_vllm_prompt_logprobs_with_a_start_token():
     assert http_transport.retry_after_seconds("2") == 2.0 and http_transport.retry_after_seconds(None) is None
 
 
+
+def test_a_vllm_entrys_value_is_its_first_option_whatever_the_ranks():
+    """vLLM lists the prompt token first, then the top ones: the first option's value is taken, not a rank's."""
+    entry = {"5": {"logprob": -3.0, "rank": 12, "decoded_token": "a"}, "8": {"logprob": -0.5, "rank": 1},
+             "2": {"logprob": -1.0, "rank": 2}}
+    last = {"4": {"logprob": -2.0, "rank": None}, "1": {"logprob": -0.1, "rank": 1}}  # no rank: past the top
+    choice = {"prompt_logprobs": [None, entry, last]}
+    assert http_echo.id_prompt_values(choice, 3, 0, 0, True) == [None, -3.0, -2.0]
+
 # ---- a real third-party server: llama-cpp-python ----------------------------------------------------------------
 
 
@@ -731,3 +740,19 @@ def test_a_public_address_needs_a_key_in_the_library_too(tiny, tiny_server):
     assert status == 403 and "loopback" in body["error"]["message"]
     sent.clear()
     assert asyncio.run(call(("127.0.0.1", 8000)))[0] == 200
+
+
+def test_a_response_over_the_cap_is_refused_before_the_model_runs(tiny, monkeypatch):
+    """The response cap is checked from the request (prompt and generated tokens × log-probs asked) before any
+    scoring or decoding: no work reaches the engine for a refused request; one under the cap is answered."""
+    with BackgroundServer(tiny[1], max_response_bytes=4000) as server:
+        url, engine, jobs = server.url + "/completions", server.app.state.engine, []
+        submit = engine._submit
+        monkeypatch.setattr(engine, "_submit", lambda kind, payload: jobs.append(kind) or submit(kind, payload))
+        for body in ({"prompt": [7] * 40, "max_tokens": 0, "echo": True, "logprobs": 20},
+                     {"prompt": [7] * 40, "max_tokens": 0, "prompt_logprobs": 20},
+                     {"prompt": [[7] * 2, [8] * 2], "max_tokens": 16, "logprobs": 20}):
+            status, answer, _ = _post(url, body)
+            assert status == 400 and "over this server's limit of 4000" in answer["error"]["message"], answer
+            assert jobs == [], body
+        assert _post(url, {"prompt": [7] * 40, "max_tokens": 0, "echo": True, "logprobs": 0})[0] == 200 and jobs

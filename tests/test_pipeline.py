@@ -119,6 +119,11 @@ def test_bad_settings_and_a_bare_string_are_refused_before_any_model_loads():
             rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", temperature=temperature)
     with pytest.raises(ValueError, match="k=0 must be at least 1"):
         rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", k=0)
+    with pytest.raises(ValueError, match=r"posterior_alpha=3 and rerank_depth=16 would be ignored: only "
+                                         r"weights=\"posterior\" reads them"):
+        rj.REPLUG(None, None, store, k=1, weights="retrieval", posterior_alpha=3, rerank_depth=16)
+    with pytest.raises(ValueError, match="rerank_depth=2 would be ignored"):
+        rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", k=1, rerank_depth=2)
     with pytest.raises(ValueError, match=r"documents='Velmora is a small town.*' is not a file or folder: pass a list "
                                          "of texts"):
         rj.REPLUG.from_documents(DOCS[0], lm="/no/such/lm")
@@ -147,3 +152,17 @@ def test_pieces_in_the_wrong_order_are_refused_at_once(rag, minilm):
         type(rag)(minilm, rag.lm, rag.datastore)
     with pytest.raises(TypeError, match="the LM is a DenseEncoder, with no score"):
         type(rag)(minilm, rag.retriever, rag.datastore)
+
+
+def test_posterior_score_mixes_through_the_shared_mixture(rag, monkeypatch):
+    """weights="posterior": the kept passes' token log-probs are mixed by `mixture.ensemble_logprobs` with their
+    weights, as the LM evaluation mixes (no second hand-written mixture)."""
+    from replug_jax import mixture
+
+    post = rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, temperature=0.5, weights="posterior",
+                     posterior_alpha=0.5, rerank_depth=4)
+    calls, inner = [], mixture.ensemble_logprobs
+    monkeypatch.setattr(mixture, "ensemble_logprobs",
+                        lambda lps, *a, **kw: calls.append(np.shape(lps)) or inner(lps, *a, **kw))
+    got = post.score("The mayor of Velmora is", " Tobias Grint")
+    assert calls == [(1, 2, len(got))]

@@ -213,14 +213,14 @@ def test_alpha_zero_is_replug_through_the_qa_job(files, smollm2, tmp_path):  # n
     assert posterior_gen["contexts"] == replug_gen["contexts"]
     for a, b in zip(posterior_gen["log_weights"], replug_gen["log_weights"]):
         np.testing.assert_allclose(a, b, atol=1e-5)
-    (replug_scored,), (posterior_scored,) = lm.score_calls, lm.query_calls  # one scoring call per method
-    tok = smollm2.tokenizer
-    replug_tokens = sum(len(tok.encode(c)) + len(tok.encode(y)) for c, y in zip(replug_scored["contexts"],
-                                                                               replug_scored["continuations"]))
-    posterior_tokens = sum(len(tok.encode(c)) + len(tok.encode(q)) + len(tok.encode(y)) for c, q, y in
-                           zip(posterior_scored["contexts"], posterior_scored["queries"],
-                               posterior_scored["continuations"]))
-    assert len(posterior_scored["contexts"]) == len(replug_scored["contexts"]) and posterior_tokens == replug_tokens
+    # the answer NLL: REPLUG's scoring call; the posterior's NLL scores the same passes (all from the LM cache). ℓ:
+    # read from REPLUG's own generation passes (this black box has no prefill of its own: x scored after the demos
+    # and each passage, nothing else)
+    (replug_scored,), (posterior_scored,) = lm.score_calls, lm.query_calls
+    assert posterior_scored["prefix"] == replug_gen["shared_prefix"]
+    assert [c + q for c, q in zip(posterior_scored["contexts"], posterior_scored["queries"])] == \
+        [c for ctx in replug_gen["contexts"] for c in ctx]
+    assert set(posterior_scored["continuations"]) == {""}
     saved = json.load(open(os.path.join(tmp_path, "run", "results.json")))
     assert saved["posterior_alpha"] == 0.0 and saved["rerank_depth"] == config.k
     assert saved["shots"] == 2 and saved["methods"] == ["replug", "replug_posterior"]  # what ran
@@ -339,7 +339,8 @@ def test_accuracy_tables_of_finished_runs_equal_a_hand_count(tmp_path, monkeypat
 
 
 def test_qa_tables_of_finished_runs_against_a_chosen_baseline(tmp_path, monkeypatch):
-    """experiments/posterior_qa.py reuses finished runs and measures every row against `--baseline RUN:METHOD`:
+    """experiments/posterior_qa.py reuses finished runs of the same config (another LM's or size's is refused) and
+    measures every row against `--baseline RUN:METHOD`:
     the answer NLL's relative change and the exact-match difference equal a hand count, each row carries its run's
     answer recall; a baseline outside the chosen runs is refused before anything runs."""
     import importlib.util
@@ -351,10 +352,13 @@ def test_qa_tables_of_finished_runs_against_a_chosen_baseline(tmp_path, monkeypa
     spec.loader.exec_module(qa_tables)
     runs = {"concat": ("concat", [2.0, 4.0, 6.0, 8.0], [1, 0, 0, 1], 75.0),
             "dev_posterior": ("replug_posterior", [1.0, 3.0, 6.0, 6.0], [1, 1, 0, 1], 100.0)}
+    args = qa_tables.argparse.Namespace(lm="smollm2", questions=200, workdir=str(tmp_path), cache_dir="", lm_cache="",
+                                        lsr_retrievers="")
     for name, (method, nll, em, recall) in runs.items():
         os.makedirs(tmp_path / name)
+        config = json.loads(qa_tables.run_config(args, name).to_json_best_effort())
         with open(tmp_path / name / "results.json", "w") as f:
-            json.dump({"seconds": 60.0, "answer_recall": {method: recall}}, f)
+            json.dump({"seconds": 60.0, "answer_recall": {method: recall}, "config": config}, f)
         with open(tmp_path / name / "predictions.jsonl", "w") as f:
             for x, e in zip(nll, em):
                 f.write(json.dumps({method: {"answer_nll": x, "exact_match": bool(e)}}) + "\n")
@@ -371,3 +375,9 @@ def test_qa_tables_of_finished_runs_against_a_chosen_baseline(tmp_path, monkeypa
     assert "| concat | 50.0 |" in table and "| 100.0 | 1.0 |" in table  # recall, then minutes
     with pytest.raises(SystemExit, match="baseline"):
         qa_tables.main(["--workdir", str(tmp_path), "--runs", "concat", "--baseline", "tau0.1:replug"])
+    with pytest.raises(SystemExit, match=r"another config: lm 'smollm2' \(wanted 'qwen2.5-coder-0.5b'\)"):
+        qa_tables.main(["--workdir", str(tmp_path), "--runs", "concat,dev_posterior", "--baseline", "concat:concat",
+                        "--lm", "qwen2.5-coder-0.5b"])  # another LM in the same workdir: refused, not mislabelled
+    with pytest.raises(SystemExit, match="another config: max_questions 200"):
+        qa_tables.main(["--workdir", str(tmp_path), "--runs", "concat", "--baseline", "concat:concat",
+                        "--questions", "50"])

@@ -106,6 +106,12 @@ def test_cache_scores_each_pair_once_across_restarts(tiny_lm, tmp_path):
     assert lm.pairs == 3 and again.stats()["cache_hits"] == 3
 
 
+
+def test_the_score_cache_has_one_query_scoring_path():
+    """LSR's question target scores through `score_query_and_continuation` (train/batch.py); no unused
+    query-only twin beside it."""
+    assert hasattr(LMScoreCache, "score_query_and_continuation") and not hasattr(LMScoreCache, "score_query")
+
 class DyingLM(CountingLM):
     """The LM, killed (an exception) in its call number `dies_at`."""
 

@@ -3,6 +3,7 @@ plugs into) holds the job's files after a run; a second run on a fresh machine p
 unreachable bucket is refused at start in one line, with no local folder named "gs:"."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,6 +13,8 @@ from fsspec.implementations.memory import MemoryFileSystem
 from ml_collections import config_dict
 
 from replug_jax import dispatch, workdirs
+from replug_jax.retrieval.datastore import atomic_open
+from replug_jax.retrieval.index import atomic_directory
 
 from tests import hf_tiny
 from tests.lsr_tiny_run import documents
@@ -24,8 +27,15 @@ class FakeBucket(MemoryFileSystem):
 
     protocol = ("gs", "gcs")
 
+    failing = None  # a path part whose uploads fail (a network error mid-push), where a test sets one
+
     def __init__(self, *args, finalize_on_close=None, **kwargs):
         super().__init__(*args, **kwargs)
+
+    def _open(self, path, mode="rb", **kwargs):
+        if self.failing and "w" in mode and self.failing in path:
+            raise OSError(f"upload of {path} failed")
+        return super()._open(path, mode, **kwargs)
 
 
 @pytest.fixture
@@ -154,27 +164,76 @@ def test_push_mirrors_the_local_copy_and_skips_unfinished_files(bucket, tmp_path
     staging.pull()
     os.remove(stage / "checkpoints" / "20" / "state")  # pruned locally: the bucket must lose it too
     (stage / "results.json").write_text("{}")
-    (stage / ".results.json.x1y2.tmp").write_text("{")  # atomic_open's temp file, mid-write
-    (stage / "weights.tmp").write_text("half")
-    (stage / ".index_v3.tmp-abc").mkdir()
-    (stage / ".index_v3.tmp-abc" / "index.faiss").write_text("being built")
+    (stage / "retriever.safetensors.tmp").write_text("half")  # models.weights.save_params's
+    (stage / "index_v2.old-k3j_9x0a").mkdir()  # atomic_directory's replaced folder, being removed
+    (stage / "index_v2.old-k3j_9x0a" / "index.faiss").write_text("replaced")
+    (stage / "7.orbax-checkpoint-tmp").mkdir()
+    (stage / "7.orbax-checkpoint-tmp" / "state").write_text("being saved")
     db = sqlite3.connect(str(stage / "lm_cache.sqlite"))
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("CREATE TABLE t (k TEXT)")
     db.executemany("INSERT INTO t VALUES (?)", [(str(i),) for i in range(100)])
     db.commit()
     assert os.path.exists(stage / "lm_cache.sqlite-wal")
-    assert staging.push() == 2
+    with atomic_open(str(stage / "results.json")) as f, atomic_directory(str(stage / "index_v3")) as building:
+        f.write("{")  # mid-write, and an index mid-build: pushed while their temporaries exist
+        with open(os.path.join(building, "index.faiss"), "w") as g:
+            g.write("being built")
+        assert staging.push() == 2
     assert sorted(fsspec.filesystem("gs").find("gs://bucket/run")) == ["gs://bucket/run/lm_cache.sqlite",
                                                                        "gs://bucket/run/results.json"]
     copy = tmp_path / "copy.sqlite"
     (remote / "lm_cache.sqlite").copy(epath.Path(copy))
     assert sqlite3.connect(str(copy)).execute("SELECT COUNT(*) FROM t").fetchone() == (100,)
+    assert staging.push() == 2  # results.json and index_v3/index.faiss, in place
     assert staging.push() == 0  # nothing changed
     db.execute("INSERT INTO t VALUES ('more')")
     db.commit()
     assert staging.push() == 1
     db.close()
+
+
+def test_an_upload_that_fails_deletes_nothing(bucket, tmp_path, monkeypatch):
+    """The bucket holds checkpoints 20 and 40; locally 20 is pruned and 60 saved; 60's upload fails: the bucket still
+    holds 20 and 40 (uploads come before deletions), and the next push makes it equal the local copy."""
+    from etils import epath
+
+    for step in (20, 40):
+        (epath.Path("gs://bucket/run/checkpoints") / str(step)).mkdir(parents=True, exist_ok=True)
+        (epath.Path("gs://bucket/run/checkpoints") / str(step) / "state").write_text(f"step {step}")
+    stage = tmp_path / "stage"
+    staging = workdirs.Staging("gs://bucket/run", local=str(stage))
+    staging.pull()
+    shutil.rmtree(stage / "checkpoints" / "20")
+    (stage / "checkpoints" / "60").mkdir()
+    (stage / "checkpoints" / "60" / "state").write_text("step 60")
+    held = lambda: sorted(p.split("checkpoints/")[1] for p in fsspec.filesystem("gs").find("gs://bucket/run"))
+    monkeypatch.setattr(FakeBucket, "failing", "checkpoints/60/")
+    with pytest.raises(OSError, match="upload of .*checkpoints/60/state failed"):
+        staging.push()
+    assert held() == ["20/state", "40/state"]
+    monkeypatch.setattr(FakeBucket, "failing", None)
+    assert staging.push() == 1 and held() == ["40/state", "60/state"]
+
+
+def test_user_files_named_like_temporaries_are_mirrored(bucket, tmp_path):
+    """Only the project's own temporary names stay local: a user's notes.part, draft.tmp, .hidden.tmp and
+    v1.old-copy/ are pulled and pushed like any file, and a bucket copy of one is not deleted."""
+    from etils import epath
+
+    remote = epath.Path("gs://bucket/run")
+    remote.mkdir(parents=True, exist_ok=True)
+    (remote / "notes.part").write_text("the user's")
+    stage = tmp_path / "stage"
+    staging = workdirs.Staging("gs://bucket/run", local=str(stage))
+    assert staging.pull() == 1 and (stage / "notes.part").read_text() == "the user's"
+    (stage / "draft.tmp").write_text("mine")
+    (stage / ".hidden.tmp").write_text("mine too")
+    (stage / "v1.old-copy").mkdir()
+    (stage / "v1.old-copy" / "a.txt").write_text("kept")
+    assert staging.push() == 3
+    assert sorted(p.split("run/")[1] for p in fsspec.filesystem("gs").find("gs://bucket/run")) == [
+        ".hidden.tmp", "draft.tmp", "notes.part", "v1.old-copy/a.txt"]
 
 
 def test_a_bucket_retriever_workdir_is_checked_and_staged(bucket, tmp_path, monkeypatch):

@@ -110,8 +110,8 @@ def _read_jsonl(path: str, make) -> list:
     return examples
 
 
-class MissingAnswers(ValueError):
-    """A QA row without gold answers where answers are required."""
+class MissingAnswers(InputError):
+    """A QA row without gold answers where answers are required (the user's input: one line, exit 2)."""
 
 
 def _qa_example(id_: str, question: str, record: dict, where: str, answers_required: bool = True) -> QAExample:
@@ -122,7 +122,7 @@ def _qa_example(id_: str, question: str, record: dict, where: str, answers_requi
         return QAExample(id_, question, (), id_given="id" in record)
     answers = [answers] if isinstance(answers, str) else answers
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
-        error = MissingAnswers if answers is None else ValueError
+        error = MissingAnswers if answers is None else InputError
         raise error(f"{where}: needs \"answers\": a non-empty list of non-empty strings")
     return QAExample(id_, question, tuple(answers), id_given="id" in record)
 

@@ -58,6 +58,20 @@ def question_text(doc: dict) -> str:
     return first.removeprefix("Question:").strip()
 
 
+SHOT_SEPARATOR = "\n\n"  # OLMES's few-shot separator: every shot and the question block are joined by it
+
+
+def split_question_block(context: str) -> tuple[str, str]:
+    """(the shots with their separators, the final question block) of a request's context: the block is what
+    follows the last "\n\n" (a 0-shot context is all block). "Question: ..\nAnswer:" in the rc forms; the mc
+    forms' block lists the options too. shots + block == context."""
+    cut = context.rfind(SHOT_SEPARATOR)
+    at = cut + len(SHOT_SEPARATOR) if cut >= 0 else 0
+    if not context[at:].strip():
+        raise ValueError(f"an OLMES context ends with its shot separator: no question block in {context[-80:]!r}")
+    return context[:at], context[at:]
+
+
 def task_info(task: str, form: str) -> dict:
     """The file's settings: {"split", "num_shots", "task_name", "primary_metric" (ours: acc, acc_per_char or
     acc_per_token), "alias", "num_instances"}."""

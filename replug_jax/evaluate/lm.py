@@ -55,35 +55,32 @@ class Totals:
                 "bits_per_byte": -self.logprob / (math.log(2) * self.num_bytes)}
 
 
-def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.ndarray, rows: np.ndarray, k: int,
+def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.ndarray, mask: np.ndarray,
              temperature: float) -> dict[int, np.ndarray]:
-    """REPLUG mixture of the first k documents' token log-probs, for windows that have any document.
+    """REPLUG mixture of the masked-in documents' token log-probs, for windows that have any document.
 
-    doc_lps[w][i]: [T_w] log-probs with document i prepended; lengths[w] = T_w; scores, rows: [W, K].
+    doc_lps[w][i]: [T_w] log-probs with document i prepended; lengths[w] = T_w; scores, mask: [W, K].
     """
-    stacked = np.zeros((len(doc_lps), k, max(lengths, default=1)), np.float32)  # [W, k, T]
+    k = mask.shape[1]
+    stacked = np.zeros((len(doc_lps), k, max(lengths, default=1)), np.float32)  # [W, K, T]
     for w, per_doc in enumerate(doc_lps):
         for i in range(min(k, len(per_doc))):
             stacked[w, i, : lengths[w]] = per_doc[i]
-    mask = rows[:, :k] >= 0  # [W, k]
     mixed = np.asarray(mixture.ensemble_logprobs(stacked, scores[:, :k].astype(np.float32), mask, temperature))
     return {w: mixed[w, : lengths[w]] for w in range(len(doc_lps)) if mask[w].any()}
 
 
 def posterior_ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.ndarray, rows: np.ndarray,
-                       query_logliks: np.ndarray, k: int, temperature: float, alpha: float) -> dict[int, np.ndarray]:
-    """`ensemble` with the posterior's weights: of each window's documents [W, D], the k highest by
-    softmax(s/τ + α·query_logliks) mixed with those weights renormalised (posterior.py)."""
-    valid = rows >= 0  # [W, D]
-    order, log_w = posterior.rerank(posterior.posterior_log_weights(scores, valid, query_logliks, temperature, alpha),
-                                    k)  # [W, k]
-    out = {}
-    for w, per_doc in enumerate(doc_lps):
-        kept = [j for j in order[w] if j >= 0]
-        if kept:
-            per_pass = np.stack([np.asarray(per_doc[j][: lengths[w]], np.float64) for j in kept])  # [k', T]
-            out[w] = np.logaddexp.reduce(log_w[w, : len(kept), None] + per_pass, axis=0).astype(np.float32)
-    return out
+                       query_logliks: np.ndarray, k: int, depth: int, temperature: float,
+                       alpha: float) -> dict[int, np.ndarray]:
+    """`ensemble` with the posterior's weights: of each window's first `depth` documents, the k highest by
+    softmax(s/τ + α·query_logliks) mixed with those weights renormalised (posterior.py); depth k: REPLUG's own
+    passes and mixture with the scores shifted by τ·α·ℓ (α 0: REPLUG bit for bit)."""
+    valid = rows[:, :depth] >= 0  # [W, D]
+    combined = posterior.combined_scores(scores[:, :depth], valid, query_logliks[:, :depth], temperature, alpha)
+    kept = posterior.kept_mask(posterior.posterior_log_weights(scores[:, :depth], valid, query_logliks[:, :depth],
+                                                               temperature, alpha), k)  # [W, D]
+    return ensemble(doc_lps, lengths, combined, valid & kept, temperature)
 
 
 def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: int, k_sweep: Sequence[int] = (),
@@ -97,7 +94,8 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     temperatures: per-retriever softmax temperature (default `temperature`).
     temperature_sweep: τ values also reported for the sweep retrievers at k (the same passes, re-weighted).
     posterior_alpha: also report "replug_posterior" (None: not), from the "replug" retriever's passes, which then
-    go to the top max(k, rerank_depth) documents.
+    go to the top max(k, rerank_depth) documents; the posterior re-ranks the top rerank_depth (0: k) to k, whatever
+    the k sweep retrieved.
     """
     temperatures = temperatures or {}
     say = console.phases(progress)
@@ -125,13 +123,14 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
                                              progress, with_query=posterior_here)
         tau = temperatures.get(name, temperature)
         if posterior_here and queried:
-            mixed = posterior_ensemble(doc_lps, lengths, scores, rows, query_ll, k, tau, posterior_alpha)
+            mixed = posterior_ensemble(doc_lps, lengths, scores, rows, query_ll, k, rerank_depth or k, tau,
+                                       posterior_alpha)
             totals[POSTERIOR] = _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
         elif posterior_here:
             totals[POSTERIOR] = _totals(windows, base, {})
 
         def mixture_totals(kk: int, t: float) -> Totals:  # the first kk documents mixed with λ = softmax(s / t)
-            mixed = ensemble(doc_lps, lengths, scores, rows, kk, t) if queried else {}
+            mixed = ensemble(doc_lps, lengths, scores, rows[:, :kk] >= 0, t) if queried else {}
             return _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
 
         for kk in sorted({k, *(k_sweep if name in sweep_retrievers else ())}):
@@ -156,6 +155,8 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         "windows": len(all_windows),
         "windows_with_retrieval": sum(bool(w.query) for w in all_windows),
         "k": k,
+        **({"posterior": {"alpha": posterior_alpha, "rerank_depth": rerank_depth or k}}
+           if posterior_alpha is not None else {}),
         "temperature": {name: temperatures.get(name, temperature) for name in retrievers},
         "k_sweep": {name: {str(kk): t.metrics() for kk, t in by_k.items()} for name, by_k in sweep.items()
                     if name in sweep_retrievers},

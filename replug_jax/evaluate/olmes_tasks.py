@@ -2,7 +2,9 @@
 
 Closed book ("none") scores each request's (context, continuation) exactly as the file gives them; REPLUG
 retrieves for the question and prepends each passage to the request's context (few-shot block included), the
-options' continuations mixed per token with λ = softmax(s / τ); "concat" prepends all k passages joined. Every
+options' continuations mixed per token with λ = softmax(s / τ); "concat" prepends all k passages joined;
+"replug_posterior" weighs REPLUG's passes by log p(question block | passage, shots) (rc forms only: an mc form's
+block lists the options, which x must not hold). Every
 option metric is kept per question (`option_text.OPTION_METRICS` and the log-likelihoods).
 """
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from replug_jax import console
+from replug_jax.data.olmes import split_question_block
 from replug_jax.evaluate import option_text
 from replug_jax.passages import passages_of
 
@@ -19,7 +22,9 @@ def predictions(lm, questions, methods, retrieve, store, metric: str, temperatur
     """One row per question: id, subject, answer, and per method its prediction by `metric` and
     "<method>_options" (every metric's prediction and the options' log-likelihoods).
     retrieve(method, queries) -> (scores [Q, D], rows [Q, D]) from that method's retriever; "replug_posterior" keeps
-    the k (0: D) passages of highest posterior, x being the request's whole context (its own shots included)."""
+    the k (0: D) passages of highest posterior, x being the request's final question block
+    (`data.olmes.split_question_block`: what follows the last "\n\n"), the shots before it part of the passage's
+    side; the pass itself is REPLUG's (passage, shots, question block, option)."""
     rows = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in questions]
     for method in methods:
         console.phase(f"olmes {label} {method}: {len(questions)} questions")
@@ -27,10 +32,12 @@ def predictions(lm, questions, methods, retrieve, store, metric: str, temperatur
         if method != "none":
             scores, retrieved = retrieve(method, [q.question for q in questions])
             passages = passages_of(store, retrieved)
-            if method == "replug_posterior":
+            if method == "replug_posterior":  # x: the final question block; the shots stay in d's side of the pass
+                shots, blocks = zip(*(split_question_block(q.context) for q in questions))
                 by_metric = option_text.posterior_option_predictions(
-                    lm, [[option_text.PASSAGE_BEFORE_CONTEXT.format(passage=p) for p in ps] for ps in passages],
-                    [q.context for q in questions], scores, [q.continuations for q in questions],
+                    lm, [[option_text.PASSAGE_BEFORE_CONTEXT.format(passage=p) + s for p in ps]
+                         for s, ps in zip(shots, passages)],
+                    list(blocks), scores, [q.continuations for q in questions],
                     temperature=temperature, alpha=posterior_alpha, k=k or scores.shape[1], progress=True)
                 option_text.record(rows, method, by_metric, metric)
                 continue

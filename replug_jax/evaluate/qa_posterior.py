@@ -6,9 +6,10 @@ it follows the passage) and the gold answer's token log-probs. Then
 
     log λ_i = log softmax_i(s_i / τ + α · log p(x | d_i)),   the k highest kept (re-ranking when depth > k),
 
-the answer NLL is the per-token mixture of the kept passes, and the generation after the few-shot block mixes
-the kept passes with those fixed weights. Without gold answers (answer NLL off) nothing is scored apart: the
-generation's own prefill reads log p(x | demos, d_i) and fixes the weights (`generate_at_prefill`).
+and the generation after the few-shot block mixes the kept passes with those fixed weights. The job's ℓ is
+log p(x | demos, d_i), read in the generation's own prefill (`generate_at_prefill`), whether or not the answer NLL
+is reported; `posterior_passes` scores ℓ apart (zero-shot, or after a prefix) with the gold answers' tokens from the
+same pass, for experiments and the vote ensemble.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import dataclasses
 import numpy as np
 
 from replug_jax import posterior
-from replug_jax.evaluate.answer_nll import mixture_loglik, query_and_continuation_scores
+from replug_jax.evaluate.answer_nll import answer_nll, mixture_loglik, query_and_continuation_scores
 from replug_jax.evaluate.qa import generate_answers, method_passes
 from replug_jax.passages import QA_DOC_TEMPLATE, question_block
 
@@ -61,46 +62,64 @@ def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarra
     return PosteriorPasses(contexts, weights, kept_ll, kept, np.array(nll) if with_answers else None)
 
 
+EVIDENCES = ("demos", "question")
+EVIDENCE = "demos"  # ℓ = log p(x | demos, d): the generation's own pass (chosen on the dev split: docs/posterior.md)
+
+
 def predict(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, demo_prefix: str, k: int,
             temperature: float, alpha: float, ensemble: str, max_new_tokens: int, with_answers: bool = True,
-            nll_with_demos: bool = False) -> tuple[list[dict], list[list[str]]]:
-    """The QA job's rows for "replug_posterior": each question's generated answer from its kept passes (weights fixed
-    before decoding), the kept ranks, their log λ and log p(x | d), and the answer NLL (zero-shot passes unless
-    `nll_with_demos`); and the kept passages per question (for answer recall). Without answers and with the
-    "replug" ensemble the weights are fixed at the generation's prefill (`generate_at_prefill`): no other pass."""
-    if not with_answers and ensemble == "replug":
-        return generate_at_prefill(lm, questions, retrieved, scores, demo_prefix=demo_prefix, k=k,
-                                   temperature=temperature, alpha=alpha, max_new_tokens=max_new_tokens)
-    scored = posterior_passes(lm, questions, retrieved, scores, temperature=temperature, alpha=alpha, k=k,
-                              with_answers=with_answers, prefix=demo_prefix if nll_with_demos else "", progress=True)
-    preds = generate_answers(lm, scored.contexts, scored.log_weights, ensemble=ensemble, demo_prefix=demo_prefix,
-                             max_new_tokens=max_new_tokens, progress=True)
-    for i, p in enumerate(preds):
-        _record_weights(p, scored.kept[i], scored.log_weights[i], scored.query_logliks[i])
-        if with_answers:
-            p["answer_nll"] = float(scored.answer_nll[i])
-    return preds, [[ps[j] for j in kept] for ps, kept in zip(retrieved, scored.kept)]
+            nll_with_demos: bool = False, evidence: str = EVIDENCE) -> tuple[list[dict], list[list[str]]]:
+    """The QA job's rows for "replug_posterior": each question's generated answer from its kept passes, the kept
+    ranks, their log λ and log p(x | d), and the answer NLL; and the kept passages per question (answer recall).
+
+    ONE definition of ℓ, whatever the answer NLL does: `evidence` "demos" (the default) reads log p(x | demos, d)
+    where the generation reads x (with the "replug" ensemble in its own prefill: no other pass); "question" scores
+    log p(x | d) zero-shot (UPR's) first. The answer NLL (`with_answers`) is then the QA job's for every method:
+    `answer_nll.answer_nll` over the kept passes with their weights (zero-shot unless `nll_with_demos`)."""
+    if evidence not in EVIDENCES:
+        raise ValueError(f"evidence must be one of {EVIDENCES}, got {evidence!r}")
+    if evidence == "demos" and ensemble == "replug":
+        preds, kept, weights = generate_at_prefill(lm, questions, retrieved, scores, demo_prefix=demo_prefix, k=k,
+                                                   temperature=temperature, alpha=alpha,
+                                                   max_new_tokens=max_new_tokens)
+    else:
+        scored = posterior_passes(lm, questions, retrieved, scores, temperature=temperature, alpha=alpha, k=k,
+                                  with_answers=False, prefix=demo_prefix if evidence == "demos" else "", progress=True)
+        preds = generate_answers(lm, scored.contexts, scored.log_weights, ensemble=ensemble, demo_prefix=demo_prefix,
+                                 max_new_tokens=max_new_tokens, progress=True)
+        kept, weights = scored.kept, scored.log_weights
+        for p, pos, w, ll in zip(preds, kept, weights, scored.query_logliks):
+            _record_weights(p, pos, w, ll)
+    if with_answers:
+        contexts = [[question_block(q.question, ps[j]) for j in pos] for q, ps, pos in zip(questions, retrieved, kept)]
+        nll = answer_nll(lm, contexts, weights, [q.answers for q in questions],
+                         prefix=demo_prefix if nll_with_demos else "", progress=True)
+        for p, value in zip(preds, nll):
+            p["answer_nll"] = float(value)
+    return preds, [[ps[j] for j in pos] for ps, pos in zip(retrieved, kept)]
 
 
 def generate_at_prefill(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, demo_prefix: str, k: int,
                         temperature: float, alpha: float, max_new_tokens: int,
-                        progress: bool = True) -> tuple[list[dict], list[list[str]]]:
-    """`predict`'s rows without answer NLL: REPLUG's passes over all retrieved passages, weighted by the posterior
-    read in the generation's own prefill (`posterior.generate`; x = the question block after the demos and the
-    passage), the k best of each question mixed; and the kept passages per question."""
+                        progress: bool = True) -> tuple[list[dict], list[np.ndarray], list[np.ndarray]]:
+    """`predict`'s rows (without answer NLL) with ℓ read in the generation's own prefill: REPLUG's passes over all
+    retrieved passages, weighted by the posterior (`posterior.generate`; x = the question block after the demos and
+    the passage), the k best of each question mixed. -> (rows, kept positions per question best first [k'], their
+    log λ [k'])."""
     contexts, retrieval_w = method_passes(questions, retrieved, scores, method="replug", temperature=temperature)
     queries = [question_block(q.question, None) for q in questions]
     gens = posterior.generate(lm, contexts, queries, retrieval_w, alpha=alpha, keep=k, max_new_tokens=max_new_tokens,
                               stop=("\n",), shared_prefix=demo_prefix, progress=progress)
-    preds, kept_passages = [], []
-    for g, ps in zip(gens, retrieved):
+    preds, kept_positions, kept_weights = [], [], []
+    for g in gens:
         w = np.asarray(g.log_weights)  # [D], -inf: dropped
         kept = np.argsort(-w, kind="stable")[: int(np.isfinite(w).sum())]  # best posterior first
         p = {"prediction": g.text.strip(), "finish_reason": g.finish_reason}
         _record_weights(p, kept, w[kept], np.asarray(g.query_logliks)[kept])
         preds.append(p)
-        kept_passages.append([ps[j] for j in kept])
-    return preds, kept_passages
+        kept_positions.append(kept)
+        kept_weights.append(w[kept])
+    return preds, kept_positions, kept_weights
 
 
 def _record_weights(row: dict, kept, log_weights, query_logliks) -> None:

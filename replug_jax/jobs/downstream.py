@@ -102,7 +102,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k,
                "shots": len(demos) if kind == "qa" else config.shots, "config": results_file.config_record(config),
                "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
-               "processes": jax.process_count(), "warnings": unused_settings(config), **_lsr_direction(config),
+               "processes": jax.process_count(),
+               "warnings": [w for w in [getattr(prepared.tokenizer, "offsets_note", None)] if w] + unused_settings(config), **_lsr_direction(config),
                **results}  # the run's own settings win (OLMES: the file's shots)
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())
@@ -194,7 +195,16 @@ def _posterior_settings(config) -> dict:
     """What "replug_posterior" ran with, for results.json (nothing when it did not run)."""
     if "replug_posterior" not in config.methods:
         return {}
-    return {"posterior_alpha": config.posterior_alpha, "rerank_depth": _depth(config, "replug_posterior")}
+    return {"posterior_alpha": config.posterior_alpha, "rerank_depth": _depth(config, "replug_posterior"),
+            **({"posterior_evidence": _evidence(config)} if config.job == "qa" else {})}
+
+
+def _evidence(config) -> str:
+    """"replug_posterior"'s ℓ in the QA job (qa_posterior.EVIDENCES), never changed by answer_nll."""
+    evidence = config.get("posterior_evidence", qa_posterior.EVIDENCE)
+    if evidence not in qa_posterior.EVIDENCES:
+        raise InputError(f"--config.posterior_evidence={evidence!r}: one of {', '.join(qa_posterior.EVIDENCES)}")
+    return evidence
 
 
 def _depth(config, method: str) -> int:
@@ -211,7 +221,7 @@ def _posterior_predictions(config, lm, retriever, store, questions, demo_prefix)
                                 temperature=config.temperature, alpha=config.posterior_alpha,
                                 ensemble=config.ensemble, max_new_tokens=config.max_new_tokens,
                                 with_answers=config.get("answer_nll", True),
-                                nll_with_demos=config.get("answer_nll_demos", False))
+                                nll_with_demos=config.get("answer_nll_demos", False), evidence=_evidence(config))
 
 
 def _run_olmes(config, lm, store, retrievers, questions, task: tuple[str, str]):

@@ -176,15 +176,11 @@ def query_token_ids(tokenizer: TextTokenizer, context: str, query: str, continua
     """(context ids, query ids, continuation ids) of one `score_with_query` pass. `context + query` is tokenised as
     one text, as REPLUG's pass context `d ∘ x` is, and the query's tokens are those that start at or after its first
     character (a token straddling the boundary stays with the context); the continuation is tokenised apart (the
-    contract's rule). A tokenizer without character offsets (a server's /tokenize) tokenises the three apart. The
+    contract's rule), so the pass is REPLUG's own (`pair_token_ids(context + query, continuation)`) on every path. The
     context is cut from the LEFT to fit; the query must keep a token, the continuation may be empty. A `prefix` (a
     generation's shared prefix: `generation_prompt_ids`'s rule) is tokenised apart, kept whole and put first."""
-    if context and hasattr(tokenizer, "encode_with_offsets"):
-        ids, offsets = tokenizer.encode_with_offsets(context + query)
-        n_ctx = sum(1 for start, _ in offsets if start < len(context))
-        ctx, query_ids = ids[:n_ctx], ids[n_ctx:]
-    else:
-        ctx, query_ids = (tokenizer.encode(context) if context else []), tokenizer.encode(query)
+    ids, n_ctx = query_boundary(tokenizer, context, query)
+    ctx, query_ids = ids[:n_ctx], ids[n_ctx:]
     if not query_ids:
         raise ValueError(f"query {query[:40]!r} has no tokens of its own after its context: there is nothing to score")
     cont = tokenizer.encode(continuation) if continuation else []
@@ -200,6 +196,21 @@ def query_token_ids(tokenizer: TextTokenizer, context: str, query: str, continua
     if max_length is not None:
         ctx = ctx[len(ctx) - (max_length - scored):] if max_length - scored < len(ctx) else ctx
     return prefix_ids + ctx, query_ids, cont
+
+
+def query_boundary(tokenizer: TextTokenizer, context: str, query: str) -> tuple[list[int], int]:
+    """(ids of `context + query` tokenised as one text, how many of them are the context's): the tokens starting
+    before the query's first character. Without character offsets (a server's /tokenize without pieces) the context's
+    are those `encode(context)` shares with the whole, plus the one straddling the boundary where they part (exact
+    unless two tokens straddle it); the ids are the same either way."""
+    if not context:
+        return tokenizer.encode(query), 0
+    if hasattr(tokenizer, "encode_with_offsets"):
+        ids, offsets = tokenizer.encode_with_offsets(context + query)
+        return list(ids), sum(1 for start, _ in offsets if start < len(context))
+    ids, alone = tokenizer.encode(context + query), tokenizer.encode(context)
+    shared = next((i for i, (a, b) in enumerate(zip(ids, alone)) if a != b), min(len(ids), len(alone)))
+    return list(ids), shared if shared == len(alone) else min(shared + 1, len(ids))
 
 
 def query_token_count(tokenizer: TextTokenizer, context: str, query: str) -> int:

@@ -57,7 +57,8 @@ def echo_values(choice: dict, prompt_logprobs_form: bool) -> list[float | None]:
 
 
 def _chosen(entry: dict) -> float | None:
-    """The prompt token's own log-prob in a vLLM entry (rank given, else the first, which vLLM puts first)."""
+    """The prompt token's own log-prob in a vLLM entry: its first option, where vLLM puts it (the ranks are not
+    read: the prompt token's may be any, or null, and the top options follow it)."""
     options = list(entry.values())
     value = options[0].get("logprob") if options and isinstance(options[0], dict) else None
     _check_values([value])

@@ -59,9 +59,19 @@ def token_starts(tokenizer: TextTokenizer, text: str) -> list[int]:
         return piece_token_starts(tokenizer, text)
     _, offsets = tokenizer.encode_with_offsets(text)
     starts = [start for start, _ in offsets]
+    for i in range(1, len(starts)):  # never backwards (a byte-level token inside a character repeats its start)
+        starts[i] = max(starts[i], starts[i - 1])
     if starts:
         starts[0] = 0  # leading whitespace belongs to the first token
     return starts + [len(text)]
+
+
+def token_pieces(tokenizer: TextTokenizer, text: str) -> tuple[list[int], list[str]]:
+    """(ids, each token's piece of `text`): the text cut at `token_starts`, so the pieces spell it exactly and a
+    client that adds up their lengths gets this tokenizer's own starts (a server's `/tokenize` "with_pieces")."""
+    ids = tokenizer.encode(text)
+    starts = token_starts(tokenizer, text)  # [n + 1]
+    return ids, [text[a:b] for a, b in zip(starts[:-1], starts[1:])]
 
 
 _PIECE = re.compile(r"\s*\S+|\s+")  # a word with the whitespace before it; whitespace that ends the text alone

@@ -8,11 +8,12 @@ import json
 import threading
 import time
 
-from replug_jax.server.completions import MAX_PROMPT_TOKENS, MAX_PROMPTS, Limits, check_model, complete
+from replug_jax.server.completions import (MAX_PROMPT_TOKENS, MAX_PROMPTS, MAX_RESPONSE_BYTES, Limits, check_model,
+                                           complete, too_large)
+from replug_jax.models.tokenizer import token_pieces
 from replug_jax.server.engine import MAX_TOP_LOGPROBS, RequestError, ScoringEngine
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this gets 413 before it is read
-MAX_RESPONSE_BYTES = 32 << 20  # a response larger than this is refused (400): ask for fewer prompts or log-probs
 MAX_CONCURRENT = 64  # requests in flight at once; more get 429 (with Retry-After)
 ROUTES = "POST /v1/completions, GET /v1/models, POST /tokenize (/v1/tokenize) and GET /health"
 
@@ -46,12 +47,14 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
              add_start_token: bool = False, api_key: str | None = None, max_top_logprobs: int = MAX_TOP_LOGPROBS,
              start_token_on_text: bool = False, max_body_bytes: int = MAX_BODY_BYTES, max_prompts: int = MAX_PROMPTS,
              max_prompt_tokens: int = MAX_PROMPT_TOKENS, max_response_bytes: int = MAX_RESPONSE_BYTES,
-             max_concurrent: int = MAX_CONCURRENT):
+             max_concurrent: int = MAX_CONCURRENT, with_pieces: bool = True):
     """The Starlette application serving `lm` (a LocalLM); `app.state.engine` owns the model thread.
+    with_pieces: /tokenize answers "with_pieces" (llama.cpp's form; False: ids only, as vLLM's).
     add_start_token: every prompt is conditioned on the start token (llama.cpp); start_token_on_text: text prompts
     only begin with it, token-id prompts are taken as they are (vLLM).
     max_top_logprobs: the largest `logprobs` accepted (a 400 above it, as OpenAI's API does above 5).
-    Limits: larger bodies get 413 before they are read; more prompts or prompt tokens, a larger response, 400;
+    Limits: larger bodies get 413 before they are read; more prompts or prompt tokens, a larger response (refused
+    before the model runs where its log-probs alone pass the cap), 400;
     more than `max_concurrent` requests at once, 429. Without `api_key` only loopback addresses are answered
     (403 elsewhere); the key is compared in constant time. Errors are OpenAI's JSON error bodies."""
     if not 1 <= max_top_logprobs <= MAX_TOP_LOGPROBS:
@@ -66,7 +69,8 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
     if start_token_on_text and lm.start_id is None:
         raise ValueError("start_token_on_text: the tokenizer has no document-start token")
     engine = ScoringEngine(lm, max_batch_rows=max_batch_rows, batch_wait=batch_wait, add_start_token=add_start_token)
-    limits = Limits(model_name or lm.name, max_top_logprobs, max_prompts, max_prompt_tokens, start_token_on_text)
+    limits = Limits(model_name or lm.name, max_top_logprobs, max_prompts, max_prompt_tokens, start_token_on_text,
+                    max_response_bytes)
     in_flight = [0]  # requests being answered (changed on the event loop only)
 
     def error(status: int, message: str, kind: str = "invalid_request_error", code=None, param=None, headers=None):
@@ -125,9 +129,8 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
                 return error(e.status, str(e), code=e.code, param=e.param)
             finally:
                 in_flight[0] -= 1
-            if len(response.body) > max_response_bytes:
-                return error(400, f"the response would be {len(response.body)} bytes, over this server's limit of "
-                             f"{max_response_bytes}: send fewer prompts a request or ask for fewer log-probs")
+            if len(response.body) > max_response_bytes:  # past the estimate `complete` refuses from before the work
+                return error(400, str(too_large(len(response.body), max_response_bytes)))
             return response
         return handle
 
@@ -135,6 +138,10 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         check_model(body, limits.model_name)
         if not isinstance(body.get("prompt"), str):
             raise RequestError("'prompt' must be a string", param="prompt")
+        if body.get("with_pieces") and with_pieces:  # llama.cpp's form: each token and its text
+            ids, pieces = await asyncio.to_thread(token_pieces, lm.tokenizer, body["prompt"])
+            return {"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces)], "count": len(ids),
+                    "max_model_len": lm.max_length}
         ids = await asyncio.to_thread(lm.tokenizer.encode, body["prompt"])
         return {"tokens": ids, "count": len(ids), "max_model_len": lm.max_length}
 

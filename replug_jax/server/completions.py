@@ -11,6 +11,10 @@ from replug_jax.server.engine import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, RequestEr
 
 MAX_PROMPTS = 1024  # prompts in one completions request
 MAX_PROMPT_TOKENS = 1 << 18  # prompt tokens in one request, all its prompts together (16 prompts of 16k tokens)
+MAX_RESPONSE_BYTES = 32 << 20  # a response larger than this is refused (400): ask for fewer prompts or log-probs
+# about the fewest bytes a log-prob takes in a response (measured on a byte-level vocabulary): a legacy entry (a
+# token's text and a float), a vLLM `prompt_logprobs` entry ({"logprob", "rank", "decoded_token"})
+ENTRY_BYTES, VLLM_ENTRY_BYTES = 12, 48
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +27,7 @@ class Limits:
     max_prompts: int = MAX_PROMPTS
     max_prompt_tokens: int = MAX_PROMPT_TOKENS
     text_start: bool = False
+    max_response_bytes: int = MAX_RESPONSE_BYTES
 
 
 def _field(body: dict, name: str, kind, default, low=None, high=None):
@@ -66,6 +71,22 @@ def _check_tokens(count: int, limits: Limits) -> None:
                            "or shorter prompts a request)", param="prompt")
 
 
+def too_large(size: int, limit: int, at_least: str = "") -> RequestError:
+    """The refusal of a response of `size` bytes over `limit` (`at_least`: "at least ", for an estimate)."""
+    return RequestError(f"the response would be {at_least}{size} bytes, over this server's limit of {limit}: send "
+                        "fewer prompts a request or ask for fewer log-probs")
+
+
+def _check_response(prompt_tokens: int, prompts: int, max_tokens: int, logprobs, prompt_logprobs, echo: bool,
+                    limits: Limits) -> None:
+    """Refuse, before any work, a request whose log-probs alone (tokens × entries asked) pass the response cap."""
+    legacy = 0 if logprobs is None else (prompt_tokens * echo + prompts * max_tokens) * (1 + logprobs)
+    vllm = 0 if prompt_logprobs is None else prompt_tokens * (1 + prompt_logprobs)
+    size = ENTRY_BYTES * legacy + VLLM_ENTRY_BYTES * vllm
+    if size > limits.max_response_bytes:
+        raise too_large(size, limits.max_response_bytes, "at least ")
+
+
 def _tokenise(engine: ScoringEngine, prompt, text_start: bool):
     """(ids, starts, ends, text) of a prompt; `text_start`: a text prompt begins with the start token (zero-width),
     as vLLM's tokenizer adds it to text prompts while token-id prompts are taken as they are."""
@@ -103,6 +124,8 @@ async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
     # tokenised on a worker thread: a large prompt never stalls the event loop (other clients, /health)
     tokenised = await asyncio.to_thread(lambda: [_tokenise(engine, p, limits.text_start) for p in prompts])
     _check_tokens(sum(len(ids) for ids, *_ in tokenised), limits)
+    _check_response(sum(len(ids) for ids, *_ in tokenised), len(prompts), max_tokens, logprobs, prompt_logprobs, echo,
+                    limits)
     for ids, *_ in tokenised:
         engine.check_length(len(ids), max_tokens)
     all_ids = [ids for ids, *_ in tokenised]

@@ -1,5 +1,5 @@
 """LM supervision through the persistent score cache: ℓ(x, d, y) = Σ_t log p(y_t | d ∘ x, y_<t) (`score`), or
-the query's own ℓ(x, d) = Σ_t log p(x_t | d, x_<t) (`score_query`, LSR's question target).
+the query's own ℓ(x, d) = Σ_t log p(x_t | d, x_<t) (`score_query_and_continuation`, LSR's question target).
 
 No (context, continuation) pair and no (document, query) pair is scored twice, across steps, index refreshes,
 restarts and (with a shared cache file) runs: see `replug_jax.lm.cache.CachedLM` (the two kinds have separate keys).
@@ -29,11 +29,6 @@ class LMScoreCache:
         sums = np.array([np.sum(x, dtype=np.float64) for x in lps], np.float32)
         counts = np.array([len(x) for x in lps], np.int32)
         return sums, counts
-
-    def score_query(self, contexts: Sequence[str], queries: Sequence[str], progress: bool = False):
-        """`(logprob sums [N], token counts [N])` of each query after its context: one `score_with_query` pass per
-        pair with an empty continuation (the query's tokens as `blackbox.query_token_ids` splits them)."""
-        return self.score_query_and_continuation(contexts, queries, [""] * len(queries), progress=progress)[0]
 
     def score_query_and_continuation(self, contexts: Sequence[str], queries: Sequence[str],
                                      continuations: Sequence[str], progress: bool = False):

@@ -1,0 +1,353 @@
+"""One method, one number, whatever the path (issue 50): the standing path-equivalence matrix.
+
+Every cell runs the same tiny inputs (a tiny random GPT-2 whose byte-level BPE has merges, so token boundaries
+matter; a tiny BERT retriever over 8 documents) and compares with the local LM's number to 1e-4.
+
+Weightings: `replug` (λ = softmax(s/τ)); `replug_posterior` α 0; α 1; α 1 re-ranked (the top 4 scored, 2 kept).
+Paths:
+  local        LocalLM
+  http         HTTPLM on our server with the local tokenizer (token-id prompts)
+  http_server  HTTPLM with the server's own /tokenize (pieces: exact token starts)
+  http_ids     HTTPLM with a /tokenize that gives ids only (vLLM's): passes REPLUG's own tokens, so `replug` and α 0
+               still equal local; windows, passages and ℓ's boundary are estimated, and the run says so
+Cells (W: every weighting; P: local, http, http_server):
+  LM evaluation   `evaluate_lm` W × P on windows and passages cut by each path's tokenizer (identical cuts);
+                  the lm_eval job (none, replug, α 1 re-ranked) × {local, http_server}; its warning on http_ids
+  QA              `qa_posterior.predict` and REPLUG's answer NLL W × P (answer NLL, λ, log p(x|d)); answer_nll on and
+                  off give the same predictions and weights; the qa job (none, replug, α 1 re-ranked) × {local,
+                  http_server}
+  multiple choice the project's cloze prompts and real OLMES arc_easy rc_5shot requests, W × P (options'
+                  log-likelihoods, kept passages); x is the request's final question block
+  REPLUG object   `REPLUG.score` W × P equals the LM evaluation's mixture of the same passes; `REPLUG.answer` equals
+                  the QA job's prediction (local)
+  alone / listed  each method alone equals the same method beside the others (LM evaluation, QA);
+                  a k sweep never changes the posterior (rerank_depth 0 means k)
+  α 0             equals REPLUG bit for bit where the passes are shared (LM evaluation), to 1e-6 elsewhere
+Two processes: tests/test_multiprocess.py runs the jobs in two processes against one (slow tier).
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+import replug_jax as rj
+from replug_jax.data.olmes import load_olmes, split_question_block
+from replug_jax.data.records import QAExample
+from replug_jax.evaluate import answer_nll, olmes_tasks, option_text, qa, qa_posterior
+from replug_jax.evaluate import lm as lm_eval
+from replug_jax.evaluate.windows import document_windows
+from replug_jax.lm.http import HTTPLM
+from replug_jax.passages import QA_DOC_TEMPLATE, passages_of
+from replug_jax.retrieval.datastore import Document, chunk_documents
+from replug_jax.retrieval.embeddings import embed_corpus
+from replug_jax.retrieval.index import DenseIndex
+from replug_jax.retrieval.retriever import DenseRetriever, index_meta
+from replug_jax.server.app import BackgroundServer
+
+from tests import hf_tiny
+
+TOPICS = ["The river Avon flows to the sea past the old mill at Bradford.", "Stars shine over the quiet Atacama "
+          "desert at night, where telescopes watch.", "Bread rises in the warm kitchen oven of the baker Marguerite.",
+          "The violin plays a slow, sad song in Vienna's concert hall.", "Snow covers Mount Elbrus, the tall peak "
+          "of the Caucasus.", "Gold (Au) is a dense metal; its atomic number is 79."]
+QUESTIONS = [QAExample("q0", "Where does the river Avon flow?", ("to the sea",)),
+             QAExample("q1", "What is the atomic number of gold?", ("79",)),
+             QAExample("q2", "Which mountain is the tall peak of the Caucasus?", ("Mount Elbrus", "Elbrus"))]
+DEMOS = "Knowledge: Paris is the capital of France.\nQuestion: What is the capital of France?\nAnswer: Paris\n\n"
+WEIGHTINGS = {"replug": None, "posterior_a0": (0.0, 0), "posterior_a1": (1.0, 0), "posterior_rerank": (1.0, 4)}
+K, TAU = 2, 0.5
+
+
+def documents(prefix: str, n: int) -> list[Document]:
+    return [Document(f"{prefix}{i}", f"Title {i}", " ".join(TOPICS[(i + j) % len(TOPICS)] for j in range(3)))
+            for i in range(n)]
+
+
+def olmes_requests():
+    questions, _ = load_olmes("arc_easy", "rc_5shot")
+    return questions[:2]
+
+
+def merging_tokenizer(path: str, vocab_size: int) -> None:
+    """A byte-level BPE trained on this module's texts: words, "\\n\\n" and " Question" merge into single tokens."""
+    texts = [d.text for d in documents("c", 6)] + [DEMOS] + [q.context for q in olmes_requests()]
+    texts += [QA_DOC_TEMPLATE.format(passage=t) + f"Question: {q.question}\nAnswer:" for t in TOPICS for q in QUESTIONS]
+    tok = tokenizers.Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts * 3, trainer)
+    tok.save(os.path.join(path, "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    """{path name: black-box LM}, the encoder, and the servers (stopped at the end)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    lm_dir, enc_dir = str(tmp_path_factory.mktemp("lm")), str(tmp_path_factory.mktemp("enc"))
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=400, n_embd=32, n_layer=2, n_head=4, n_positions=1024)).eval() \
+        .save_pretrained(lm_dir)
+    merging_tokenizer(lm_dir, 400)
+    hf_tiny.tiny_bert(enc_dir)
+    local = rj.load_lm(lm_dir, batch_size=8)
+    assert len(local.tokenizer.encode("Question: x\n\n")) < len("Question: x\n\n") - 4  # merges happen
+    servers = [BackgroundServer(local), BackgroundServer(local, with_pieces=False)]
+    lms = {"local": local, "http": HTTPLM(servers[0].url, tokenizer=local.tokenizer, concurrency=4),
+           "http_server": HTTPLM(servers[0].url, concurrency=4), "http_ids": HTTPLM(servers[1].url, concurrency=4)}
+    assert lms["http_server"].tokenizer.offsets_note is None and lms["http_ids"].tokenizer.offsets_note
+    yield lms, rj.load_encoder(enc_dir, batch_size=8), lm_dir, enc_dir, servers
+    for server in servers:
+        server.stop()
+
+
+def datastore(lm, encoder, tmp_path):
+    store = chunk_documents(documents("c", 8), lm.tokenizer, chunk_tokens=24)
+    index = DenseIndex.build(embed_corpus(encoder, store.texts, str(tmp_path / f"e{id(lm)}.npy"), progress=False),
+                             meta=index_meta(encoder, store))
+    return store, DenseRetriever(encoder, index, store)
+
+
+def lm_evaluation(lm, encoder, tmp_path, weighting, **extra):
+    store, retriever = datastore(lm, encoder, tmp_path)
+    wins = [w for d in documents("h", 2) for w in document_windows(d.id, d.text, lm.tokenizer, stride_tokens=12,
+                                                                      query_tokens=10, context_tokens=10)]
+    alpha, depth = WEIGHTINGS[weighting] or (None, 0)
+    out = lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=K, temperature=TAU, progress=False,
+                              posterior_alpha=alpha, rerank_depth=depth, **extra)
+    return out, store, wins
+
+
+@pytest.mark.parametrize("weighting", list(WEIGHTINGS))
+def test_lm_evaluation_gives_one_number_on_every_path(paths, tmp_path, weighting):
+    lms, encoder = paths[0], paths[1]
+    method = "replug" if weighting == "replug" else "replug_posterior"
+    want, store, wins = lm_evaluation(lms["local"], encoder, tmp_path, weighting)
+    for name in ("http", "http_server"):
+        got, got_store, got_wins = lm_evaluation(lms[name], encoder, tmp_path, weighting)
+        assert got_store.texts == store.texts and got_wins == wins  # cut at the same token starts
+        for m in ("none", "replug", method):
+            assert got["perplexity"][m] == pytest.approx(want["perplexity"][m], rel=1e-4), (name, m)
+    if method == "replug":
+        return
+    alone = lm_evaluation(lms["local"], encoder, tmp_path, "replug")[0]
+    assert want["perplexity"]["replug"] == pytest.approx(alone["perplexity"]["replug"], rel=1e-4)  # alone = listed
+    swept = lm_evaluation(lms["local"], encoder, tmp_path, weighting, k_sweep=(1, 2, 6))[0]
+    assert swept["perplexity"][method] == pytest.approx(want["perplexity"][method], rel=1e-4)  # not the sweep's depth
+    assert want["posterior"] == {"alpha": WEIGHTINGS[weighting][0], "rerank_depth": WEIGHTINGS[weighting][1] or K}
+    if weighting == "posterior_a0":
+        assert want["perplexity"][method] == want["perplexity"]["replug"]  # bit for bit: the same passes and mixture
+    for name in ("local", "http_ids"):  # ids only: REPLUG's own passes, so α 0 is still REPLUG and listing changes nothing
+        got = lm_evaluation(lms[name], encoder, tmp_path, "posterior_a0")[0]
+        plain = lm_evaluation(lms[name], encoder, tmp_path, "replug")[0]
+        assert got["perplexity"]["replug_posterior"] == pytest.approx(got["perplexity"]["replug"], rel=1e-6)
+        assert got["perplexity"]["replug"] == pytest.approx(plain["perplexity"]["replug"], rel=1e-4)
+
+
+def qa_rows(lm, encoder, tmp_path, weighting, with_answers=True):
+    """(answer NLLs, per question log λ of the passes mixed, predictions) of one weighting on the QA path."""
+    store, retriever = datastore(lm, encoder, tmp_path)
+    alpha, depth = WEIGHTINGS[weighting] or (0.0, 0)
+    scores, rows = retriever.retrieve([q.question for q in QUESTIONS], max(K, depth))
+    passages = passages_of(store, rows)
+    if weighting == "replug":
+        contexts, log_w = qa.method_passes(QUESTIONS, passages, scores, method="replug", temperature=TAU)
+        nll = answer_nll.answer_nll(lm, contexts, log_w, [q.answers for q in QUESTIONS])
+        return nll, [np.asarray(w) for w in log_w], None
+    preds, _ = qa_posterior.predict(lm, QUESTIONS, passages, scores, demo_prefix=DEMOS, k=K, temperature=TAU,
+                                    alpha=alpha, ensemble="replug", max_new_tokens=3, with_answers=with_answers)
+    nll = np.array([p["answer_nll"] for p in preds]) if with_answers else None
+    return nll, [np.asarray(p["log_weights"]) for p in preds], preds
+
+
+@pytest.mark.parametrize("weighting", list(WEIGHTINGS))
+def test_qa_gives_one_number_on_every_path(paths, tmp_path, weighting):
+    lms, encoder = paths[0], paths[1]
+    nll, weights, preds = qa_rows(lms["local"], encoder, tmp_path, weighting)
+    for name in ("http", "http_server"):
+        got_nll, got_w, got_preds = qa_rows(lms[name], encoder, tmp_path, weighting)
+        np.testing.assert_allclose(got_nll, nll, rtol=1e-4, err_msg=name)
+        for g, w in zip(got_w, weights):
+            np.testing.assert_allclose(g, w, atol=1e-4, err_msg=name)
+        if preds is not None:
+            assert [p["kept_ranks"] for p in got_preds] == [p["kept_ranks"] for p in preds]
+            for g, w in zip(got_preds, preds):
+                np.testing.assert_allclose(g["question_logliks"], w["question_logliks"], atol=2e-4)
+    if preds is None:
+        return
+    _, off_w, off = qa_rows(lms["local"], encoder, tmp_path, weighting, with_answers=False)
+    assert [p["prediction"] for p in off] == [p["prediction"] for p in preds]  # answer_nll never changes them
+    assert [p["log_weights"] for p in off] == [p["log_weights"] for p in preds]
+    if weighting == "posterior_a0":  # α 0: REPLUG's weights and answer NLL
+        replug_nll, replug_w, _ = qa_rows(lms["local"], encoder, tmp_path, "replug")
+        np.testing.assert_allclose(nll, replug_nll, rtol=1e-5)
+        for g, w in zip(weights, replug_w):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def mc_logliks(lm, encoder, tmp_path, weighting, olmes: bool):
+    """Per question the options' mixture log-likelihoods of one weighting (OLMES requests or the cloze prompts)."""
+    store, retriever = datastore(lm, encoder, tmp_path)
+    if olmes:
+        alpha, depth = WEIGHTINGS[weighting] or (1.0, 0)
+        method = "replug" if weighting == "replug" else "replug_posterior"
+        questions = olmes_requests()
+        retrieve = lambda _, queries: retriever.retrieve(queries, max(K, depth))
+        rows = olmes_tasks.predictions(lm, questions, [method], retrieve, store, "acc", TAU, posterior_alpha=alpha,
+                                       k=K)
+        return [r[f"{method}_options"]["loglik"] for r in rows]
+    questions = [QAExample(q.id, q.question, q.answers) for q in QUESTIONS]
+    choices = [[" to the sea", " to the desert"], [" 79", " 47"], [" Mount Elbrus", " Mont Blanc"]]
+    alpha, depth = WEIGHTINGS[weighting] or (0.0, 0)
+    scores, rows = retriever.retrieve([q.question for q in questions], max(K, depth))
+    passages = passages_of(store, rows)
+    if weighting == "replug":
+        prompts = [[QA_DOC_TEMPLATE.format(passage=p) + f"Question: {q.question}\nAnswer:" for p in ps]
+                   for q, ps in zip(questions, passages)]
+        log_w = [option_text.log_lambda(s, len(p), TAU) for s, p in zip(scores, passages)]
+        return option_text.option_predictions(lm, prompts, log_w, choices)["loglik"]
+    docs = [[QA_DOC_TEMPLATE.format(passage=p) for p in ps] for ps in passages]
+    blocks = [f"Question: {q.question}\nAnswer:" for q in questions]
+    return option_text.posterior_option_predictions(lm, docs, blocks, scores, choices, temperature=TAU, alpha=alpha,
+                                                    k=K)["loglik"]
+
+
+@pytest.mark.parametrize("olmes", [False, True], ids=["cloze", "olmes"])
+@pytest.mark.parametrize("weighting", list(WEIGHTINGS))
+def test_multiple_choice_gives_one_number_on_every_path(paths, tmp_path, weighting, olmes):
+    lms, encoder = paths[0], paths[1]
+    want = mc_logliks(lms["local"], encoder, tmp_path, weighting, olmes)
+    for name in ("http", "http_server"):
+        got = mc_logliks(lms[name], encoder, tmp_path, weighting, olmes)
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4, err_msg=name)
+    if weighting == "posterior_a0":
+        np.testing.assert_allclose(np.array(want), np.array(mc_logliks(lms["local"], encoder, tmp_path, "replug",
+                                                                       olmes)), atol=1e-4)
+
+
+def test_olmes_x_is_the_final_question_block_of_real_requests():
+    """x of the posterior on OLMES requests: the block after the shots, cut at the last "\\n\\n" of the packaged
+    request strings (5-shot and 0-shot, rc and mc forms); the shots stay on the passage's side of the pass."""
+    for task, form in (("arc_easy", "rc_5shot"), ("sciq", "rc_5shot"), ("openbookqa", "rc_0shot"),
+                       ("arc_challenge", "mc_5shot")):
+        for q in load_olmes(task, form)[0][:50]:
+            shots, block = split_question_block(q.context)
+            assert shots + block == q.context and block.startswith("Question:") and "\n\n" not in block
+            assert q.question[:60] in block and block.endswith("Answer:")
+            assert shots.count("\nAnswer:") == (5 if "5shot" in form else 0)
+
+
+class RecordingLM:
+    """A real LM whose `score_with_query` calls are kept (which x the posterior scores)."""
+
+    def __init__(self, lm):
+        self.lm, self.queries = lm, []
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def score_with_query(self, contexts, queries, continuations, **kw):
+        self.queries += list(queries)
+        return self.lm.score_with_query(contexts, queries, continuations, **kw)
+
+
+def test_olmes_posterior_scores_the_question_block_after_the_passage_and_shots(paths, tmp_path):
+    """On real OLMES requests the posterior's x is the final question block (12-40 tokens), not the request's
+    whole context with its five shots; the pass is REPLUG's own text (passage, shots, block, option)."""
+    lm = RecordingLM(paths[0]["local"])
+    store, retriever = datastore(lm.lm, paths[1], tmp_path)
+    questions = olmes_requests()
+    olmes_tasks.predictions(lm, questions, ["replug_posterior"], lambda _, qs: retriever.retrieve(qs, K), store,
+                            "acc", TAU, posterior_alpha=1.0, k=K)
+    blocks = {split_question_block(q.context)[1] for q in questions}
+    assert set(lm.queries) == blocks and all(b.startswith("Question:") and b.count("\n") == 1 for b in blocks)
+
+
+def test_replug_object_gives_the_jobs_numbers(paths, tmp_path):
+    """`REPLUG.score` on every path equals the LM evaluation's mixture of the same passes, for each weighting; with
+    posterior weights and α 0 it is REPLUG; `REPLUG.answer` is the QA function's prediction."""
+    lms, encoder = paths[0], paths[1]
+    out = {}
+    for name in ("local", "http", "http_server"):
+        store, retriever = datastore(lms[name], encoder, tmp_path)
+        for weighting, setting in WEIGHTINGS.items():
+            mixing = {} if setting is None else {"weights": "posterior", "posterior_alpha": setting[0],
+                                                 "rerank_depth": setting[1]}
+            obj = rj.REPLUG(lms[name], retriever, store, k=K, temperature=TAU, **mixing)
+            out[name, weighting] = obj.score("The river Avon flows to the", " sea past the old mill.",
+                                             query="river Avon")
+    for (name, weighting), lps in out.items():
+        np.testing.assert_allclose(lps, out["local", weighting], atol=1e-4, err_msg=f"{name} {weighting}")
+    np.testing.assert_allclose(out["local", "posterior_a0"], out["local", "replug"], atol=1e-6)
+    store, retriever = datastore(lms["local"], encoder, tmp_path)
+    obj = rj.REPLUG(lms["local"], retriever, store, k=K, temperature=TAU, weights="posterior", posterior_alpha=1.0)
+    _, _, preds = qa_rows(lms["local"], encoder, tmp_path, "posterior_a1", with_answers=False)
+    assert obj.answer(QUESTIONS[1].question, demos=DEMOS, max_new_tokens=3) == preds[1]["prediction"]
+
+
+def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighting: str) -> dict:
+    """results.json of the lm_eval or qa job run through `dispatch.run_job` on the tiny LM (a directory or a URL)."""
+    from ml_collections import config_dict
+
+    from replug_jax.dispatch import run_job
+
+    corpus, held_out, questions = (tmp_path / "corpus.jsonl", tmp_path / "eval.jsonl", tmp_path / "questions.jsonl")
+    for path, docs in ((corpus, documents("c", 8)), (held_out, documents("h", 2))):
+        path.write_text("".join(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n" for d in docs))
+    questions.write_text("".join(json.dumps({"question": q.question, "answers": list(q.answers)}) + "\n"
+                                 for q in QUESTIONS))
+    alpha, depth = WEIGHTINGS[weighting] or (1.0, 0)
+    methods = ("none", "replug") if weighting == "replug" else ("none", "replug", "replug_posterior")
+    common = dict(corpus=str(corpus), encoder=paths[3], lm=lm_path_or_url, lm_tokenizer=lm_tokenizer, k=K,
+                  temperature=TAU, methods=methods, posterior_alpha=alpha, rerank_depth=depth, doc_tokens=24,
+                  metric="cosine", index_factory="Flat", embedding_dtype="float32", lm_batch_size=8, lm_max_length=0,
+                  encoder_batch_size=8, seed=0, dtype="float32", cache_dir="", lm_cache="")
+    if job == "lm_eval":
+        config = config_dict.ConfigDict(dict(job="lm_eval", eval_data=str(held_out), k_sweep=(1, 2, 6),
+                                             bm25_temperature=1.0, query_tokens=10, context_tokens=10,
+                                             stride_tokens=12, max_eval_docs=2, max_windows_per_doc=0, **common))
+    else:
+        from replug_jax.config_files import sibling_config
+
+        config = sibling_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "configs",
+                                             "qa.py"), "qa.py")
+        config.update(dict(questions=str(questions), demos="", shots=0, max_new_tokens=3, **common))
+    workdir = str(tmp_path / f"{job}-{weighting}-{abs(hash((lm_path_or_url, lm_tokenizer)))}")
+    run_job(config, workdir)
+    with open(os.path.join(workdir, "results.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("job", ["lm_eval", "qa"])
+def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
+    """The jobs themselves, run from a config (none, REPLUG and the posterior re-ranked, listed together): the local
+    LM's directory and the server's URL with its own /tokenize give the same numbers; a /tokenize without pieces is
+    said in results.json's warnings."""
+    lms, _, lm_dir, _, servers = paths
+    weighting = "posterior_rerank"
+    want = job_results(lm_dir, "", paths, tmp_path, job, weighting)
+    got = job_results(servers[0].url, "", paths, tmp_path, job, weighting)
+    metric = "perplexity" if job == "lm_eval" else "answer_nll"
+    for method, value in want[metric].items():
+        assert got[metric][method] == pytest.approx(value, rel=1e-4), method
+    assert not [w for w in got["warnings"] if "token pieces" in w]
+    if job == "lm_eval":
+        ids_only = job_results(servers[1].url, "", paths, tmp_path, job, weighting)
+        assert [w for w in ids_only["warnings"] if "gives no token pieces" in w]
+
+
+def test_http_posterior_generation_refuses_a_pass_that_does_not_end_with_its_query(paths):
+    """The black-box route of `posterior.generate` cuts x off each pass's end: a pass that does not end with it is
+    refused (it scored "Knowledge:" as the passage), as the local prefill route refuses it."""
+    from replug_jax import posterior
+
+    for name in ("local", "http"):
+        with pytest.raises(ValueError, match="does not end with its query"):
+            posterior.generate(paths[0][name], [["Knowledge: a\nQuestion: b?\nAnswer:", "Knowledge: c\nQuestion:"]],
+                               ["Question: b?\nAnswer:"], [np.log([0.5, 0.5])], alpha=1.0, keep=1, max_new_tokens=2)
