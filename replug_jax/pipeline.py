@@ -23,7 +23,7 @@ from replug_jax import mixture, posterior
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa
 from replug_jax.evaluate.lm import ensemble
-from replug_jax.evaluate.qa_posterior import generate_at_prefill
+from replug_jax.evaluate import qa_posterior
 from replug_jax.passages import DOC_TEMPLATE, document_passes, passage_text
 from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, document_from_record
 
@@ -149,9 +149,9 @@ class REPLUG:
                                          demo_prefix=demos, temperature=self.temperature,
                                          max_new_tokens=max_new_tokens)[0]["prediction"]
         else:
-            answer = generate_at_prefill(self.lm, example, passages, scores, demo_prefix=demos, k=self.k,
-                                         temperature=self.temperature, alpha=self.posterior_alpha,
-                                         max_new_tokens=max_new_tokens, progress=False)[0][0]["prediction"]
+            answer = qa_posterior.predict(self.lm, example, passages, scores, demo_prefix=demos, k=self.k,
+                                          temperature=self.temperature, alpha=self.posterior_alpha, ensemble="replug",
+                                          max_new_tokens=max_new_tokens, with_answers=False)[0][0]["prediction"]
         if not answer.strip():
             import warnings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from replug_jax.input_checks import job_methods
 
-POSTERIOR_KEYS = {"posterior_alpha": 1.0, "rerank_depth": 0, "posterior_evidence": "demos"}  # key: its default; replug_posterior alone reads them
+POSTERIOR_KEYS = {"posterior_alpha": 1.0, "rerank_depth": 0, "posterior_evidence": "question"}  # key: its default; replug_posterior alone reads them
 
 
 def unused_settings(config) -> list[str]:

@@ -7,9 +7,8 @@ it follows the passage) and the gold answer's token log-probs. Then
     log λ_i = log softmax_i(s_i / τ + α · log p(x | d_i)),   the k highest kept (re-ranking when depth > k),
 
 and the generation after the few-shot block mixes the kept passes with those fixed weights. The job's ℓ is
-log p(x | demos, d_i), read in the generation's own prefill (`generate_at_prefill`), whether or not the answer NLL
-is reported; `posterior_passes` scores ℓ apart (zero-shot, or after a prefix) with the gold answers' tokens from the
-same pass, for experiments and the vote ensemble.
+log p(x | d_i) from zero-shot passes (`posterior_passes`), whether or not the answer NLL is reported (`EVIDENCE`);
+`generate_at_prefill` reads log p(x | demos, d_i) in the generation's own prefill instead (evidence "demos").
 """
 from __future__ import annotations
 
@@ -63,7 +62,7 @@ def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarra
 
 
 EVIDENCES = ("demos", "question")
-EVIDENCE = "demos"  # ℓ = log p(x | demos, d): the generation's own pass (chosen on the dev split: docs/posterior.md)
+EVIDENCE = "question"  # ℓ = log p(x | d) zero-shot: the dev sweep's (posterior_sweep.py) and every table's (docs/posterior.md)
 
 
 def predict(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, demo_prefix: str, k: int,
@@ -72,9 +71,9 @@ def predict(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, de
     """The QA job's rows for "replug_posterior": each question's generated answer from its kept passes, the kept
     ranks, their log λ and log p(x | d), and the answer NLL; and the kept passages per question (answer recall).
 
-    ONE definition of ℓ, whatever the answer NLL does: `evidence` "demos" (the default) reads log p(x | demos, d)
-    where the generation reads x (with the "replug" ensemble in its own prefill: no other pass); "question" scores
-    log p(x | d) zero-shot (UPR's) first. The answer NLL (`with_answers`) is then the QA job's for every method:
+    ONE definition of ℓ, whatever the answer NLL does: `evidence` "question" (the default) scores log p(x | d)
+    zero-shot (UPR's) in passes of its own before generating; "demos" reads log p(x | demos, d) where the generation
+    reads x (with the "replug" ensemble in its own prefill: no other pass). The answer NLL (`with_answers`) is then the QA job's for every method:
     `answer_nll.answer_nll` over the kept passes with their weights (zero-shot unless `nll_with_demos`)."""
     if evidence not in EVIDENCES:
         raise ValueError(f"evidence must be one of {EVIDENCES}, got {evidence!r}")
