@@ -17,8 +17,8 @@ each target's retriever (DIR/answer, DIR/question: qa_lsr_pools.py's --save_retr
 WORKDIR/table.md and table.json: exact match, answer NLL (nats per answer, the QA job's per-token mixture, zero-shot
 passes), and the 95% bootstrap interval of the per-question difference against the baseline (REPLUG τ = 0.1 unless
 `--baseline`), and answer recall@k (a gold answer in the passages mixed: the kept ones when re-ranking). A finished
-run of the same config is reused (another config's is refused); a killed one resumes from the LM cache, which keeps scores and generated answers (every 512 pairs,
-every 32 questions).
+run of the same config is reused (another config's is refused); a killed one resumes from the LM cache, which keeps
+scores and generated answers (every 512 pairs, every 32 questions).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from replug_jax import console
+from replug_jax import console, results_file
 from replug_jax.config_files import sibling_config
 from replug_jax.dispatch import run_job
 
@@ -76,7 +76,7 @@ def run_config(args, name: str):
 def check_reused(results: dict, config, workdir: str) -> None:
     """A finished run is reused only where its results.json config is this run's (RUN_KEYS); else SystemExit."""
     ran = results.get("config") or {}
-    wanted = json.loads(config.to_json_best_effort())
+    wanted = results_file.config_record(config)
     differ = [f"{key} {ran.get(key, 'unrecorded')!r} (wanted {wanted.get(key)!r})" for key in RUN_KEYS
               if json.dumps(ran.get(key), sort_keys=True) != json.dumps(wanted.get(key), sort_keys=True)]
     if differ:

@@ -14,6 +14,7 @@ import os
 
 from replug_jax.errors import InputError  # noqa: F401 (the jobs' input errors; re-exported)
 from replug_jax.models import registry, split_gguf
+from replug_jax.posterior_settings import check_posterior_settings
 
 DOCUMENT_NAMES = ("gensim_wiki",)  # offline corpora known by name
 CORPUS_NAMES = DOCUMENT_NAMES + ("sciq",)
@@ -102,7 +103,7 @@ def check_job_inputs(config) -> None:
                 raise InputError(f"--config.train_offset: {e}") from None
     if config.job == "lm_eval" or config.job == "lsr" and not _trains_on_questions(config):
         if "replug_posterior" in job_methods(config):
-            _check_posterior(config)
+            check_posterior_settings(config)
         _check_path_or_name("corpus", config.corpus, DOCUMENT_NAMES)
         _check_path_or_name("eval_data", config.eval_data, DOCUMENT_NAMES)
     if config.job in ("qa", "mmlu"):
@@ -117,7 +118,7 @@ def check_job_inputs(config) -> None:
         if config.get("demos"):
             _check_path_or_name("demos", config.demos, names)
         if "replug_posterior" in job_methods(config):
-            _check_posterior(config)
+            check_posterior_settings(config)
         if "replug_lsr" in job_methods(config):
             from replug_jax import workdirs
 
@@ -151,27 +152,6 @@ def _check_lm_tokenizer(config) -> None:
         raise InputError(f"--config.lm_tokenizer={name!r}: a model name or path whose tokenizer is loaded locally "
                          "(\"\": the server's own /tokenize), not a URL")
     check_model("lm_tokenizer", name)
-
-
-def _check_posterior(config) -> None:
-    """replug_posterior: α a finite number >= 0, rerank_depth 0 or a whole number >= k, and (mmlu) the options
-    scored by their text, since the letter prompt lists the options between the question and the answer."""
-    from replug_jax.posterior import check_alpha
-
-    try:
-        check_alpha(config.get("posterior_alpha", 1.0))
-    except ValueError as e:
-        raise InputError(f"--config.{e}") from None
-    depth, k = config.get("rerank_depth", 0), config.get("eval_k") or config.k  # the k the job evaluates with
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0 or 0 < depth < k:
-        key = "eval_k" if config.get("eval_k") else "k"
-        raise InputError(f"--config.rerank_depth={depth!r}: passages scored before keeping {key}={k}: 0 ({key}) or a "
-                         f"whole number >= {key}")
-    olmes_mc = str(config.get("questions", "")).startswith("olmes:") and config.questions.split(":")[-1][:2] == "mc"
-    if config.job == "mmlu" and (olmes_mc or not config.questions.startswith("olmes:") and config.get("scoring") != "options"):
-        raise InputError("--config.methods has replug_posterior, which weighs each passage by log p(question | passage):"
-                         + (f" {config.questions} lists the options in the question block, use an rc form" if olmes_mc else
-                            " set --config.scoring=options (the letter prompt puts the options after the question)"))
 
 
 def _check_lsr_target(config) -> None:

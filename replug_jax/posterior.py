@@ -6,16 +6,22 @@ input after each passage (UPR, Sachan et al. 2022, re-ranks by the same quantity
 
     log λ_i = log softmax_i( s_i / τ + α · log p(x | d_i) )        α = 0: the paper's REPLUG
 
-x is the query the passage was retrieved for as it follows the passage in the pass (the QA question block, never
-the scored continuation), so log p(x | d_i) comes from the very pass that scores the continuation
-(`BlackBoxLM.score_with_query`): no extra LM pass for the same passages. Re-ranking (`rerank`): of the top
-`depth` passages, the k with the highest posterior weight are kept and their weights renormalised.
+x is the query the passage was retrieved for as it follows the passage in the pass (the QA question block, OLMES's
+final question block, an LM window's context; never the scored continuation), so log p(x | d_i) can come from the
+very pass that scores the continuation (`BlackBoxLM.score_with_query`: LM evaluation, multiple choice) or that
+generates (`generate`); the QA job's default reads it from zero-shot passes of its own (`EVIDENCE`). Re-ranking
+(`rerank`): of the top `depth` passages, the k with the highest posterior weight are kept and their weights
+renormalised.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from replug_jax import mixture
+
+
+EVIDENCES = ("question", "demos")  # the QA posterior's ℓ: log p(x | d) zero-shot, or log p(x | demos, d)
+EVIDENCE = "question"  # the dev sweep's (posterior_sweep.py) and every table's (docs/posterior.md)
 
 
 def check_alpha(alpha: float) -> None:
@@ -84,7 +90,7 @@ def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max
     does it in the generation's pass; any other black box (HTTP) first scores x in each pass's own prompt tokens
     with `score_with_query` (one echoed request per pass), then generates with the kept passes. -> `Generation`s with
     `.log_weights` [K] (-inf: dropped) and `.query_logliks` [K], in the passes' given order."""
-    from replug_jax.lm.blackbox import PrefillPosterior, progress_keyword
+    from replug_jax.lm.blackbox import PrefillPosterior, check_ends_with_query, progress_keyword
 
     check_alpha(alpha)
     if getattr(lm, "weights_at_prefill", False):
@@ -92,9 +98,7 @@ def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max
                            progress=progress, posterior=PrefillPosterior(list(queries), alpha, keep))
     flat = [(b, c) for b, ctx in enumerate(contexts) for c in ctx]  # x scored in the generation's own tokens
     for b, c in flat:
-        if not queries[b] or not c.endswith(queries[b]):
-            raise ValueError(f"a pass context of question {b} does not end with its query {queries[b][:40]!r}: the "
-                             "posterior needs x last")
+        check_ends_with_query(c, queries[b], f"a pass context of question {b}")
     scored = lm.score_with_query([c[: len(c) - len(queries[b])] for b, c in flat], [queries[b] for b, _ in flat],
                                  [""] * len(flat), **({"prefix": shared_prefix} if shared_prefix else {}))
     base = np.full((len(contexts), max(len(c) for c in contexts)), -np.inf, np.float32)  # [B, K]

@@ -291,3 +291,9 @@ def trained_retriever(encoder, trained, train_documents: bool, store, index, wor
     index_lsr = build_dense_index(trained, store, workdir, metric=metric, factory=factory,
                                   embedding_dtype=embedding_dtype, name="lsr")
     return DenseRetriever(trained, index_lsr, store)
+
+
+def cut_warnings(prepared) -> list[str]:
+    """What the run says of its text cuts: token starts estimated by a server's ids-only /tokenize (none otherwise)."""
+    note = getattr(prepared.tokenizer, "offsets_note", None)
+    return [note] if note else []

@@ -99,20 +99,18 @@ def test_generate_rejects_bad_input(tiny_lm):
         tiny_lm.generate([["a"]], [[0.0]], max_new_tokens=2, shared_prefix="word " * 200)
 
 
-def test_prefill_posterior_weights_are_posterior_kept_passes(tiny_lm, monkeypatch):
-    """The weights fixed at the prefill are `posterior.kept_passes` of the given log λ and the prefill's own
-    log p(x | d) (posterior.py's one re-ranking rule, ties included: two equal passes), -inf where dropped."""
+def test_prefill_posterior_weights_are_posterior_kept_passes(tiny_lm):
+    """The weights fixed at the prefill (in the jit) equal `posterior.kept_passes` of the given log λ and the prefill's
+    own log p(x | d) (posterior.py's re-ranking rule, ties included: two equal passes), -inf where dropped."""
     from replug_jax import posterior
     from replug_jax.lm.blackbox import PrefillPosterior
 
     contexts = [[f"{p} Q: what is it?" for p in ("first passage.", "second one", "second one")],
                 [f"{p} Q: why" for p in ("only", "two passes")]]
     weights = [np.log([0.5, 0.25, 0.25]), np.log([0.5, 0.5])]
-    calls, inner = [], posterior.kept_passes
-    monkeypatch.setattr(posterior, "kept_passes", lambda *a, **kw: calls.append(1) or inner(*a, **kw))
+    inner = posterior.kept_passes
     gens = tiny_lm.generate(contexts, weights, max_new_tokens=3, stop=(),
                             posterior=PrefillPosterior([" Q: what is it?", " Q: why"], alpha=0.7, keep=2))
-    assert calls
     base = np.full((2, 3), -np.inf, np.float32)
     for b, w in enumerate(weights):
         base[b, : len(w)] = w

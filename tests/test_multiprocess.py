@@ -339,7 +339,8 @@ def downstream_jobs(tiny_job, tmp_path_factory):
                   doc_tokens=24, lm_batch_size=8, encoder_batch_size=8, dtype="float32", max_new_tokens=4)
     jobs = {
         "qa": {**sibling_config(os.path.join(configs, "qa.py"), "qa.py").to_dict(), **common,
-               "questions": str(tmp_path / "qa.jsonl"), "demos": "", "methods": ("none", "replug", "vote")},
+               "questions": str(tmp_path / "qa.jsonl"), "demos": "",
+               "methods": ("none", "replug", "vote", "replug_posterior"), "rerank_depth": 3},  # the posterior re-ranked
         "mmlu": {**sibling_config(os.path.join(configs, "mmlu.py"), "mmlu.py").to_dict(), **common,
                  "questions": str(tmp_path / "mc.jsonl"), "demos": str(tmp_path / "mc.jsonl"),
                  "methods": ("none", "replug")},
@@ -389,5 +390,8 @@ def test_qa_and_mmlu_over_processes_equal_one(downstream_jobs, model_parallel, m
         if kind == "qa":  # likelihoods from other shardings of the LM: equal to float32 rounding
             nll = lambda rs: [r[m].pop("answer_nll") for r in rs for m in values["methods"] if m != "vote"]
             assert nll(got) == pytest.approx(nll(want), rel=1e-5), run
+            for key in ("log_weights", "question_logliks"):  # the posterior's λ and ℓ (issue 50: one process and two)
+                ours = lambda rs: [x for r in rs for x in r["replug_posterior"].pop(key)]
+                assert ours(got) == pytest.approx(ours(want), abs=2e-4), (run, key)
             assert two["answer_nll"] == pytest.approx(one["answer_nll"], rel=1e-5), run
         assert got == want, run  # every question's prediction, in order

@@ -13,8 +13,9 @@ Paths:
 Cells (W: every weighting; P: local, http, http_server):
   LM evaluation   `evaluate_lm` W × P on windows and passages cut by each path's tokenizer (identical cuts);
                   the lm_eval job (none, replug, α 1 re-ranked) × {local, http_server}; its warning on http_ids
-  QA              `qa_posterior.predict` and REPLUG's answer NLL W × P (answer NLL, λ, log p(x|d)); answer_nll on and
-                  off give the same predictions and weights; the qa job (none, replug, α 1 re-ranked) × {local,
+  QA              `qa_posterior.predict` and REPLUG's answer NLL W × P (answer NLL, λ, log p(x|d)), and the
+                  re-ranked posterior with `posterior_evidence="demos"` × P; answer_nll on and off give the same
+                  predictions and weights; the qa job (none, replug, α 1 re-ranked) × {local,
                   http_server}
   multiple choice the project's cloze prompts and real OLMES arc_easy rc_5shot requests, W × P (options'
                   log-likelihoods, kept passages); x is the request's final question block
@@ -150,7 +151,7 @@ def test_lm_evaluation_gives_one_number_on_every_path(paths, tmp_path, weighting
         assert got["perplexity"]["replug"] == pytest.approx(plain["perplexity"]["replug"], rel=1e-4)
 
 
-def qa_rows(lm, encoder, tmp_path, weighting, with_answers=True):
+def qa_rows(lm, encoder, tmp_path, weighting, with_answers=True, evidence="question"):
     """(answer NLLs, per question log λ of the passes mixed, predictions) of one weighting on the QA path."""
     store, retriever = datastore(lm, encoder, tmp_path)
     alpha, depth = WEIGHTINGS[weighting] or (0.0, 0)
@@ -161,17 +162,20 @@ def qa_rows(lm, encoder, tmp_path, weighting, with_answers=True):
         nll = answer_nll.answer_nll(lm, contexts, log_w, [q.answers for q in QUESTIONS])
         return nll, [np.asarray(w) for w in log_w], None
     preds, _ = qa_posterior.predict(lm, QUESTIONS, passages, scores, demo_prefix=DEMOS, k=K, temperature=TAU,
-                                    alpha=alpha, ensemble="replug", max_new_tokens=3, with_answers=with_answers)
+                                    alpha=alpha, ensemble="replug", max_new_tokens=3, with_answers=with_answers,
+                                    evidence=evidence)
     nll = np.array([p["answer_nll"] for p in preds]) if with_answers else None
     return nll, [np.asarray(p["log_weights"]) for p in preds], preds
 
 
-@pytest.mark.parametrize("weighting", list(WEIGHTINGS))
-def test_qa_gives_one_number_on_every_path(paths, tmp_path, weighting):
+@pytest.mark.parametrize("weighting,evidence", [(w, "question") for w in WEIGHTINGS] + [("posterior_rerank", "demos")])
+def test_qa_gives_one_number_on_every_path(paths, tmp_path, weighting, evidence):
+    """The QA posterior's ℓ, either definition (`posterior_evidence`: zero-shot passes, or the generation's prefill
+    after the demos, which the local LM reads in its own prefill and HTTP scores first)."""
     lms, encoder = paths[0], paths[1]
-    nll, weights, preds = qa_rows(lms["local"], encoder, tmp_path, weighting)
+    nll, weights, preds = qa_rows(lms["local"], encoder, tmp_path, weighting, evidence=evidence)
     for name in ("http", "http_server"):
-        got_nll, got_w, got_preds = qa_rows(lms[name], encoder, tmp_path, weighting)
+        got_nll, got_w, got_preds = qa_rows(lms[name], encoder, tmp_path, weighting, evidence=evidence)
         np.testing.assert_allclose(got_nll, nll, rtol=1e-4, err_msg=name)
         for g, w in zip(got_w, weights):
             np.testing.assert_allclose(g, w, atol=1e-4, err_msg=name)
@@ -181,7 +185,7 @@ def test_qa_gives_one_number_on_every_path(paths, tmp_path, weighting):
                 np.testing.assert_allclose(g["question_logliks"], w["question_logliks"], atol=2e-4)
     if preds is None:
         return
-    _, off_w, off = qa_rows(lms["local"], encoder, tmp_path, weighting, with_answers=False)
+    _, off_w, off = qa_rows(lms["local"], encoder, tmp_path, weighting, with_answers=False, evidence=evidence)
     assert [p["prediction"] for p in off] == [p["prediction"] for p in preds]  # answer_nll never changes them
     assert [p["log_weights"] for p in off] == [p["log_weights"] for p in preds]
     if weighting == "posterior_a0":  # α 0: REPLUG's weights and answer NLL
@@ -237,7 +241,8 @@ def test_olmes_x_is_the_final_question_block_of_real_requests():
     for task, form in (("arc_easy", "rc_5shot"), ("sciq", "rc_5shot"), ("openbookqa", "rc_0shot"),
                        ("arc_challenge", "mc_5shot")):
         for q in load_olmes(task, form)[0][:50]:
-            shots, block = split_question_block(q.context)
+            shots, block = split_question_block(q.context, q.query)
+            assert (shots, block) == split_question_block(q.context)  # these files' questions hold no "\n\n"
             assert shots + block == q.context and block.startswith("Question:") and "\n\n" not in block
             assert q.question[:60] in block and block.endswith("Answer:")
             assert shots.count("\nAnswer:") == (5 if "5shot" in form else 0)
@@ -265,7 +270,7 @@ def test_olmes_posterior_scores_the_question_block_after_the_passage_and_shots(p
     questions = olmes_requests()
     olmes_tasks.predictions(lm, questions, ["replug_posterior"], lambda _, qs: retriever.retrieve(qs, K), store,
                             "acc", TAU, posterior_alpha=1.0, k=K)
-    blocks = {split_question_block(q.context)[1] for q in questions}
+    blocks = {split_question_block(q.context, q.query)[1] for q in questions}
     assert set(lm.queries) == blocks and all(b.startswith("Question:") and b.count("\n") == 1 for b in blocks)
 
 

@@ -161,13 +161,13 @@ def test_generation_fixes_the_posterior_weights_at_its_own_prefill(smollm2, monk
 
 
 def test_qa_rows_without_answers_come_from_the_generations_prefill(smollm2, monkeypatch):
-    """The QA method without answer NLL: the rows' kept ranks, weights and question log-likelihoods are the
-    prefill's, the answer its decoding, with no scoring pass."""
+    """The QA method with ℓ after the demos (`evidence="demos"`) and without answer NLL: the rows' kept ranks,
+    weights and question log-likelihoods are the prefill's, the answer its decoding, with no scoring pass."""
     for name in ("score", "score_token_pairs", "score_with_query"):
         monkeypatch.setattr(smollm2, name, lambda *a, **kw: pytest.fail("a scoring pass beside the generation's"))
     rows, kept_passages = qa_posterior.predict(smollm2, QUESTIONS, PASSAGES, SCORES, demo_prefix=DEMOS, k=2,
                                                temperature=0.1, alpha=0.5, ensemble="replug", max_new_tokens=6,
-                                               with_answers=False)
+                                               with_answers=False, evidence="demos")
     monkeypatch.undo()
     contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(QUESTIONS, PASSAGES)]
     retrieval = list(np.asarray(mixture.ensemble_log_weights(SCORES, np.ones(SCORES.shape, bool), 0.1)))

@@ -36,7 +36,7 @@ def get_config():
     c.temperature = 1.0  # λ = softmax(s / τ)
     c.posterior_alpha = 1.0  # "replug_posterior": λ ∝ exp(s/τ + α log p(question | passage)); 0 is REPLUG's λ
     c.rerank_depth = 0  # "replug_posterior": score the question after the top N >= k passages, keep the k best (0: k)
-    c.posterior_evidence = "question"  # "replug_posterior"'s ℓ: log p(question | passage), zero-shot passes of its own
+    c.posterior_evidence = "question"  # "replug_posterior"'s ℓ: log p(question | passage) from zero-shot passes
     # ("demos": log p(question | demos, passage), read in the generation's prefill); the answer NLL never changes it
     c.doc_tokens = 128  # chunk length of a JSONL corpus in LM tokens
     c.metric = "cosine"  # or "ip" (the official code: unnormalised inner product)

@@ -33,6 +33,7 @@ class OlmesQuestion:
     continuations: tuple[str, ...]  # per option, as the file scores it (" food", " A")
     answer: int  # the gold option
     subject: str  # the task name (for per-"subject" accuracy)
+    query: str = ""  # the file's own question block (doc["query"]), where the context ends with it
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -61,12 +62,16 @@ def question_text(doc: dict) -> str:
 SHOT_SEPARATOR = "\n\n"  # OLMES's few-shot separator: every shot and the question block are joined by it
 
 
-def split_question_block(context: str) -> tuple[str, str]:
-    """(the shots with their separators, the final question block) of a request's context: the block is what
-    follows the last "\n\n" (a 0-shot context is all block). "Question: ..\nAnswer:" in the rc forms; the mc
-    forms' block lists the options too. shots + block == context."""
-    cut = context.rfind(SHOT_SEPARATOR)
-    at = cut + len(SHOT_SEPARATOR) if cut >= 0 else 0
+def split_question_block(context: str, query: str = "") -> tuple[str, str]:
+    """(the shots with their separators, the final question block) of a request's context: the file's own `query`
+    where the context ends with it (a question may hold "\n\n" itself), else what follows the last "\n\n" (a
+    0-shot context is all block). "Question: ..\nAnswer:" in the rc forms; the mc forms' block lists the options
+    too. shots + block == context."""
+    if query and context.endswith(query):
+        at = len(context) - len(query)
+    else:
+        cut = context.rfind(SHOT_SEPARATOR)
+        at = cut + len(SHOT_SEPARATOR) if cut >= 0 else 0
     if not context[at:].strip():
         raise ValueError(f"an OLMES context ends with its shot separator: no question block in {context[-80:]!r}")
     return context[:at], context[at:]
@@ -107,7 +112,8 @@ def load_olmes(task: str, form: str = "rc_5shot") -> tuple[list[OlmesQuestion], 
         label = int(rows[0]["label"])
         questions.append(OlmesQuestion(f"{task}-{rows[0]['native_id']}", question_text(rows[0]["doc"]),
                                        rows[0]["request"]["context"],
-                                       tuple(r["request"]["continuation"] for r in rows), label, task))
+                                       tuple(r["request"]["continuation"] for r in rows), label, task,
+                                       rows[0]["doc"].get("query") or ""))
     if info["num_instances"] is not None and info["num_instances"] != len(questions):
         raise ValueError(f"{path}: {len(questions)} questions read, the file's config says {info['num_instances']}")
     return questions, info

@@ -78,8 +78,7 @@ def posterior_ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scor
     passes and mixture with the scores shifted by τ·α·ℓ (α 0: REPLUG bit for bit)."""
     valid = rows[:, :depth] >= 0  # [W, D]
     combined = posterior.combined_scores(scores[:, :depth], valid, query_logliks[:, :depth], temperature, alpha)
-    kept = posterior.kept_mask(posterior.posterior_log_weights(scores[:, :depth], valid, query_logliks[:, :depth],
-                                                               temperature, alpha), k)  # [W, D]
+    kept = posterior.kept_mask(np.asarray(mixture.ensemble_log_weights(combined, valid, temperature)), k)  # [W, D]
     return ensemble(doc_lps, lengths, combined, valid & kept, temperature)
 
 

@@ -33,7 +33,7 @@ def predictions(lm, questions, methods, retrieve, store, metric: str, temperatur
             scores, retrieved = retrieve(method, [q.question for q in questions])
             passages = passages_of(store, retrieved)
             if method == "replug_posterior":  # x: the final question block; the shots stay in d's side of the pass
-                shots, blocks = zip(*(split_question_block(q.context) for q in questions))
+                shots, blocks = zip(*(split_question_block(q.context, q.query) for q in questions))
                 by_metric = option_text.posterior_option_predictions(
                     lm, [[option_text.PASSAGE_BEFORE_CONTEXT.format(passage=p) + s for p in ps]
                          for s, ps in zip(shots, passages)],

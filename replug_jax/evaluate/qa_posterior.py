@@ -1,14 +1,15 @@
 """The QA method "replug_posterior": REPLUG's passes weighted by the LM's posterior over passages (posterior.py).
 
-For each question the top `depth` passages are retrieved; each pass `Knowledge: d_i\\n` ∘ `Question: q\\nAnswer:` ∘
-` gold answer` is scored ONCE (`lm.score_with_query`), which gives both log p(x | d_i) (x: the question block, as
-it follows the passage) and the gold answer's token log-probs. Then
+For each question the top `depth` passages are retrieved; each zero-shot pass `Knowledge: d_i\\n` ∘
+`Question: q\\nAnswer:` is scored (`lm.score_with_query`) for log p(x | d_i) (x: the question block, as it follows
+the passage). Then
 
     log λ_i = log softmax_i(s_i / τ + α · log p(x | d_i)),   the k highest kept (re-ranking when depth > k),
 
 and the generation after the few-shot block mixes the kept passes with those fixed weights. The job's ℓ is
-log p(x | d_i) from zero-shot passes (`posterior_passes`), whether or not the answer NLL is reported (`EVIDENCE`);
-`generate_at_prefill` reads log p(x | demos, d_i) in the generation's own prefill instead (evidence "demos").
+log p(x | d_i) from zero-shot passes (`posterior_passes`), whether or not the answer NLL is reported
+(`posterior.EVIDENCE`); `generate_at_prefill` reads log p(x | demos, d_i) in the generation's own prefill instead
+(evidence "demos").
 """
 from __future__ import annotations
 
@@ -61,22 +62,21 @@ def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarra
     return PosteriorPasses(contexts, weights, kept_ll, kept, np.array(nll) if with_answers else None)
 
 
-EVIDENCES = ("demos", "question")
-EVIDENCE = "question"  # ℓ = log p(x | d) zero-shot: the dev sweep's (posterior_sweep.py) and every table's (docs/posterior.md)
 
 
 def predict(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, demo_prefix: str, k: int,
             temperature: float, alpha: float, ensemble: str, max_new_tokens: int, with_answers: bool = True,
-            nll_with_demos: bool = False, evidence: str = EVIDENCE) -> tuple[list[dict], list[list[str]]]:
+            nll_with_demos: bool = False, evidence: str = posterior.EVIDENCE) -> tuple[list[dict], list[list[str]]]:
     """The QA job's rows for "replug_posterior": each question's generated answer from its kept passes, the kept
     ranks, their log λ and log p(x | d), and the answer NLL; and the kept passages per question (answer recall).
 
     ONE definition of ℓ, whatever the answer NLL does: `evidence` "question" (the default) scores log p(x | d)
     zero-shot (UPR's) in passes of its own before generating; "demos" reads log p(x | demos, d) where the generation
-    reads x (with the "replug" ensemble in its own prefill: no other pass). The answer NLL (`with_answers`) is then the QA job's for every method:
-    `answer_nll.answer_nll` over the kept passes with their weights (zero-shot unless `nll_with_demos`)."""
-    if evidence not in EVIDENCES:
-        raise ValueError(f"evidence must be one of {EVIDENCES}, got {evidence!r}")
+    reads x (with the "replug" ensemble in its own prefill: no other pass). The answer NLL (`with_answers`) is then
+    the QA job's for every method: `answer_nll.answer_nll` over the kept passes with their weights (zero-shot unless
+    `nll_with_demos`)."""
+    if evidence not in posterior.EVIDENCES:
+        raise ValueError(f"evidence must be one of {posterior.EVIDENCES}, got {evidence!r}")
     if evidence == "demos" and ensemble == "replug":
         preds, kept, weights = generate_at_prefill(lm, questions, retrieved, scores, demo_prefix=demo_prefix, k=k,
                                                    temperature=temperature, alpha=alpha,

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from replug_jax.errors import InputError
-from replug_jax import console, distributed, results_file, workspace
+from replug_jax import console, distributed, posterior, results_file, workspace
 from replug_jax.data import evaluation_sets, olmes
 from replug_jax.evaluate import (answer_nll, demo_passages, downstream_report, mmlu, olmes_tasks, option_text, qa,
                                  qa_posterior)
@@ -82,6 +82,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                   f"{len(demos)} demo candidates")
     prepared = workspace.prepare_downstream(config, workdir, lm)  # models (the LM behind lm_cache), datastore, index
     lm, store = prepared.lm, prepared.store
+    for warning in workspace.cut_warnings(prepared):  # also in results.json and under the table
+        console.phase(f"warning: {warning}")
     retrievers = retrievers_for(config, prepared.encoder, store, prepared.index, prepared.paths["shared"])
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
         raise InputError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
@@ -103,7 +105,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "shots": len(demos) if kind == "qa" else config.shots, "config": results_file.config_record(config),
                "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
                "processes": jax.process_count(),
-               "warnings": [w for w in [getattr(prepared.tokenizer, "offsets_note", None)] if w] + unused_settings(config), **_lsr_direction(config),
+               "warnings": workspace.cut_warnings(prepared) + unused_settings(config), **_lsr_direction(config),
                **results}  # the run's own settings win (OLMES: the file's shots)
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())
@@ -200,11 +202,9 @@ def _posterior_settings(config) -> dict:
 
 
 def _evidence(config) -> str:
-    """"replug_posterior"'s ℓ in the QA job (qa_posterior.EVIDENCES), never changed by answer_nll."""
-    evidence = config.get("posterior_evidence", qa_posterior.EVIDENCE)
-    if evidence not in qa_posterior.EVIDENCES:
-        raise InputError(f"--config.posterior_evidence={evidence!r}: one of {', '.join(qa_posterior.EVIDENCES)}")
-    return evidence
+    """"replug_posterior"'s ℓ in the QA job (posterior.EVIDENCES; checked in the job's first second), never changed
+    by answer_nll."""
+    return config.get("posterior_evidence", posterior.EVIDENCE)
 
 
 def _depth(config, method: str) -> int:

@@ -25,8 +25,7 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
     windows = workspace.make_windows(prepared.paths["eval"], prepared.tokenizer, config)
     logging.info("datastore %d chunks; %d evaluation windows", len(prepared.store), len(windows))
     shortfall = retrieval_shortfall(windows)
-    estimated = getattr(prepared.tokenizer, "offsets_note", None)  # a server's /tokenize without token pieces
-    warnings = [w for w in (shortfall, estimated) if w] + unused_settings(config)  # also in results.json, the table
+    warnings = ([shortfall] if shortfall else []) + workspace.cut_warnings(prepared) + unused_settings(config)
     for warning in warnings if distributed.is_lead() else ():
         logging.warning(warning)  # the console and WORKDIR/log.txt
     results = lm_eval.evaluate_lm(

@@ -213,13 +213,18 @@ def query_boundary(tokenizer: TextTokenizer, context: str, query: str) -> tuple[
     return list(ids), shared if shared == len(alone) else min(shared + 1, len(ids))
 
 
+def check_ends_with_query(context: str, query: str, where: str = "a pass context") -> None:
+    """The posterior reads x at the end of each pass: refuse a pass that does not end with its (non-empty) query."""
+    if not query or not context.endswith(query):
+        raise ValueError(f"{where} does not end with its query {query[:40]!r}: the posterior needs x last")
+
+
 def query_token_count(tokenizer: TextTokenizer, context: str, query: str) -> int:
     """How many of `context`'s tokens (`tokenizer.encode(context)`, as `generation_prompt_ids` has them) are the
     query's it ends with: those starting at or after the query's first character (`query_token_ids`'s rule)."""
-    if not query or not context.endswith(query):
-        raise ValueError(f"a pass context does not end with its query {query[:40]!r}: the posterior needs x last")
-    ids, offsets = tokenizer.encode_with_offsets(context)
-    n = sum(1 for start, _ in offsets if start >= len(context) - len(query))
+    check_ends_with_query(context, query)
+    ids, n_ctx = query_boundary(tokenizer, context[: len(context) - len(query)], query)
+    n = len(ids) - n_ctx
     if not n:
         raise ValueError(f"query {query[:40]!r} has no tokens of its own after its passage: there is nothing to score")
     return n

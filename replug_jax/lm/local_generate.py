@@ -75,20 +75,18 @@ def split_rows(cache: dict, config, mesh) -> dict:
     return {**cache, **{name: jax.lax.with_sharding_constraint(cache[name], split) for name in ("k", "v")}}
 
 
-def posterior_weights(log_weights, query_logliks, alpha, keep: int, mesh):
-    """posterior.py's `kept_passes` (τ = 1, the given log λ as scores) from inside the jit, on the host, with the
-    passes left in place: log softmax(log λ + α · log p(x | d)) over each row's `keep` best, -inf elsewhere. [B, K]
-    each -> [B, K], replicated over `mesh`."""
-    def host(log_w, query_ll, alpha):
-        order, kept = posterior_module.kept_passes(np.asarray(log_w), np.asarray(query_ll), 1.0, float(alpha), keep)
-        out = np.full(np.shape(log_w), -np.inf, np.float32)
-        rows, cols = np.nonzero(order >= 0)
-        out[rows, order[rows, cols]] = kept[rows, cols]
-        return out
-
-    whole = functools.partial(jax.lax.with_sharding_constraint, shardings=sharding.replicated(mesh))
-    return whole(jax.pure_callback(host, jax.ShapeDtypeStruct(log_weights.shape, jnp.float32), whole(log_weights),
-                                   whole(query_logliks), alpha))
+def posterior_weights(log_weights, query_logliks, alpha, keep: int):
+    """log λ = log softmax(log_weights + α · log p(x | d)) over each row's `keep` highest (the rest -inf), in the jit:
+    posterior.py's `kept_passes` (τ 1) with the passes left in place, in jnp so that the prefill needs no host round
+    trip (tests/test_generate.py holds the two equal, ties included). [B, K] each -> [B, K]."""
+    valid = log_weights > -jnp.inf
+    combined = jnp.where(valid, log_weights + alpha * query_logliks, -jnp.inf)
+    if keep < combined.shape[1]:
+        _, top = jax.lax.top_k(combined, keep)  # [B, keep]; ties: the lower position first, as posterior.rerank
+        chosen = jnp.zeros(combined.shape, bool).at[jnp.arange(combined.shape[0])[:, None], top].set(True)
+        combined = jnp.where(chosen, combined, -jnp.inf)
+    norm = jax.nn.logsumexp(combined, axis=1, keepdims=True)  # [B, 1]; -inf for a row without passes
+    return jnp.where(combined > -jnp.inf, combined - norm, -jnp.inf)
 
 
 def gather_kept_rows(cache: dict, logits, log_weights, keep: int, config, mesh):
@@ -116,7 +114,7 @@ def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets,
     query_ll = query_lps.sum(axis=1).reshape(log_weights.shape)  # [B, K]
     decode_weights = log_weights
     if query_targets.shape[1]:
-        log_weights = decode_weights = posterior_weights(log_weights, query_ll, alpha, keep, mesh)
+        log_weights = decode_weights = posterior_weights(log_weights, query_ll, alpha, keep)
         if keep < log_weights.shape[1]:  # re-ranked: only the kept passes decode
             cache, logits, decode_weights = gather_kept_rows(cache, logits, log_weights, keep, config, mesh)
     out = mixture_decode(params, config, cache, logits, decode_weights, stop_mask, limit, steps=steps, dtype=dtype)

@@ -81,7 +81,8 @@ def _check_response(prompt_tokens: int, prompts: int, max_tokens: int, logprobs,
                     limits: Limits) -> None:
     """Refuse, before any work, a request whose log-probs alone (tokens × entries asked) pass the response cap."""
     legacy = 0 if logprobs is None else (prompt_tokens * echo + prompts * max_tokens) * (1 + logprobs)
-    vllm = 0 if prompt_logprobs is None else prompt_tokens * (1 + prompt_logprobs)
+    # vLLM's form: no entry for each prompt's first token, and N (not N + 1) where the prompt token is among the top N
+    vllm = 0 if prompt_logprobs is None else (prompt_tokens - prompts) * max(prompt_logprobs, 1)
     size = ENTRY_BYTES * legacy + VLLM_ENTRY_BYTES * vllm
     if size > limits.max_response_bytes:
         raise too_large(size, limits.max_response_bytes, "at least ")
