@@ -1,7 +1,7 @@
 """replug_jax: REPLUG (retrieval-augmented black-box language models) in JAX/Flax."""
 from setuptools import find_packages, setup
 
-# Bounded to the versions the test suite was run with (see README "Tested with").
+# Bounded to the versions the test suite was run with (benchmarks/README.md "Tested with").
 INSTALL_REQUIRES = [
     "jax>=0.10.2,<0.11; python_version < '3.12'",
     "jax>=0.12,<0.13; python_version >= '3.12'",  # jax 0.11+ needs Python 3.12; 0.12 tested (benchmarks/README.md)

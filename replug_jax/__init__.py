@@ -4,6 +4,7 @@ Public API for notebooks:
     import replug_jax as rj
     rag = rj.REPLUG.from_documents(["a document", ...], lm="smollm2", k=4)  # retriever + black-box LM
     rag.score("a context", " more"); rag.generate("a prompt"); rag.answer("a question?")
+    rag.kept_passages("a context")  # each mixed passage: id, title, text, score, log p(x | d), weight λ
     enc = rj.load_encoder("minilm"); E = enc.embed(["a text"])          # [N, D] float32
     lm = rj.load_lm("smollm2"); lps = lm.score(["a context"], [" more"])  # list of [T_i] log-probs
 
@@ -12,11 +13,14 @@ import JAX.
 """
 import importlib
 
+from replug_jax import progress  # noqa: F401 (first: a notebook without ipywidgets gets text bars, unwarned)
+
 _EXPORTS = {
     "load_encoder": "replug_jax.api",
     "load_lm": "replug_jax.api",
     "load_tokenizer": "replug_jax.api",
     "REPLUG": "replug_jax.pipeline",
+    "KeptPassage": "replug_jax.pipeline",
     "BlackBoxLM": "replug_jax.lm.blackbox",
     "LocalLM": "replug_jax.lm.local",
     "HTTPLM": "replug_jax.lm.http",

@@ -83,6 +83,31 @@ def config_dir() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")
 
 
+def config_argument(argv: list[str]) -> str | None:
+    """The value of `--config FILE` / `--config=FILE` in `argv`, or None."""
+    chosen = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if chosen is None and "--config" in argv[:-1]:
+        chosen = argv[argv.index("--config") + 1]
+    return chosen
+
+
+def check_config_file(path: str) -> None:
+    """Refuse a config file that is not there, naming the closest config (ValueError: one line at the command
+    line). ml_collections' `FILE:ARGS` form is allowed."""
+    import difflib
+
+    if os.path.isfile(path) or ":" in path and os.path.isfile(path.rsplit(":", 1)[0]):
+        return
+    folder = os.path.dirname(path) or "."
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder if os.path.isdir(folder)
+                                                                      else config_dir(), "*.py")))
+    close = difflib.get_close_matches(os.path.basename(path), names, n=1)
+    hint = (f"did you mean {os.path.join(folder if os.path.isdir(folder) else config_dir(), close[0])}? "
+            if close else "")
+    raise ValueError(f"--config={path}: no such config file; {hint}(python -m replug_jax.main --help lists the "
+                     "configs)")
+
+
 def help_text(argv: list[str], usage: str) -> str:
     """The usage line, the configs (file and the first sentence of its docstring) and, with --config, its keys with
     their defaults and the comments the config files give them."""
@@ -92,10 +117,9 @@ def help_text(argv: list[str], usage: str) -> str:
     for path in sorted(glob.glob(os.path.join(config_dir(), "*.py"))):
         doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
         lines.append(f"  {os.path.basename(path):22s} {first_sentence(doc)}")
-    chosen = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-    if chosen is None and "--config" in argv[:-1]:
-        chosen = argv[argv.index("--config") + 1]
+    chosen = config_argument(argv)
     if chosen:
+        check_config_file(chosen)
         from replug_jax.config_files import sibling_config
 
         config = sibling_config(os.path.abspath(chosen), os.path.basename(chosen))

@@ -14,3 +14,10 @@ class InputError(ValueError):
 
 class MissingInput(InputError, FileNotFoundError):
     """A file or an installed data package the user's input needs that is not there (also a FileNotFoundError)."""
+
+
+def invalid_json(where: str, error) -> InputError:
+    """A JSONL line that does not parse (`error`: its json.JSONDecodeError), named by `where` ("FILE, line N") and
+    the column where the parser stopped."""
+    reason = error.msg[: -len(" at")] if error.msg.endswith(" at") else error.msg  # "Invalid control character at"
+    return InputError(f"{where}, column {error.colno}: not valid JSON ({reason})")

@@ -45,11 +45,20 @@ def check_model(key: str, name: str) -> None:
         except split_gguf.SplitModelError as e:
             raise InputError(f"--config.{key}={name!r}: {e}") from None
         return
+    role = "encoder" if key == "encoder" else "lm"
+    other = "lm" if role == "encoder" else "encoder"
+    if name in registry.names(other):
+        raise InputError(f"--config.{key}={name!r} is {'an encoder' if role == 'lm' else 'an LM'}, not "
+                         f"{'an LM' if role == 'lm' else 'an encoder'}; {_known(role)}")
     if name in registry.PACKAGED or name in registry.HUB_ALIASES or "/" in name.strip("/"):
         return
-    known = sorted(registry.PACKAGED) + sorted(split_gguf.READERS) + sorted(registry.HUB_ALIASES)
-    raise InputError(f"--config.{key}={name!r}: unknown model; use one of {', '.join(known)}, a local path, a "
-                     "hub id 'org/name' or a server URL")
+    raise InputError(f"--config.{key}={name!r}: unknown {'LM' if role == 'lm' else 'encoder'}; {_known(role)}")
+
+
+def _known(role: str) -> str:
+    """The model names a user may give for an "lm" or "encoder" key, and the other forms they may take."""
+    return (f"{'LMs' if role == 'lm' else 'encoders'}: {', '.join(registry.names(role))}, a local path, a hub id "
+            f"'org/name'{' or a server URL' if role == 'lm' else ''}")
 
 
 def _check_olmes(config) -> None:
@@ -256,6 +265,9 @@ def check_depth_fits(config, passages: int, at_most: bool = False) -> None:
     """Refuse a k (eval_k, k_sweep value) beyond the datastore's `passages` (`at_most`: a bound known before the
     corpus is cut into passages)."""
     key, k = max(_depths(config), key=lambda kv: kv[1])
+    if passages == 0:
+        raise InputError(f"--config.corpus={config.corpus!r} is empty: no document with any text (JSONL lines "
+                         "{\"text\": ..., \"title\"?: ...} or UTF-8 .txt files)")
     if k > passages:
         given = f"--config.k_sweep holds {k}," if key == "k_sweep" else f"--config.{key}={k} is"
         size = f"{passages:,} passages{' at most' if at_most else ''}"

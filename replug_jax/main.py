@@ -67,7 +67,11 @@ def parse_flags(argv: list[str]) -> list[str]:
         sys.exit(0)
     debug = "--debug" in argv or command_line.debug_requested()
     with command_line.user_errors_as_one_line(debug=debug, usage=USAGE, also=(  # no workdir yet: all one line
-            flags.Error, AttributeError, KeyError, TypeError, ValueError, FileNotFoundError, NotADirectoryError)):
+            flags.Error, AttributeError, KeyError, TypeError, ValueError, FileNotFoundError, NotADirectoryError,
+            SyntaxError)):  # SyntaxError: the user's own config file
+        config_file = command_line.config_argument(argv)
+        if config_file:  # before absl: a misspelt file would otherwise surface as a traceback at its first use
+            command_line.check_config_file(config_file)
         try:
             rest = flags.FLAGS(argv)
         except AttributeError as e:  # ml_collections: an override of a key the config does not have
@@ -75,6 +79,10 @@ def parse_flags(argv: list[str]) -> list[str]:
         missing = [f"--{name}" for name in ("config", "workdir") if flags.FLAGS[name].value is None]
         if missing:
             raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
+        try:
+            _CONFIG.value  # loaded here, so that a config file that does not load is one line too
+        except OSError as e:
+            raise ValueError(f"--config={config_file}: could not be loaded ({command_line.one_line(e)[-300:]})") from e
         return rest
 
 

@@ -5,6 +5,7 @@
     rag.score("The mayor of Velmora is", " Tobias Grint")   # [T] log p per token under REPLUG's mixture
     rag.generate("The mayor of Velmora is", max_new_tokens=8)
     rag.answer("Who is the mayor of Velmora?")              # the paper's Table 5 QA prompt, ensembled
+    rag.kept_passages("The mayor of Velmora is")            # [KeptPassage(id, title, text, score, log_p_input, weight)]
 
 Each of the top-k passages is prepended to the input separately and the LM's per-token probabilities are
 mixed with λ = softmax(s / τ) (§3.2), or (`weights="posterior"`) with the LM's posterior over the passages
@@ -14,6 +15,7 @@ numbers are the jobs' numbers (tests/test_pipeline.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Sequence
 
@@ -22,6 +24,7 @@ import numpy as np
 from replug_jax import mixture, posterior
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa
+from replug_jax.evaluate.demo_passages import few_shot_prefix
 from replug_jax.evaluate.lm import ensemble
 from replug_jax.evaluate import qa_posterior
 from replug_jax.passages import DOC_TEMPLATE, document_passes, passage_text
@@ -29,6 +32,20 @@ from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents,
 
 
 WEIGHTS = ("retrieval", "posterior")
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptPassage:
+    """One passage REPLUG mixes for an input: its datastore `id`, `title` and `text`, the retriever's `score`
+    s(d, x), `log_p_input` = log p(x | d) where the posterior weighs (None with the retrieval weights), and `weight`
+    λ, its share of the mixture (the kept passages' weights sum to 1). Best weight first."""
+
+    id: str
+    title: str
+    text: str
+    score: float
+    log_p_input: float | None
+    weight: float
 
 
 class REPLUG:
@@ -86,27 +103,43 @@ class REPLUG:
         """(scores [Q, k], datastore rows [Q, k]; -1 where fewer) of each query's top-k passages."""
         return self.retriever.retrieve(list(queries), self.k)
 
-    def _retrieved_passes(self, query: str, text: str) -> tuple[list[str], np.ndarray]:
-        """(pass contexts: each retrieved passage then `text`, their retrieval log λ = log softmax(s/τ) [D]) of the
-        top `depth` passages for `query` (k, or the re-ranking depth with posterior weights)."""
+    def _retrieved_passes(self, query: str, text: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """(pass contexts: each retrieved passage then `text`, their retrieval log λ = log softmax(s/τ) [D], the
+        scores [D] and datastore rows [D]) of the top `depth` passages for `query` (k, or the re-ranking depth with
+        posterior weights)."""
         scores, rows = self.retriever.retrieve([query], self.depth)
         contexts, _, _ = document_passes(self.datastore, rows, [text], [""], self.doc_template)
         valid = rows >= 0  # [1, depth]
-        return contexts, np.asarray(mixture.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]]
+        log_w = np.asarray(mixture.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]]
+        return contexts, log_w, scores[0][valid[0]], rows[0][valid[0]]
 
     def _mixed_passes(self, query: str, text: str, continuation: str):
-        """(pass contexts, their normalised log λ [k'], continuation log-probs per pass or None) for one input
-        `text` retrieved for by `query`: the top k by retrieval, or by the posterior over the top `depth`, which
-        scores `text` after each passage (with `continuation` in the same pass)."""
-        contexts, log_w = self._retrieved_passes(query, text)
+        """(pass contexts, their normalised log λ [k'], continuation log-probs per pass or None, the kept passages
+        as `KeptPassage`s) for one input `text` retrieved for by `query`: the top k by retrieval, or by the posterior
+        over the top `depth`, which scores `text` after each passage (with `continuation` in the same pass)."""
+        contexts, log_w, scores, rows = self._retrieved_passes(query, text)
         if self.weights == "retrieval":
-            return contexts, log_w, None
+            return contexts, log_w, None, self._kept(rows, scores, log_w, None)
         docs = [c[: len(c) - len(text)] for c in contexts]  # the passage part of each pass
         scored = self.lm.score_with_query(docs, [text] * len(docs), [continuation] * len(docs))
-        query_ll = [np.sum(q, dtype=np.float64) for q, _ in scored]  # the passages retrieved come first
+        query_ll = np.array([np.sum(q, dtype=np.float64) for q, _ in scored])  # the passages retrieved come first
         order, kept = posterior.kept_passes(log_w[None], [query_ll], 1.0, self.posterior_alpha, self.k)
         pos = order[0][order[0] >= 0]
-        return [contexts[j] for j in pos], kept[0][: len(pos)], [scored[j][1] for j in pos]
+        return ([contexts[j] for j in pos], kept[0][: len(pos)], [scored[j][1] for j in pos],
+                self._kept(rows[pos], scores[pos], kept[0][: len(pos)], query_ll[pos]))
+
+    def _kept(self, rows, scores, log_weights, log_p_input) -> list[KeptPassage]:
+        """`KeptPassage`s of datastore `rows` [k'] with their scores, log λ and log p(x | d) (None: retrieval
+        weights), best weight first."""
+        kept = [KeptPassage(self.datastore.ids[r], self.datastore.titles[r], self.datastore.texts[r], float(s),
+                            None if log_p_input is None else float(log_p_input[i]), float(np.exp(w)))
+                for i, (r, s, w) in enumerate(zip(rows, scores, log_weights))]
+        return sorted(kept, key=lambda p: -p.weight)
+
+    def kept_passages(self, text: str, query: str | None = None) -> list[KeptPassage]:
+        """The passages `score(text, ...)` and `generate(text)` mix, with their ids, titles, retriever scores,
+        log p(text | passage) (posterior weights) and λ: what decided REPLUG's output, best weight first."""
+        return self._mixed_passes(query if query is not None else text, text, "")[3]
 
     def passages(self, query: str) -> list[tuple[float, str, str]]:
         """The query's top-k passages as (score, title, text), best first."""
@@ -124,7 +157,7 @@ class REPLUG:
                                                          self.doc_template)
             lps, mask, tau = self.lm.score(contexts, continuations), rows[:, : self.k] >= 0, self.temperature
         else:  # the kept passes, their normalised log λ as scores at τ = 1 (softmax gives them back)
-            _, log_w, lps = self._mixed_passes(query, context, continuation)
+            _, log_w, lps, _ = self._mixed_passes(query, context, continuation)
             scores, mask, tau = log_w[None], np.ones((1, len(log_w)), bool), 1.0
         return ensemble([lps], [len(lps[0])], scores, mask, tau)[0]  # the LM evaluation's own mixture
 
@@ -132,32 +165,56 @@ class REPLUG:
                  query: str | None = None) -> str:
         """REPLUG's ensembled greedy decoding after `prompt` (each pass: a passage, then the prompt); with posterior
         weights they are fixed at the generation's prefill from log p(prompt | passage) (`posterior.generate`)."""
-        contexts, log_w = self._retrieved_passes(query if query is not None else prompt, prompt)
+        contexts, log_w, _, _ = self._retrieved_passes(query if query is not None else prompt, prompt)
         if self.weights == "retrieval":
             return self.lm.generate([contexts], [log_w], max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
         return posterior.generate(self.lm, [contexts], [prompt], [log_w], alpha=self.posterior_alpha, keep=self.k,
                                   max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
 
-    def answer(self, question: str, *, max_new_tokens: int = 16, demos: str = "") -> str:
+    def answer(self, question: str, *, max_new_tokens: int = 16, demos=(), with_passages: bool = False):
         """The answer to `question` with the QA job's prompt ("Knowledge: <passage>\\nQuestion: ...\\nAnswer:"
-        per passage) and mixture, after the few-shot block `demos` (e.g. `evaluate.qa.demo_block(...)`)."""
+        per passage) and mixture, after the few-shot `demos`: (question, answer) pairs, each shown with its own top
+        passage as the QA job shows its demos, or a ready few-shot block (a string). `with_passages`: return
+        (answer, the kept passages as `KeptPassage`s) instead of the answer alone."""
         scores, rows = self.retriever.retrieve([question], self.depth)
-        passages = [[passage_text(self.datastore.titles[r], self.datastore.texts[r]) for r in rows[0] if r >= 0]]
+        valid = rows[0] >= 0
+        passages = [[passage_text(self.datastore.titles[r], self.datastore.texts[r]) for r in rows[0][valid]]]
         example = [QAExample("question", question, ())]
+        prefix = self.demo_block(demos)
         if self.weights == "retrieval":
             answer = qa.answer_questions(self.lm, example, passages, scores, method="replug", ensemble="replug",
-                                         demo_prefix=demos, temperature=self.temperature,
+                                         demo_prefix=prefix, temperature=self.temperature,
                                          max_new_tokens=max_new_tokens)[0]["prediction"]
+            log_w = np.asarray(mixture.ensemble_log_weights(scores, rows >= 0, self.temperature))[0][valid]
+            kept = self._kept(rows[0][valid], scores[0][valid], log_w, None)
         else:
-            answer = qa_posterior.predict(self.lm, example, passages, scores, demo_prefix=demos, k=self.k,
-                                          temperature=self.temperature, alpha=self.posterior_alpha, ensemble="replug",
-                                          max_new_tokens=max_new_tokens, with_answers=False)[0][0]["prediction"]
+            row = qa_posterior.predict(self.lm, example, passages, scores, demo_prefix=prefix, k=self.k,
+                                       temperature=self.temperature, alpha=self.posterior_alpha, ensemble="replug",
+                                       max_new_tokens=max_new_tokens, with_answers=False, progress=False)[0][0]
+            answer, pos = row["prediction"], np.asarray(row["kept_ranks"], int)
+            kept = self._kept(rows[0][pos], scores[0][pos], row["log_weights"], row["question_logliks"])
         if not answer.strip():
             import warnings
 
             warnings.warn("REPLUG.answer: the LM ended its answer at once (an empty answer)"
-                          + ("" if demos else "; a small LM usually needs a few examples first: demos="), stacklevel=2)
-        return answer
+                          + ("" if prefix else "; a small LM usually needs a few examples first: demos="), stacklevel=2)
+        return (answer, kept) if with_passages else answer
+
+    def demo_block(self, demos) -> str:
+        """The few-shot block `answer` puts before every pass: `demos` as given when a string, else from (question,
+        answer) pairs, each with its own top passage from this datastore (the QA job's `demo_passages="top1"`)."""
+        if isinstance(demos, str):
+            return demos
+        pairs = list(demos)
+        bad = [i for i, d in enumerate(pairs) if not (isinstance(d, (tuple, list)) and len(d) == 2
+                                                       and all(isinstance(x, str) and x.strip() for x in d))]
+        if bad:
+            raise ValueError(f"demos[{bad[0]}] = {pairs[bad[0]]!r}: give (question, answer) pairs of non-empty "
+                             "strings, or a few-shot block as one string")
+        if not pairs:
+            return ""
+        examples = [QAExample(f"demo{i}", q, (a,)) for i, (q, a) in enumerate(pairs)]
+        return few_shot_prefix(self.retriever, self.datastore, examples, True, qa.demo_block)
 
 
 def check_mixture(k: int, temperature: float, passages: int | None = None, weights: str = "retrieval",

@@ -23,11 +23,60 @@ def new_run_id() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{os.getpid()}"
 
 
+def software() -> dict:
+    """Which code ran: this package's version and, run from a git checkout, its commit (and whether files differed
+    from it); Python, the JAX backend and the versions of the libraries the numbers depend on."""
+    import importlib.metadata
+    import platform
+
+    import jax
+
+    import replug_jax
+
+    record = {"replug_jax": replug_jax.__version__, **git_commit(), "python": platform.python_version(),
+              "jax_backend": jax.default_backend(), "devices": jax.device_count()}
+    for package in ("jax", "jaxlib", "flax", "optax", "numpy", "transformers", "faiss-cpu", "tokenizers"):
+        try:
+            record[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            record[package] = None
+    return record
+
+
+def git_commit() -> dict:
+    """{"git_commit", "git_dirty"} of the checkout this package runs from; {} when it is not one (an installed copy)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.exists(os.path.join(root, ".git")):
+        return {}
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if commit.returncode:
+        return {}
+    return {"git_commit": commit.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
+
+
+def lm_backend(lm) -> dict:
+    """results.json's "lm_backend": what answered the LM's calls (this package's JAX model, or a server: its URL and
+    model), seen through an LM cache."""
+    inner = getattr(lm, "__dict__", {}).get("lm", lm)  # CachedLM keeps the LM it caches as .lm
+    if hasattr(inner, "base_url"):
+        return {"kind": "http", "url": inner.base_url, "model": getattr(inner, "model", None)}
+    return {"kind": type(inner).__name__, "cached": inner is not lm}
+
+
 def save(results: dict, workdir: str) -> str:
-    """results.json (stamped with a `run_id` if it has none) and its copy under history/; returns the copy's path."""
+    """results.json (stamped with a `run_id` and the `software` that ran, if it has none) and its copy under
+    history/; returns the copy's path."""
     from replug_jax.retrieval.datastore import atomic_open
 
     results.setdefault("run_id", new_run_id())
+    results.setdefault("software", software())
     text = json.dumps(results, indent=2, sort_keys=True, default=str)
     copy = os.path.join(workdir, HISTORY, f"results-{results['run_id']}.json")
     for path in (copy, os.path.join(workdir, "results.json")):

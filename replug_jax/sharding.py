@@ -126,7 +126,7 @@ def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int, multiple: i
     ids and mask are [len(indices), L] with L = length_bucket(longest row, ...); the caller's
     ShardedBatchFn pads the row count up to its batch size.
     """
-    from tqdm.auto import tqdm
+    from replug_jax.progress import tqdm
 
     order = np.argsort([len(r) for r in rows], kind="stable")
     for start in tqdm(range(0, len(rows), batch_size), disable=not progress, desc=desc, unit="batch"):

@@ -141,8 +141,8 @@ def test_every_test_the_readmes_name_exists():
     files = {f[:-3] for f in os.listdir(os.path.join(root, "tests")) if f.endswith(".py")}
     functions = {m for f in files for m in re.findall(r"^def (test_\w+)", open(os.path.join(root, "tests", f + ".py"),
                                                                               encoding="utf-8").read(), flags=re.M)}
-    for readme in ("README.md", "experiments/README.md", "benchmarks/README.md", "tests/README.md", "docs/http.md",
-                   "docs/models.md", "docs/multiprocess.md"):
+    for readme in ("README.md", "experiments/README.md", "benchmarks/README.md", "tests/README.md",
+                   *sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(root, "docs")))):
         text = open(os.path.join(root, readme), encoding="utf-8").read()
         for name in set(re.findall(r"(?<![\w:])(test_\w+)", text)):  # not OLMES forms (olmes:arc_easy:test_rc_5shot)
             assert name in files or name in functions, f"{readme} names {name}, which no test file or test is"
@@ -152,7 +152,7 @@ def test_every_test_the_readmes_name_exists():
 
 def test_the_readme_layout_names_every_module():
     root = os.path.dirname(PACKAGE)
-    text = open(os.path.join(root, "README.md"), encoding="utf-8").read()
-    layout = text[text.index("## Layout"):text.index("## Tested with")]
+    layout = open(os.path.join(root, "docs", "layout.md"), encoding="utf-8").read()
     missing = [p for p in modules().values() if os.path.basename(p) not in layout]
-    assert not missing, f"README's layout does not name {sorted(os.path.relpath(p, root) for p in missing)}"
+    assert not missing, f"docs/layout.md does not name {sorted(os.path.relpath(p, root) for p in missing)}"
+    assert "(docs/layout.md)" in open(os.path.join(root, "README.md"), encoding="utf-8").read()

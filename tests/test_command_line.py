@@ -25,7 +25,9 @@ def run_main(*args, env=None):
 @pytest.mark.parametrize("args, message", [
     (["--config.temprature=2"], 'error: unknown config key \'temprature\' Did you mean "temperature"'),
     (["--config.eval_data=/no/such.jsonl"], "error: --config.eval_data='/no/such.jsonl': no such file or directory"),
-    (["--config.lm=smolm2"], "error: --config.lm='smolm2': unknown model; use one of"),
+    (["--config.lm=smolm2"], "error: --config.lm='smolm2': unknown LM; LMs: smollm2, qwen2.5-coder-0.5b"),
+    (["--config.lm=minilm"], "error: --config.lm='minilm' is an encoder, not an LM; LMs: smollm2,"),
+    (["--config.encoder=smollm2"], "error: --config.encoder='smollm2' is an LM, not an encoder; encoders: minilm,"),
     (["--config.job=train"], "error: --config.job='train': unknown job; use one of lm_eval, lsr, qa, mmlu"),
     (["--config.methods=replug,bm52"], "error: --config.methods='replug,bm52': unknown method 'bm52'; the lm_eval job"),
 ])
@@ -35,6 +37,40 @@ def test_mistakes_get_one_line_and_exit_2_before_any_model_loads(args, message, 
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len([line for line in done.stderr.splitlines() if line.startswith("error:")]) == 1
     assert "models:" not in done.stdout and seconds < 60  # refused before the encoder or the LM loaded
+
+
+def _own_data(tmp_path) -> dict[str, str]:
+    """A newcomer's files: a corpus, questions with and without answers, an empty corpus, a malformed line."""
+    files = {"corpus.jsonl": '{"text": "Velmora is a town. Its mayor is Tobias Grint.", "title": "Velmora"}\n',
+             "questions.jsonl": '{"question": "Who is the mayor of Velmora?", "answers": ["Tobias Grint"]}\n',
+             "no_answers.jsonl": '{"question": "Who is the mayor of Velmora?"}\n',
+             "empty.jsonl": "\n",
+             "malformed.jsonl": '{"text": "fine"}\n{"text": "a\tb"}\n'}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return {name.split(".")[0]: str(tmp_path / name) for name in files}
+
+
+@pytest.mark.parametrize("config, args, message", [
+    ("experiments/configs/qa_.py", [], "error: --config=experiments/configs/qa_.py: no such config file; did you mean "
+                                      "experiments/configs/qa.py?"),
+    ("experiments/configs/qa.py", ["--config.questions={no_answers}"], 'no_answers.jsonl, line 1: needs "answers"'),
+    ("experiments/configs/qa.py", ["--config.corpus={empty}"], "error: --config.corpus='{empty}' is empty: no document"),
+    ("experiments/configs/qa.py", ["--config.corpus={malformed}"],
+     "error: {malformed}, line 2, column 12: not valid JSON (Invalid control character)"),
+])
+def test_a_newcomers_mistakes_on_their_own_data_get_one_line_and_exit_2(config, args, message, tmp_path):
+    """Issue 51's error contract: a misspelt config file, a question file without answers, an empty corpus and a
+    malformed JSONL line (its line and column) each exit 2 with one line, before any model loads."""
+    files = _own_data(tmp_path)
+    own = [f"--config.corpus={files['corpus']}", f"--config.questions={files['questions']}", "--config.shots=0",
+           "--config.k=1"]
+    done, seconds = run_main("--config", config, "--workdir", str(tmp_path / "w"), *own,
+                             *(a.format(**files) for a in args))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message.format(**files) in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len([line for line in done.stderr.splitlines() if line.startswith("error:")]) == 1
+    assert "models:" not in done.stdout and seconds < 60
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -157,7 +193,7 @@ def test_every_config_takes_a_server_url_as_its_lm_with_lm_tokenizer():
     for name in ("demo.py", "sciq.py", "qa_lsr.py"):
         for tokenizer in ("", "smollm2"):
             input_checks.check_job_inputs(_config(name, lm="http://127.0.0.1:8000/v1", lm_tokenizer=tokenizer))
-        with pytest.raises(input_checks.InputError, match="--config.lm_tokenizer='smolm2': unknown model"):
+        with pytest.raises(input_checks.InputError, match="--config.lm_tokenizer='smolm2': unknown LM"):
             input_checks.check_job_inputs(_config(name, lm="http://127.0.0.1:8000/v1", lm_tokenizer="smolm2"))
         with pytest.raises(input_checks.InputError, match="--config.lm_tokenizer='gpt2' is for an LM behind a server"):
             input_checks.check_job_inputs(_config(name, lm="smollm2", lm_tokenizer="gpt2"))

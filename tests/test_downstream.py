@@ -455,18 +455,21 @@ def test_qa_job_writes_results_per_method(qa_run):
 
 def test_empty_answers_and_unused_settings_are_said(files, smollm2, tmp_path, capsys):
     """Answers the LM ends at once are counted per method in results.json and named on the console; a setting no
-    chosen method reads (rerank_depth without replug_posterior) is said on the console, in results.json and under
-    the table."""
-    config = qa_config(files, methods=("none", "replug"), rerank_depth=4)
+    chosen method reads (rerank_depth without replug_posterior), and fewer demos than shots, are said on the console,
+    in results.json and under the table."""
+    demos = _jsonl(tmp_path / "demos.jsonl", QUESTIONS[:1])
+    config = qa_config(files, methods=("none", "replug"), rerank_depth=4, demos=demos, shots=3)
     results = run_job(config, tmp_path / "run", SpaceStoppingLM(smollm2))
     rows = [json.loads(line) for line in open(tmp_path / "run" / "predictions.jsonl")]
     empty = {m: sum(not r[m]["prediction"] for r in rows) for m in ("none", "replug")}
     assert results["empty_answers"] == empty and empty["replug"] > 0
     out = capsys.readouterr().out
-    assert f"replug {empty['replug']} of {len(rows)}" in out
-    (unused,) = json.load(open(tmp_path / "run" / "results.json"))["warnings"]
-    assert unused.startswith("--config.rerank_depth=4 unused") and f"warning: {unused}" in out
-    assert f"Warning: {unused}" in open(tmp_path / "run" / "results.md").read()
+    unused, fewer, said_empty = json.load(open(tmp_path / "run" / "results.json"))["warnings"]
+    assert f"replug {empty['replug']} of {len(rows)}" in said_empty
+    assert unused.startswith("--config.rerank_depth=4 unused")
+    assert fewer == f"--config.shots=3 but {demos!r} gives 1 demo(s): the prompt is 1-shot" and results["shots"] == 1
+    for warning in (unused, fewer, said_empty):
+        assert f"warning: {warning}" in out and f"Warning: {warning}" in open(tmp_path / "run" / "results.md").read()
 
 
 def test_qa_job_prompts_and_weights(qa_run):

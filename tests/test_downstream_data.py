@@ -162,7 +162,7 @@ def test_read_qa_jsonl(tmp_path):
     for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n")):
         with pytest.raises(ValueError, match=r"empty file"):
             ds.read_qa_jsonl(_write(tmp_path, name, text))
-    with pytest.raises(ValueError, match=r"line 1: not valid JSON"):
+    with pytest.raises(ValueError, match=r"line 1, column 1: not valid JSON \(Expecting value\)"):
         ds.read_qa_jsonl(_write(tmp_path, "broken.jsonl", "{\"question\": \n"))
 
 

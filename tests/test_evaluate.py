@@ -340,8 +340,8 @@ def test_every_config_key_the_readmes_name_exists():
     root = os.path.dirname(CONFIGS.rstrip("/").rsplit("/", 1)[0])
     configs = {n: sibling_config(os.path.join(CONFIGS, n), n) for n in os.listdir(CONFIGS) if n.endswith(".py")}
     known = set().union(*(set(c.keys()) for c in configs.values()))
-    for readme in ("README.md", "experiments/README.md", "benchmarks/README.md", "tests/README.md", "docs/http.md",
-                   "docs/models.md", "docs/multiprocess.md"):
+    for readme in ("README.md", "experiments/README.md", "benchmarks/README.md", "tests/README.md",
+                   *sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(root, "docs")))):
         text = open(os.path.join(root, readme), encoding="utf-8").read()
         named = set(re.findall(r"(?<![\w.])-?-?config\.([a-z_]+)", text)) - {"json"}
         assert named <= known, f"{readme} names config keys no config has: {sorted(named - known)}"

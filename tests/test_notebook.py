@@ -38,8 +38,13 @@ def _text_outputs(cell) -> str:
 
 
 def test_committed_notebook_has_no_outputs():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbformat.validate(nb)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nbformat's MissingIDFieldWarning (a cell without an id) included
+        nb = nbformat.read(NOTEBOOK, as_version=4)
+        nbformat.validate(nb)
+    assert all(c.get("id") for c in nb.cells)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and all(not c.outputs and c.execution_count is None for c in code)
 
@@ -63,6 +68,11 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
 
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    warned = [o.text for o in outputs if o.output_type == "stream" and o.name == "stderr" and "Warning" in o.text]
+    assert not warned, warned  # a researcher's notebook runs clean
+    answer = [line for c in nb.cells for line in _text_outputs(c).splitlines() if line.startswith("answer:")]
+    weights = [float(w) for w in re.findall(r"λ=([0-9.]+)", "".join(_text_outputs(c) for c in nb.cells))]
+    assert len(answer) == 1 and len(weights) == 8 and math.isclose(sum(weights), 1.0, abs_tol=0.01)
     assert any(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs), "no plot"
 
     summary_lines = [line for line in _text_outputs(nb.cells[-1]).splitlines() if line.startswith("{")]

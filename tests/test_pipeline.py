@@ -78,6 +78,12 @@ def test_posterior_weights_are_the_lms_posterior_over_the_top_passages(rag, smol
     per_pass = np.stack([np.asarray(x, np.float64) for x in smollm2.score([docs[j] + context for j in kept],
                                                                            [continuation] * 2)])
     np.testing.assert_allclose(post.score(context, continuation), np.log(lam @ np.exp(per_pass)), atol=1e-4)
+    shown = post.kept_passages(context)  # the weights a user sees are the ones mixed, best first
+    by_weight = kept[np.argsort(-lam, kind="stable")]
+    assert [p.id for p in shown] == [rag.datastore.ids[rows[0][j]] for j in by_weight]
+    np.testing.assert_allclose([p.weight for p in shown], np.sort(lam)[::-1], atol=1e-5)
+    np.testing.assert_allclose([p.log_p_input for p in shown], np.asarray(evidence)[by_weight], atol=1e-3)
+    np.testing.assert_allclose([p.score for p in shown], scores[0][by_weight], atol=1e-6)
     question = "Who is the mayor of Velmora?"
     scores, rows = rag.retriever.retrieve([question], 4)
     texts = [passage_text(rag.datastore.titles[r], rag.datastore.texts[r]) for r in rows[0]]
@@ -86,11 +92,51 @@ def test_posterior_weights_are_the_lms_posterior_over_the_top_passages(rag, smol
     kept, lam = _hand_weights(scores[0], 0.5, evidence, 0.5, 2)
     want = smollm2.generate([[f"Knowledge: {texts[j]}\n{block}" for j in kept]], [np.log(lam)], max_new_tokens=6,
                             stop=("\n",))[0].text.strip()
-    assert post.answer(question, max_new_tokens=6) == want
+    answer, shown = post.answer(question, max_new_tokens=6, with_passages=True)
+    assert answer == want == post.answer(question, max_new_tokens=6)
+    by_weight = kept[np.argsort(-lam, kind="stable")]
+    assert [p.title for p in shown] == [rag.datastore.titles[rows[0][j]] for j in by_weight]
+    np.testing.assert_allclose([p.weight for p in shown], np.sort(lam)[::-1], atol=1e-5)
+    np.testing.assert_allclose([p.log_p_input for p in shown], np.asarray(evidence)[by_weight], atol=1e-3)
     with pytest.raises(ValueError, match="weights='prior': use one of retrieval, posterior"):
         rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="prior")
     with pytest.raises(ValueError, match="rerank_depth=1 must be 0"):
         rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="posterior", rerank_depth=1)
+
+
+def test_kept_passages_are_the_retrieval_weights_mixed(rag):
+    """With the paper's weights every top-k passage is kept: its id, title and score as retrieved, no posterior,
+    λ = softmax(s/τ) by hand; `answer(with_passages=True)` shows the same passages for a question."""
+    context = "The mayor of Velmora is"
+    scores, rows = rag.retrieve([context])
+    _, lam = _hand_weights(scores[0], 0.5)
+    shown = rag.kept_passages(context)
+    order = np.argsort(-lam, kind="stable")
+    assert [p.id for p in shown] == [rag.datastore.ids[r] for r in rows[0][order]]
+    assert [p.text for p in shown] == [rag.datastore.texts[r] for r in rows[0][order]]
+    assert all(p.log_p_input is None for p in shown) and isinstance(shown[0], rj.KeptPassage)
+    np.testing.assert_allclose([p.weight for p in shown], lam[order], atol=1e-6)
+    question = "Who is the mayor of Velmora?"
+    scores, rows = rag.retrieve([question])
+    _, shown = rag.answer(question, max_new_tokens=2, with_passages=True)
+    assert sorted(p.id for p in shown) == sorted(rag.datastore.ids[r] for r in rows[0])
+    assert sum(p.weight for p in shown) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_answer_takes_demo_pairs_shown_as_the_qa_job_shows_them(rag):
+    """demos=[(question, answer)]: each pair with its own top passage (the QA job's demo_passages "top1"), then the
+    question; the same answer as the block written out by hand; anything else is refused."""
+    demo_q, demo_a = "Which river flows through Karsk?", "the Oster"
+    _, rows = rag.retrieve([demo_q])
+    top = rows[0][0]
+    block = (f"Knowledge: {passage_text(rag.datastore.titles[top], rag.datastore.texts[top])}\nQuestion: {demo_q}\n"
+             f"Answer: {demo_a}\n\n")
+    assert rag.demo_block([(demo_q, demo_a)]) == block
+    question = "Who is the mayor of Velmora?"
+    assert rag.answer(question, max_new_tokens=6, demos=[(demo_q, demo_a)]) == rag.answer(question, max_new_tokens=6,
+                                                                                          demos=block)
+    with pytest.raises(ValueError, match=r"demos\[0\] = 'Which river': give \(question, answer\) pairs"):
+        rag.answer(question, demos=["Which river"])
 
 
 def test_an_empty_answer_is_warned_about(smollm2, minilm):

@@ -118,7 +118,7 @@ def test_readers(tmp_path):
     with pytest.raises(ValueError, match=r"bad.jsonl, line 2: .*\"text\""):
         list(read_jsonl(str(bad)))
     bad.write_text('{"text": "one"}\n{oops\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 2, column 2: not valid JSON \(Expecting property name"):
         list(read_jsonl(str(bad)))
     (tmp_path / "Paris.txt").write_text("Paris text")
     assert list(read_text_files([str(tmp_path / "Paris.txt")])) == [Document("Paris", "", "Paris text")]

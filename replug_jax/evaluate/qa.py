@@ -124,3 +124,11 @@ def summarize(predictions: list[dict], k: int) -> dict:
     recall = [p["answer_in_passages"] for p in predictions if "answer_in_passages" in p]
     return {"exact_match": 100.0 * float(np.mean(em)) if em else 0.0,
             f"answer_recall@{k}": 100.0 * float(np.mean(recall)) if recall else None, "count": len(em)}
+
+
+def empty_answers_warning(empty: dict[str, int], count: int, shots: int) -> str | None:
+    """Which methods' answers came back empty (the LM ended at once: an exact match of 0 that is no wrong answer),
+    or None; the counts are in results.json's "empty_answers"."""
+    said = [f"{method} {n} of {count}" for method, n in empty.items() if n]
+    hint = "; few-shot demos (--config.shots) usually fix it" if not shots else ""
+    return f"empty answers (the LM ended its answer at once): {', '.join(said)}{hint}" if said else None

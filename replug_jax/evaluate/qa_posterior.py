@@ -66,7 +66,8 @@ def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarra
 
 def predict(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, demo_prefix: str, k: int,
             temperature: float, alpha: float, ensemble: str, max_new_tokens: int, with_answers: bool = True,
-            nll_with_demos: bool = False, evidence: str = posterior.EVIDENCE) -> tuple[list[dict], list[list[str]]]:
+            nll_with_demos: bool = False, evidence: str = posterior.EVIDENCE,
+            progress: bool = True) -> tuple[list[dict], list[list[str]]]:
     """The QA job's rows for "replug_posterior": each question's generated answer from its kept passes, the kept
     ranks, their log λ and log p(x | d), and the answer NLL; and the kept passages per question (answer recall).
 
@@ -80,19 +81,20 @@ def predict(lm, questions, retrieved: list[list[str]], scores: np.ndarray, *, de
     if evidence == "demos" and ensemble == "replug":
         preds, kept, weights = generate_at_prefill(lm, questions, retrieved, scores, demo_prefix=demo_prefix, k=k,
                                                    temperature=temperature, alpha=alpha,
-                                                   max_new_tokens=max_new_tokens)
+                                                   max_new_tokens=max_new_tokens, progress=progress)
     else:
         scored = posterior_passes(lm, questions, retrieved, scores, temperature=temperature, alpha=alpha, k=k,
-                                  with_answers=False, prefix=demo_prefix if evidence == "demos" else "", progress=True)
+                                  with_answers=False, prefix=demo_prefix if evidence == "demos" else "",
+                                  progress=progress)
         preds = generate_answers(lm, scored.contexts, scored.log_weights, ensemble=ensemble, demo_prefix=demo_prefix,
-                                 max_new_tokens=max_new_tokens, progress=True)
+                                 max_new_tokens=max_new_tokens, progress=progress)
         kept, weights = scored.kept, scored.log_weights
         for p, pos, w, ll in zip(preds, kept, weights, scored.query_logliks):
             _record_weights(p, pos, w, ll)
     if with_answers:
         contexts = [[question_block(q.question, ps[j]) for j in pos] for q, ps, pos in zip(questions, retrieved, kept)]
         nll = answer_nll(lm, contexts, weights, [q.answers for q in questions],
-                         prefix=demo_prefix if nll_with_demos else "", progress=True)
+                         prefix=demo_prefix if nll_with_demos else "", progress=progress)
         for p, value in zip(preds, nll):
             p["answer_nll"] = float(value)
     return preds, [[ps[j] for j in pos] for ps, pos in zip(retrieved, kept)]

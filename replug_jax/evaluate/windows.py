@@ -52,6 +52,19 @@ def document_windows(doc_id: str, text: str, tokenizer: TextTokenizer, *, stride
     return windows
 
 
+NOISY_BYTES = 4000  # scored text below this (about a thousand tokens) gives a perplexity that one document moves
+
+
+def small_evaluation(windows: list[Window]) -> str | None:
+    """A warning when the scored text is so short that its perplexity is noise at the size of REPLUG's gains."""
+    scored = sum(w.num_bytes for w in windows)
+    if scored >= NOISY_BYTES:
+        return None
+    return (f"only {scored:,} bytes of held-out text are scored ({len(windows)} windows): a perplexity over a few "
+            "hundred tokens moves by whole percents with one document, so differences between methods of that size "
+            "are noise; give more eval_data (or raise max_eval_docs)")
+
+
 def retrieval_shortfall(windows: list[Window]) -> str | None:
     """A warning when most scored bytes, or most documents, get no retrieval (every method then scores them
     alike, as `none`); None otherwise."""

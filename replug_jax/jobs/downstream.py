@@ -76,7 +76,10 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "lower --config.shots") if removed else ""
         raise InputError(f"no questions to evaluate from {config.questions!r}{why}")
     check_not_trained_on(config, questions)  # QA and multiple choice alike (OLMES sciq holds SciQ's questions)
-    for warning in unused_settings(config):  # also in results.json and under the table
+    shots_source = config.get("demos") or config.questions
+    early_warnings = unused_settings(config) + evaluation_sets.fewer_shots(kind, config.shots, questions, demos,
+                                                                           source=shots_source)
+    for warning in early_warnings:  # also in results.json and under the table
         console.phase(f"warning: {warning}")
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
                   f"{len(demos)} demo candidates")
@@ -98,14 +101,18 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
     predictions = [row for part in split.gather(predictions) for row in part]
     results.update(_metrics(kind, config, questions, demos, predictions))
-    _warn_of_empty_answers(results.get("empty_answers", {}), len(questions), config.shots)
+    empty = qa.empty_answers_warning(results.get("empty_answers", {}), len(questions), config.shots)
+    if empty:  # also in results.json and under the table
+        console.phase(f"warning: {empty}")
+        early_warnings.append(empty)
     results = {"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
-               "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm), "k": config.k,
+               "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm),
+               "lm_backend": results_file.lm_backend(lm), "k": config.k,
                "shots": len(demos) if kind == "qa" else config.shots, "config": results_file.config_record(config),
                "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
                "processes": jax.process_count(),
-               "warnings": workspace.cut_warnings(prepared) + unused_settings(config), **_lsr_direction(config),
+               "warnings": workspace.cut_warnings(prepared) + early_warnings, **_lsr_direction(config),
                **results}  # the run's own settings win (OLMES: the file's shots)
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())
@@ -137,15 +144,6 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> di
     return out
 
 
-def _warn_of_empty_answers(empty: dict[str, int], count: int, shots: int) -> None:
-    """Say on the console which methods' answers came back empty (the LM ended at once: an exact match of 0 that
-    is no wrong answer); the counts are in results.json's "empty_answers"."""
-    said = [f"{method} {n} of {count}" for method, n in empty.items() if n]
-    if said:
-        hint = "; few-shot demos (--config.shots) usually fix it" if not shots else ""
-        console.phase(f"warning: empty answers (the LM ended its answer at once): {', '.join(said)}{hint}")
-
-
 def _run_qa(config, lm, store, retrievers, questions, demos):
     """Predictions of `questions` (this process's share) by every method: (settings for results, rows with each
     method's prediction and its exact-match / answer-in-passages flags)."""
@@ -172,6 +170,8 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
                                     demo_prefix=prefix, temperature=config.temperature,
                                     max_new_tokens=config.max_new_tokens, progress=True)
         qa.flag_predictions(questions, preds, None if method == "none" else passages, config.k)
+        for p, row in zip(preds, rows if method != "none" else ()):  # the passages mixed, best retrieved first
+            p["passage_ids"] = [store.ids[r] for r in row if r >= 0]
         if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
             contexts, log_w = qa.method_passes(questions, passages, scores, method=method,
                                                temperature=config.temperature)
@@ -214,14 +214,17 @@ def _depth(config, method: str) -> int:
 
 def _posterior_predictions(config, lm, retriever, store, questions, demo_prefix):
     """"replug_posterior" (evaluate/qa_posterior.py) over the top `rerank_depth` (>= k) passages: (prediction rows,
-    the kept passages per question)."""
+    each naming its kept passages by datastore id in `kept_ranks`' order, the kept passages per question)."""
     depth = min(_depth(config, "replug_posterior"), len(store))
     scores, rows = retriever.retrieve([q.question for q in questions], depth)
-    return qa_posterior.predict(lm, questions, passages_of(store, rows), scores, demo_prefix=demo_prefix, k=config.k,
-                                temperature=config.temperature, alpha=config.posterior_alpha,
-                                ensemble=config.ensemble, max_new_tokens=config.max_new_tokens,
-                                with_answers=config.get("answer_nll", True),
-                                nll_with_demos=config.get("answer_nll_demos", False), evidence=_evidence(config))
+    preds, kept = qa_posterior.predict(
+        lm, questions, passages_of(store, rows), scores, demo_prefix=demo_prefix, k=config.k,
+        temperature=config.temperature, alpha=config.posterior_alpha, ensemble=config.ensemble,
+        max_new_tokens=config.max_new_tokens, with_answers=config.get("answer_nll", True),
+        nll_with_demos=config.get("answer_nll_demos", False), evidence=_evidence(config))
+    for p, row in zip(preds, rows):
+        p["passage_ids"] = [store.ids[row[j]] for j in p["kept_ranks"]]
+    return preds, kept
 
 
 def _run_olmes(config, lm, store, retrievers, questions, task: tuple[str, str]):

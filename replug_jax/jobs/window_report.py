@@ -12,7 +12,7 @@ from absl import logging
 from replug_jax import distributed, results_file, workspace
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate import report
-from replug_jax.evaluate.windows import retrieval_shortfall
+from replug_jax.evaluate.windows import retrieval_shortfall, small_evaluation
 from replug_jax.unused_settings import unused_settings
 
 
@@ -24,8 +24,8 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
     temperature_sweep: τ values reported besides config.temperature_sweep."""
     windows = workspace.make_windows(prepared.paths["eval"], prepared.tokenizer, config)
     logging.info("datastore %d chunks; %d evaluation windows", len(prepared.store), len(windows))
-    shortfall = retrieval_shortfall(windows)
-    warnings = ([shortfall] if shortfall else []) + workspace.cut_warnings(prepared) + unused_settings(config)
+    said = (retrieval_shortfall(windows), small_evaluation(windows), sweep_depth(config))
+    warnings = [w for w in said if w] + workspace.cut_warnings(prepared) + unused_settings(config)
     for warning in warnings if distributed.is_lead() else ():
         logging.warning(warning)  # the console and WORKDIR/log.txt
     results = lm_eval.evaluate_lm(
@@ -37,6 +37,7 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
         posterior_alpha=config.get("posterior_alpha", 1.0) if lm_eval.POSTERIOR in config.methods else None,
         rerank_depth=config.get("rerank_depth", 0))
     results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(prepared.lm),
+                    "lm_backend": results_file.lm_backend(prepared.lm),
                     "datastore_chunks": len(prepared.store),
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,
@@ -51,3 +52,15 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
         print(report.write_results(results, workdir))
         print(f"results in {os.path.join(workdir, 'results.json')}")
     return results
+
+
+def sweep_depth(config) -> str | None:
+    """A warning when the k sweep reaches beyond the evaluated k: the sweeping methods then score that many passages
+    per window (the k sweep reuses the passes of its largest k), which lowering k alone does not save."""
+    k, deepest = config.get("eval_k") or config.k, max(config.k_sweep, default=0)
+    if deepest <= k:
+        return None
+    kept = ",".join(str(x) for x in config.k_sweep if x <= k) or str(k)
+    return (f"--config.k_sweep reaches {deepest} > k={k}: replug and random score their top {deepest} passages per "
+            f"window ({deepest / k:.1f}x the passes of k={k}) for the sweep's columns; --config.k_sweep={kept} scores "
+            f"only the top {k}")

@@ -32,7 +32,7 @@ import threading
 from typing import Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
+from replug_jax.progress import tqdm
 
 from replug_jax.lm.blackbox import (Generation, PrefillPosterior, check_generation_inputs, check_query_triples,
                                     progress_keyword)

@@ -120,7 +120,7 @@ class HTTPLM:
         chunks = [list(range(i, min(i + self.prompts_per_request, len(items))))
                   for i in range(0, len(items), self.prompts_per_request)]
         out: list[np.ndarray | None] = [None] * len(items)
-        from tqdm.auto import tqdm
+        from replug_jax.progress import tqdm
 
         pool = ThreadPoolExecutor(max(1, self.concurrency))
         try:

@@ -13,7 +13,7 @@ import functools
 from typing import Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
+from replug_jax.progress import tqdm
 
 from replug_jax import sharding, xla_cpu
 from replug_jax.lm import shared_prefix

@@ -146,7 +146,7 @@ class LocalGenerator:
         prefix_ids, prefix_mask = sharding.pad_rows([prefix], p_len, lm.pad_id, 1)
         order = np.argsort([max(len(r) for r in q) for q in rows], kind="stable")
         out: list[Generation | None] = [None] * len(rows)
-        from tqdm.auto import tqdm
+        from replug_jax.progress import tqdm
 
         # questions per call: a power of two (at least the device count, at most questions_per_batch), so a
         # small call does not pay for filler questions and the shapes stay few

@@ -28,6 +28,15 @@ HUB_ALIASES = {
     "gpt2-large": "openai-community/gpt2-large",
     "gpt2-xl": "openai-community/gpt2-xl",
 }
+ENCODERS = ("minilm", "contriever", "contriever-msmarco")  # the names above that are retrievers' encoders
+
+
+def names(role: str) -> list[str]:
+    """The short model names for `role` "lm" or "encoder": packaged, the installed-on-demand readers, hub aliases."""
+    every = list(PACKAGED) + list(split_gguf.READERS) + list(HUB_ALIASES)
+    return [n for n in every if (n in ENCODERS) == (role == "encoder")]
+
+
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -88,8 +97,7 @@ def resolve(name: str, revision: str | None = None) -> ModelSource:
     repo_id = HUB_ALIASES.get(name, name)
     if _HUB_ID.match(repo_id):
         return ModelSource("hf_dir", download_from_hub(repo_id, revision), name)
-    known = sorted(PACKAGED) + sorted(split_gguf.READERS) + sorted(HUB_ALIASES)
     raise ModelNotFound(
-        f"unknown model {name!r}: not a packaged default or alias ({', '.join(known)}), "
+        f"unknown model {name!r}: not a name (LMs: {', '.join(names('lm'))}; encoders: {', '.join(names('encoder'))}), "
         "not an existing local path, and not a hub id of the form 'org/name'"
     )

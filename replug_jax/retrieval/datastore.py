@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from replug_jax.errors import InputError
+from replug_jax.errors import InputError, invalid_json
 from replug_jax.models.tokenizer import TextTokenizer, token_starts
 
 
@@ -48,7 +48,7 @@ def read_jsonl(path: str) -> Iterator[Document]:
             try:
                 document = document_from_record(json.loads(line), str(line_no))
             except json.JSONDecodeError as e:
-                raise InputError(f"{path}, line {line_no}: not valid JSON ({e.msg})") from None
+                raise invalid_json(f"{path}, line {line_no}", e) from None
             except ValueError as e:
                 raise InputError(f"{path}, line {line_no}: {e}") from None
             yield document

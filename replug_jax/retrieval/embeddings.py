@@ -37,7 +37,7 @@ def embed_corpus(encoder, texts: Sequence[str], path: str, dtype: str = "float32
 
     `encoder` needs `embed(list[str]) -> [n, D]`, `fingerprint()` and `dim` (a DenseEncoder).
     """
-    from tqdm.auto import tqdm
+    from replug_jax.progress import tqdm
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")

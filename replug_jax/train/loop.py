@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
-from tqdm.auto import tqdm
+from replug_jax.progress import tqdm
 
 from replug_jax import console, distributed, lsr, sharding, workdirs
 from replug_jax.models import precision

@@ -1,0 +1,95 @@
+"""The README as a newcomer runs it: its own-data commands run as written on the files it names (the jobs finish,
+write what the README says they write), and its Python blocks print the weights the README shows."""
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
+def section(title: str) -> str:
+    start = README.index(f"## {title}")
+    return README[start : README.index("\n## ", start + 1)]
+
+
+def code_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def readme_commands() -> list[list[str]]:
+    """The own-data section's commands as argv lists, its `D=...` variable put in and `python` this interpreter."""
+    block = code_blocks(section("Your own data"), "bash")[0].replace("\\\n", " ")
+    variables: dict[str, str] = {}
+    commands = []
+    for line in block.splitlines():
+        for part in (p.strip() for p in line.split(";")):
+            if re.fullmatch(r"\w+=\S+", part):
+                name, value = part.split("=", 1)
+                variables[name] = value
+            elif part.startswith("python "):
+                for name, value in variables.items():
+                    part = part.replace(f"${name}", value)
+                commands.append([sys.executable] + shlex.split(part)[1:])
+    return commands
+
+
+def test_the_readmes_own_data_commands_run_as_written(tmp_path):
+    """Each command of "Your own data" exits 0 on examples/own_data; results.json records the code that ran; QA's
+    predictions name the passages each method mixed by datastore id; the small held-out set is warned about."""
+    commands = readme_commands()
+    assert [c[c.index("--config") + 1] for c in commands] == ["experiments/configs/qa.py",
+                                                               "experiments/configs/lm_eval.py"]
+    workdirs = []
+    for argv in commands:
+        at = argv.index("--workdir") + 1
+        argv[at] = str(tmp_path / os.path.basename(argv[at]))
+        workdirs.append(argv[at])
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "| method |" in done.stdout
+    qa, lm = (json.load(open(os.path.join(w, "results.json"), encoding="utf-8")) for w in workdirs)
+    import replug_jax
+
+    for results in (qa, lm):
+        assert results["software"]["replug_jax"] == replug_jax.__version__
+        assert results["software"]["jax"] and results["software"]["flax"] and results["lm_backend"]["kind"] == "LocalLM"
+        if os.path.isdir(os.path.join(ROOT, ".git")):
+            assert re.fullmatch(r"[0-9a-f]{40}", results["software"]["git_commit"])
+    corpus_ids = {json.loads(line).get("id", str(i)) for i, line in
+                  enumerate(open(os.path.join(ROOT, "examples/own_data/corpus.jsonl"), encoding="utf-8"), start=1)}
+    rows = [json.loads(line) for line in open(os.path.join(workdirs[0], "predictions.jsonl"), encoding="utf-8")]
+    for row in rows:
+        assert "passage_ids" not in row["none"]
+        for method in ("replug", "concat"):
+            ids = row[method]["passage_ids"]
+            assert len(ids) == 4 and {i.split("#")[0] for i in ids} <= corpus_ids
+    assert qa["shots"] == 2 and lm["k"] == 4
+    assert any("bytes of held-out text are scored" in w for w in lm["warnings"])
+
+
+def test_the_readmes_python_prints_the_weights_it_shows():
+    """The README's Python blocks run as written; the answer and every weight line they show in comments are what
+    they print (the posterior block's lines in the same format, with log p(x | d))."""
+    first, second = code_blocks(section("In Python: answers, and the weights behind them"), "python")
+    namespace: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(first, "README.md", "exec"), namespace)
+    shown = [line[2:] for line in first.splitlines() if line.startswith("# ")]
+    printed = out.getvalue().splitlines()
+    said = re.search(r"print\(answer\)\s+# (.+)", first).group(1)
+    assert printed == [said] + shown, (printed, shown)
+    exec(compile(second, "README.md", "exec"), namespace)
+    lines = [f"λ={p.weight:.2f}  s={p.score:.3f}  log p(x|d)={p.log_p_input:.1f}  {p.id:5s} {p.title}"
+             for p in namespace["kept"]]
+    assert lines == [line[2:] for line in second.splitlines() if line.startswith("# ")]
+    assert namespace["answer"] == said
