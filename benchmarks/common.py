@@ -8,6 +8,19 @@ import time
 import numpy as np
 
 
+def cpu_model() -> str:
+    """This host's CPU model and widest vector ISA ("... (AVX-512)" / "(AVX2)"), from /proc/cpuinfo."""
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    isa = "AVX-512" if " avx512f" in text else "AVX2" if " avx2" in text else "no AVX2"
+    return f"{name} ({isa}, {os.cpu_count()} cores)"
+
+
 def best_time(fn, repeats: int = 3) -> float:
     """Best wall time of `repeats` calls (after the caller's warm-up), in seconds."""
     best = float("inf")

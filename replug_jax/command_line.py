@@ -84,11 +84,19 @@ def config_dir() -> str:
 
 
 def config_argument(argv: list[str]) -> str | None:
-    """The value of `--config FILE` / `--config=FILE` in `argv`, or None."""
-    chosen = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-    if chosen is None and "--config" in argv[:-1]:
-        chosen = argv[argv.index("--config") + 1]
-    return chosen
+    """The value of the last `--config FILE` / `--config=FILE` in `argv` (the one absl keeps), or None."""
+    return (config_arguments(argv) or [None])[-1]
+
+
+def config_arguments(argv: list[str]) -> list[str]:
+    """Every `--config FILE` / `--config=FILE` value in `argv`, in order (absl loads each one it meets)."""
+    return [arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] for i, arg in enumerate(argv)
+            if arg.startswith("--config=") or arg == "--config" and i + 1 < len(argv)]
+
+
+def config_path(argument: str) -> str:
+    """The file of a --config argument: ml_collections' `FILE:ARGS` form cut at its first colon."""
+    return argument if os.path.isfile(argument) else argument.split(":", 1)[0]
 
 
 def check_config_file(path: str) -> None:
@@ -96,7 +104,7 @@ def check_config_file(path: str) -> None:
     line). ml_collections' `FILE:ARGS` form is allowed."""
     import difflib
 
-    if os.path.isfile(path) or ":" in path and os.path.isfile(path.rsplit(":", 1)[0]):
+    if os.path.isfile(config_path(path)):
         return
     folder = os.path.dirname(path) or "."
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder if os.path.isdir(folder)
@@ -122,8 +130,9 @@ def help_text(argv: list[str], usage: str) -> str:
         check_config_file(chosen)
         from replug_jax.config_files import sibling_config
 
-        config = sibling_config(os.path.abspath(chosen), os.path.basename(chosen))
-        comments = key_comments(os.path.abspath(chosen))
+        path = os.path.abspath(config_path(chosen))
+        config = sibling_config(path, os.path.basename(path))
+        comments = key_comments(path)
         lines += ["", f"keys of {chosen} (override with --config.KEY=VALUE):"]
         lines += [f"  {key} = {value!r}" + (f"  # {comments[key]}" if key in comments else "")
                   for key, value in sorted(config.items())]

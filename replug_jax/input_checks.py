@@ -39,17 +39,17 @@ def check_model(key: str, name: str) -> None:
     """A model name the registry knows, an installed reader, a local path, or a hub id ('org/name')."""
     if name.startswith(("http://", "https://")) or os.path.exists(os.path.expanduser(name)):
         return
+    role = "encoder" if key == "encoder" else "lm"
+    other = "lm" if role == "encoder" else "encoder"
+    if name in registry.names(other):
+        raise InputError(f"--config.{key}={name!r} is {'an encoder' if role == 'lm' else 'an LM'}, not "
+                         f"{'an LM' if role == 'lm' else 'an encoder'}; {_known(role)}")
     if name in split_gguf.READERS:
         try:
             split_gguf.check_available(split_gguf.READERS[name])
         except split_gguf.SplitModelError as e:
             raise InputError(f"--config.{key}={name!r}: {e}") from None
         return
-    role = "encoder" if key == "encoder" else "lm"
-    other = "lm" if role == "encoder" else "encoder"
-    if name in registry.names(other):
-        raise InputError(f"--config.{key}={name!r} is {'an encoder' if role == 'lm' else 'an LM'}, not "
-                         f"{'an LM' if role == 'lm' else 'an encoder'}; {_known(role)}")
     if name in registry.PACKAGED or name in registry.HUB_ALIASES or "/" in name.strip("/"):
         return
     raise InputError(f"--config.{key}={name!r}: unknown {'LM' if role == 'lm' else 'encoder'}; {_known(role)}")

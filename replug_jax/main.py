@@ -62,16 +62,16 @@ def run_job(config):
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with `--help` listing the configs (and a config's keys) and a bad flag or config key
     reported in one line (exit 2)."""
-    if any(a in ("-h", "--help", "--helpshort") for a in argv[1:]):
-        print(command_line.help_text(argv, USAGE))
-        sys.exit(0)
     debug = "--debug" in argv or command_line.debug_requested()
     with command_line.user_errors_as_one_line(debug=debug, usage=USAGE, also=(  # no workdir yet: all one line
             flags.Error, AttributeError, KeyError, TypeError, ValueError, FileNotFoundError, NotADirectoryError,
             SyntaxError)):  # SyntaxError: the user's own config file
+        if any(a in ("-h", "--help", "--helpshort") for a in argv[1:]):
+            print(command_line.help_text(argv, USAGE))
+            sys.exit(0)
+        for given in command_line.config_arguments(argv):  # before absl: a misspelt file would surface as a
+            command_line.check_config_file(given)  # traceback at its first use
         config_file = command_line.config_argument(argv)
-        if config_file:  # before absl: a misspelt file would otherwise surface as a traceback at its first use
-            command_line.check_config_file(config_file)
         try:
             rest = flags.FLAGS(argv)
         except AttributeError as e:  # ml_collections: an override of a key the config does not have
@@ -80,7 +80,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         if missing:
             raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
         try:
-            _CONFIG.value  # loaded here, so that a config file that does not load is one line too
+            _CONFIG.value.get("job")  # loaded here (a failed load raises at its first read): one line too
         except OSError as e:
             raise ValueError(f"--config={config_file}: could not be loaded ({command_line.one_line(e)[-300:]})") from e
         return rest

@@ -178,7 +178,8 @@ class REPLUG:
         (answer, the kept passages as `KeptPassage`s) instead of the answer alone."""
         scores, rows = self.retriever.retrieve([question], self.depth)
         valid = rows[0] >= 0
-        passages = [[passage_text(self.datastore.titles[r], self.datastore.texts[r]) for r in rows[0][valid]]]
+        found_rows, found_scores = rows[0][valid], scores[0][valid]  # [D'], the retrieved (-1 rows left out)
+        passages = [[passage_text(self.datastore.titles[r], self.datastore.texts[r]) for r in found_rows]]
         example = [QAExample("question", question, ())]
         prefix = self.demo_block(demos)
         if self.weights == "retrieval":
@@ -186,13 +187,13 @@ class REPLUG:
                                          demo_prefix=prefix, temperature=self.temperature,
                                          max_new_tokens=max_new_tokens)[0]["prediction"]
             log_w = np.asarray(mixture.ensemble_log_weights(scores, rows >= 0, self.temperature))[0][valid]
-            kept = self._kept(rows[0][valid], scores[0][valid], log_w, None)
+            kept = self._kept(found_rows, found_scores, log_w, None)
         else:
             row = qa_posterior.predict(self.lm, example, passages, scores, demo_prefix=prefix, k=self.k,
                                        temperature=self.temperature, alpha=self.posterior_alpha, ensemble="replug",
                                        max_new_tokens=max_new_tokens, with_answers=False, progress=False)[0][0]
             answer, pos = row["prediction"], np.asarray(row["kept_ranks"], int)
-            kept = self._kept(rows[0][pos], scores[0][pos], row["log_weights"], row["question_logliks"])
+            kept = self._kept(found_rows[pos], found_scores[pos], row["log_weights"], row["question_logliks"])
         if not answer.strip():
             import warnings
 
@@ -204,6 +205,9 @@ class REPLUG:
         """The few-shot block `answer` puts before every pass: `demos` as given when a string, else from (question,
         answer) pairs, each with its own top passage from this datastore (the QA job's `demo_passages="top1"`)."""
         if isinstance(demos, str):
+            if demos.endswith(".jsonl") or os.path.isfile(demos):
+                raise ValueError(f"demos={demos[:60]!r} is a file name: give (question, answer) pairs (or a "
+                                 "few-shot block as text)")
             return demos
         pairs = list(demos)
         bad = [i for i, d in enumerate(pairs) if not (isinstance(d, (tuple, list)) and len(d) == 2

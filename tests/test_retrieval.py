@@ -90,6 +90,48 @@ def test_chunks_with_a_tokenizer_without_offsets(byte_tokenizer, minilm):
         assert abs(len(minilm.tokenizer.encode(chunk)) - 24) <= 2
 
 
+def reference_chunks(documents, tokenizer, chunk_tokens, min_tokens=16) -> list[tuple[str, str]]:
+    """The chunking before batch encoding (issue 52), document by document from `encode_with_offsets`: (id, text)."""
+    out = []
+    for doc in documents:
+        _, offsets = tokenizer.encode_with_offsets(doc.text)
+        starts = [a for a, _ in offsets]
+        for i in range(1, len(starts)):
+            starts[i] = max(starts[i], starts[i - 1])
+        n = len(starts)
+        if n == 0:
+            continue
+        firsts = list(range(0, n, chunk_tokens))
+        if len(firsts) > 1 and n - firsts[-1] < min_tokens:
+            firsts.pop()
+        bounds = sorted({0, len(doc.text), *(starts[t] for t in firsts[1:])})
+        out += [(f"{doc.id}#{j}", doc.text[a:b]) for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    return out
+
+
+EDGE_TEXTS = ["", " ", "\n\n", "a", "  leading and trailing  ", "tabs\tand\r\nnewlines\n\n\nmany",
+              "漢字とかなの文章です。" * 40, "emoji 👩‍👩‍👧 family 🇫🇷 flag " * 30, "combining e\u0301 a\u0300 " * 60,
+              "Ünïcödé tail…", "x" * 3000, "   " + "word " * 400 + "   ", "\u200b zero\u200bwidth " * 50]
+
+
+@pytest.mark.parametrize("name", ["smollm2", "minilm"])
+def test_batch_encoded_chunks_are_the_document_by_document_chunks(name, monkeypatch):
+    """chunk_documents tokenises documents in batches (the tokenizer's own batch encoding, every core): the same
+    chunks bit for bit as encoding each document alone, on real Wikipedia text and unicode and whitespace edges,
+    across batch boundaries; byte-level BPE (SmolLM2) and WordPiece with normalisation (MiniLM)."""
+    import replug_jax as rj
+    from replug_jax.data.wiki import load_wiki_articles
+    from replug_jax.retrieval import datastore
+
+    tokenizer = rj.load_tokenizer(name)
+    docs = [Document(a.id, a.title, a.text) for a in load_wiki_articles()[:40]]
+    docs += [Document(f"edge{i}", "", text) for i, text in enumerate(EDGE_TEXTS)]
+    monkeypatch.setattr(datastore, "CHUNK_BATCH", 7)  # many batches, documents of every kind at their edges
+    for chunk_tokens in (16, 128):
+        store = chunk_documents(docs, tokenizer, chunk_tokens=chunk_tokens)
+        assert list(zip(store.ids, store.texts)) == reference_chunks(docs, tokenizer, chunk_tokens)
+
+
 def test_datastore_round_trip_and_errors(tmp_path, byte_tokenizer):
     ds = chunk_documents([Document("a", "Title é", "some text " * 20), Document("b", "", "b\n\"quoted\"")],
                          byte_tokenizer, chunk_tokens=40)
@@ -223,6 +265,41 @@ def test_exclusion_matches_brute_force_and_runs_out(vectors):
     scores, rows = index.search(queries[:1], 5, exclude=[set(range(297))])
     assert rows[0, :3].tolist() == (brute_force(emb[297:], queries[:1], 3)[1][0] + 297).tolist()
     assert rows[0, 3:].tolist() == [-1, -1] and np.isneginf(scores[0, 3:]).all()
+
+
+@pytest.mark.parametrize("path", ["gemm", "faiss"])
+def test_exact_search_by_gemm_ranks_as_faiss_and_brute_force(vectors, path, monkeypatch, tmp_path):
+    """A flat index searched as one blocked GEMM + partial top-k (exact_search.py) or by FAISS: the brute force's
+    rows and scores, exclusion rules unchanged, across GEMM blocks, from a memory-mapped index; ties go to the
+    lower row (duplicated vectors)."""
+    from replug_jax.retrieval import exact_search
+
+    monkeypatch.setattr(exact_search, "MIN_QUERIES", 0 if path == "gemm" else 10**9)
+    monkeypatch.setattr(exact_search, "BLOCK_ROWS", 64)  # five blocks over 300 rows
+    used = []
+    top_k = exact_search.top_k
+    monkeypatch.setattr(exact_search, "top_k", lambda *a, **kw: used.append(1) or top_k(*a, **kw))
+    emb, queries = vectors
+    if path == "gemm":  # rows 300..339 repeat rows 0..39: equal scores (FAISS orders such ties its own way)
+        emb = np.concatenate([emb, emb[:40]])
+    index = DenseIndex.build(emb, metric="cosine")
+    index.save(str(tmp_path / "index"))
+    for searched in (index, DenseIndex.load(str(tmp_path / "index"), mmap=True)):
+        scores, rows = searched.search(queries, 12)
+        want_scores, want_rows = brute_force(emb, queries, 12)
+        np.testing.assert_array_equal(rows, want_rows)
+        np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+        exclude = [set(want_rows[q, : 2 * q].tolist()) for q in range(7)]
+        scores, rows = searched.search(queries, 6, exclude=exclude)
+        np.testing.assert_array_equal(rows, brute_force(emb, queries, 6, exclude=exclude)[1])
+    assert bool(used) == (path == "gemm")
+    n = len(emb)
+    got = exact_search.top_k(exact_search.flat_rows(index.index), queries / np.linalg.norm(queries, axis=1)[:, None],
+                             n, block_rows=64)  # every row, in rank order
+    np.testing.assert_array_equal(got[1], brute_force(emb, queries, n)[1])
+    with pytest.raises(ValueError, match=f"k={n + 1} must be between 1 and the {n} rows"):
+        exact_search.top_k(exact_search.flat_rows(index.index), queries, n + 1)
+    assert exact_search.flat_rows(DenseIndex.build(emb, factory="SQ8").index) is None
 
 
 def test_ivf_and_hnsw_recall_on_clustered_vectors():

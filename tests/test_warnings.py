@@ -11,13 +11,14 @@ from replug_jax.jobs.window_report import sweep_depth
 
 
 def test_a_k_sweep_beyond_k_says_what_it_scores_and_how_to_stop_it():
-    config = config_dict.ConfigDict(dict(k=4, k_sweep=(1, 2, 4, 8, 10)))
-    said = sweep_depth(config)
-    assert "--config.k_sweep reaches 10 > k=4" in said and "top 10 passages per window (2.5x" in said
+    config = lambda **kw: config_dict.ConfigDict({"methods": ("replug", "random", "concat"), **kw})
+    said = sweep_depth(config(k=4, k_sweep=(1, 2, 4, 8, 10)))
+    assert "--config.k_sweep reaches 10 > k=4: replug and random score their top 10 passages per window (2.5x" in said
     assert "--config.k_sweep=1,2,4 scores only the top 4" in said
-    assert sweep_depth(config_dict.ConfigDict(dict(k=4, k_sweep=(1, 2, 4)))) is None
-    assert sweep_depth(config_dict.ConfigDict(dict(k=20, eval_k=10, k_sweep=(1, 10)))) is None  # LSR: eval_k counts
-    assert "reaches 8 > k=2" in sweep_depth(config_dict.ConfigDict(dict(k=20, eval_k=2, k_sweep=(1, 8))))
+    assert sweep_depth(config(k=4, k_sweep=(1, 2, 4))) is None
+    assert sweep_depth(config(k=20, eval_k=10, k_sweep=(1, 10))) is None  # LSR: eval_k is what is evaluated
+    lsr = sweep_depth(config(k=20, eval_k=2, k_sweep=(1, 8), methods=("replug", "replug_lsr")))
+    assert "reaches 8 > k=2: replug and replug_lsr score" in lsr
 
 
 def test_fewer_demos_than_shots_is_said_for_qa_and_per_subject():

@@ -13,8 +13,8 @@ import ml_collections
 def get_config():
     c = ml_collections.ConfigDict()
     c.job = "lm_eval"
-    c.corpus = ""  # JSONL (or .txt file / directory of .txt) for the retrieval datastore
-    c.eval_data = ""  # JSONL of held-out documents to score
+    c.corpus = ""  # JSONL {"text", "title"?, "id"?}, a .txt file or folder of them, or tfds:NAME:SPLIT[:TEXT[:TITLE]]
+    c.eval_data = ""  # held-out documents to score, in any form corpus takes
     c.encoder = "minilm"  # as rj.load_encoder takes: packaged name, local dir, or hub id
     c.lm = "smollm2"  # as rj.load_lm takes: packaged name, local dir, .gguf path, or hub id
     c.lm_tokenizer = ""  # lm a server URL: its model's tokenizer, by name ("": the server's /tokenize) to cut text

@@ -222,8 +222,8 @@ def _posterior_predictions(config, lm, retriever, store, questions, demo_prefix)
         temperature=config.temperature, alpha=config.posterior_alpha, ensemble=config.ensemble,
         max_new_tokens=config.max_new_tokens, with_answers=config.get("answer_nll", True),
         nll_with_demos=config.get("answer_nll_demos", False), evidence=_evidence(config))
-    for p, row in zip(preds, rows):
-        p["passage_ids"] = [store.ids[row[j]] for j in p["kept_ranks"]]
+    for p, row in zip(preds, rows):  # kept_ranks: positions among the passages found (-1 rows left out)
+        p["passage_ids"] = [store.ids[row[row >= 0][j]] for j in p["kept_ranks"]]
     return preds, kept
 
 

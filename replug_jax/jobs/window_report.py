@@ -30,7 +30,7 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
         logging.warning(warning)  # the console and WORKDIR/log.txt
     results = lm_eval.evaluate_lm(
         prepared.lm, windows, prepared.store, retrievers, k=config.get("eval_k") or config.k,
-        k_sweep=tuple(config.k_sweep), sweep_retrievers=("replug", "replug_lsr", "random"),
+        k_sweep=tuple(config.k_sweep), sweep_retrievers=SWEEPING,
         concat_retriever="replug" if "concat" in config.methods else None, temperature=config.temperature,
         temperatures={"bm25": config.bm25_temperature, **(temperatures or {})},
         temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})),
@@ -58,9 +58,13 @@ def sweep_depth(config) -> str | None:
     """A warning when the k sweep reaches beyond the evaluated k: the sweeping methods then score that many passages
     per window (the k sweep reuses the passes of its largest k), which lowering k alone does not save."""
     k, deepest = config.get("eval_k") or config.k, max(config.k_sweep, default=0)
+    sweeping = [m for m in SWEEPING if m in config.methods or m == "replug"]  # replug always runs
     if deepest <= k:
         return None
     kept = ",".join(str(x) for x in config.k_sweep if x <= k) or str(k)
-    return (f"--config.k_sweep reaches {deepest} > k={k}: replug and random score their top {deepest} passages per "
-            f"window ({deepest / k:.1f}x the passes of k={k}) for the sweep's columns; --config.k_sweep={kept} scores "
-            f"only the top {k}")
+    return (f"--config.k_sweep reaches {deepest} > k={k}: {' and '.join(sweeping)} score their top {deepest} "
+            f"passages per window ({deepest / k:.1f}x the passes of k={k}) for the sweep's columns; "
+            f"--config.k_sweep={kept} scores only the top {k}")
+
+
+SWEEPING = ("replug", "replug_lsr", "random")  # the methods a k sweep re-mixes (evaluate_lm's sweep_retrievers)

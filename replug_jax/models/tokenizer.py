@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import itertools
 import re
 
 import tokenizers
@@ -30,6 +31,11 @@ class TextTokenizer:
         """Token ids and their (start, end) character spans in `text` (no special tokens)."""
         e = self.backend.encode(text, add_special_tokens=False)
         return e.ids, e.offsets
+
+    def offsets_batch(self, texts: list[str]) -> list[list[tuple[int, int]]]:
+        """Each text's token (start, end) character spans, as `encode_with_offsets` gives them, encoded as one batch
+        (the tokenizers library's own, in Rust on every core)."""
+        return [e.offsets for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
@@ -57,13 +63,22 @@ def token_starts(tokenizer: TextTokenizer, text: str) -> list[int]:
     character offsets (a server's /tokenize: `encode` only) gets them piece by piece (`piece_token_starts`)."""
     if not hasattr(tokenizer, "encode_with_offsets"):
         return piece_token_starts(tokenizer, text)
-    _, offsets = tokenizer.encode_with_offsets(text)
-    starts = [start for start, _ in offsets]
-    for i in range(1, len(starts)):  # never backwards (a byte-level token inside a character repeats its start)
-        starts[i] = max(starts[i], starts[i - 1])
-    if starts:
-        starts[0] = 0  # leading whitespace belongs to the first token
-    return starts + [len(text)]
+    return starts_from_offsets(tokenizer.encode_with_offsets(text)[1], len(text))
+
+
+def token_starts_batch(tokenizer: TextTokenizer, texts: list[str]) -> list[list[int]]:
+    """`token_starts` of each text, from one batch encoding where the tokenizer has one (`offsets_batch`)."""
+    if not hasattr(tokenizer, "offsets_batch"):
+        return [token_starts(tokenizer, text) for text in texts]
+    return [starts_from_offsets(offsets, len(text)) for offsets, text in zip(tokenizer.offsets_batch(texts), texts)]
+
+
+def starts_from_offsets(offsets: list[tuple[int, int]], length: int) -> list[int]:
+    """`token_starts` from a text's token spans and its length: [n + 1]."""
+    starts = list(itertools.accumulate((start for start, _ in offsets), max))  # never backwards (a byte-level
+    if starts:  # token inside a character repeats its start); leading whitespace belongs to the first token
+        starts[0] = 0
+    return starts + [length]
 
 
 def token_pieces(tokenizer: TextTokenizer, text: str) -> tuple[list[int], list[str]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import tempfile
@@ -22,7 +23,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from replug_jax.errors import InputError, invalid_json
-from replug_jax.models.tokenizer import TextTokenizer, token_starts
+from replug_jax.models.tokenizer import TextTokenizer, token_starts_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,18 +191,29 @@ def chunk_documents(documents: Iterable[Document], tokenizer: TextTokenizer, chu
     if chunk_tokens < 1 or min_tokens < 0:
         raise ValueError(f"chunk_tokens must be >= 1 and min_tokens >= 0, got {chunk_tokens}, {min_tokens}")
     ids, titles, texts, sources = [], [], [], []
-    for doc in documents:
-        for j, (start, end) in enumerate(_chunk_spans(doc.text, tokenizer, chunk_tokens, min_tokens)):
-            ids.append(f"{doc.id}#{j}")
-            titles.append(doc.title)
-            texts.append(doc.text[start:end])
-            sources.append(doc.id)
+    for batch in _batches(documents, CHUNK_BATCH):  # one batch encoding per batch: the tokenizer's every core
+        for doc, starts in zip(batch, token_starts_batch(tokenizer, [d.text for d in batch])):
+            for j, (start, end) in enumerate(_chunk_spans(starts, chunk_tokens, min_tokens)):
+                ids.append(f"{doc.id}#{j}")
+                titles.append(doc.title)
+                texts.append(doc.text[start:end])
+                sources.append(doc.id)
     return Datastore(ids, titles, texts, sources)
 
 
-def _chunk_spans(text: str, tokenizer: TextTokenizer, chunk_tokens: int, min_tokens: int) -> list[tuple[int, int]]:
-    """Character spans [(start, end)] of one document's chunks (a tokenizer without offsets: `piece_token_starts`)."""
-    starts = token_starts(tokenizer, text)
+CHUNK_BATCH = 1024  # documents tokenised together
+
+
+def _batches(items: Iterable, size: int) -> Iterator[list]:
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def _chunk_spans(starts: list[int], chunk_tokens: int, min_tokens: int) -> list[tuple[int, int]]:
+    """Character spans [(start, end)] of one document's chunks from its `token_starts` [n + 1] (a tokenizer
+    without offsets: `piece_token_starts`)."""
+    text_length = starts[-1]
     n = len(starts) - 1
     if n == 0:
         return []
@@ -209,6 +221,6 @@ def _chunk_spans(text: str, tokenizer: TextTokenizer, chunk_tokens: int, min_tok
     if len(firsts) > 1 and n - firsts[-1] < min_tokens:
         firsts.pop()
     # sorted(set(...)): a character split over several byte-level tokens never yields an empty chunk
-    bounds = sorted({0, len(text), *(starts[t] for t in firsts[1:])})
+    bounds = sorted({0, text_length, *(starts[t] for t in firsts[1:])})
     return list(zip(bounds[:-1], bounds[1:]))
 

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import faiss
 import numpy as np
 
+from replug_jax.retrieval import exact_search
 from replug_jax.retrieval.datastore import atomic_open
 
 METRICS = ("cosine", "ip")
@@ -197,7 +198,12 @@ class DenseIndex:
             raise ValueError(f"queries must be [Q, {self.dim}] (the index dimension), got shape {queries.shape}")
         prepared = self._prepare(queries)  # [Q, D]
 
+        matrix = exact_search.flat_rows(self.index)  # a flat index: exact search as one blocked GEMM
+        gemm = matrix is not None and len(prepared) >= exact_search.MIN_QUERIES
+
         def search_fn(todo, depth):
+            if gemm:
+                return exact_search.top_k(matrix, prepared[todo], depth)
             return self.index.search(prepared[todo], depth)
 
         return search_excluding(search_fn, self.count, len(prepared), k, exclude)
