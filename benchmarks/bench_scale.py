@@ -89,7 +89,7 @@ def run_size(size: int, workdir: str, tokenizer, encoder, args) -> tuple[list, d
         write_corpus(corpus, size)
     documents = measure(rows, size, "read", lambda: read_documents(corpus))
     texts = [d.text for d in documents]
-    measure(rows, size, "tokenizer batch (baseline)", lambda: tokenizer.offsets_batch(texts))
+    measure(rows, size, "tokenizer batch (baseline)", lambda: batch_encode(tokenizer, texts))
     store = measure(rows, size, "chunk", lambda: ds.chunk_documents(documents, tokenizer, chunk_tokens=128))
     n = len(store)
     path = os.path.join(folder, "datastore.jsonl")
@@ -136,6 +136,13 @@ def run_size(size: int, workdir: str, tokenizer, encoder, args) -> tuple[list, d
     return rows, {"embed_rate": embed_rate}
 
 
+def batch_encode(tokenizer, texts: list[str], batch: int = 8192) -> None:
+    """The tokenizer's own batch encoding with offsets of every text, `batch` at a time (what chunking could reach;
+    the offsets of a million documents at once would not fit in memory)."""
+    for start in range(0, len(texts), batch):
+        tokenizer.offsets_batch(texts[start : start + batch])
+
+
 def ivf_lists(n: int) -> int:
     """IVF lists: about 4 sqrt(N), a power of two (FAISS's guideline), at least 16."""
     return max(16, 2 ** int(round(np.log2(4 * np.sqrt(n)))))
@@ -162,10 +169,11 @@ def checkpoint(encoder, directory: str) -> None:
 
 
 def fit(rows: list) -> dict:
-    """Per stage: the exponent b of seconds ~ a N^b (least squares in log-log), and a, over the sizes measured."""
+    """Per stage: the exponent b of seconds ~ a N^b and a, through its two largest sizes measured (the smallest
+    carry fixed costs: a compile, an index's training on a capped sample)."""
     out = {}
     for stage in dict.fromkeys(r["stage"] for r in rows):
-        points = [(r["passages"], r["seconds"]) for r in rows if r["stage"] == stage and r["seconds"] > 0]
+        points = sorted((r["passages"], r["seconds"]) for r in rows if r["stage"] == stage and r["seconds"] > 0)[-2:]
         if len(points) >= 2:
             x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
             b, log_a = np.polyfit(x, y, 1)
@@ -181,6 +189,8 @@ def project(fits: dict, embed_rate_cpu: float, target: int) -> list[dict]:
     out = []
     for stage, (a, b) in fits.items():
         here = a * target ** b
+        if stage.startswith(("embed", "refresh")):  # the measured rate is per passage: linear in N
+            here = target / embed_rate_cpu
         row = {"stage": stage, "passages": target, "exponent": b, "this_machine_s": here}
         for name, (hosts, chips) in HOSTS.items():
             if stage.startswith(("embed", "refresh")):
@@ -200,7 +210,15 @@ def main():
     p.add_argument("--hnsw-max", type=int, default=200_000, help="HNSW is built up to this many rows")
     p.add_argument("--clean", action="store_true", help="remove each size's files when done")
     p.add_argument("--out", default="benchmarks/results.jsonl")
+    p.add_argument("--from-results", metavar="JSONL", help="print the tables again from the last run's rows in this "
+                   "file (no measurement)")
     args = p.parse_args()
+    if args.from_results:
+        saved = [json.loads(line) for line in open(args.from_results, encoding="utf-8")]
+        last = [r for r in saved if r.get("benchmark") == "scale" and r["command"] == next(
+            r["command"] for r in reversed(saved) if r.get("benchmark") == "scale")]
+        rate = float(re.match(r"(\d+)", [r for r in last if r["stage"].startswith("embed")][-1]["note"]).group(1))
+        return report(last, rate, last[0]["cpu"], last[0]["command"], None)
 
     import replug_jax as rj
 
@@ -212,6 +230,11 @@ def main():
         measured, info = run_size(size, args.workdir, tokenizer, encoder, args)
         rows += measured
         rates.append(info["embed_rate"])
+    report(rows, rates[-1], cpu, command, args.out)
+
+
+def report(rows: list, embed_rate: float, cpu: str, command: str, out: str | None) -> None:
+    """The table of seconds per stage and size, the fitted exponents and the projections; rows appended to `out`."""
     fits = fit(rows)
     sizes = sorted({r["passages"] for r in rows})
     print(f"\nSeconds per stage ({cpu}; resident MiB added in brackets):\n")
@@ -224,18 +247,20 @@ def main():
             cells.append("" if r is None else f"{r['seconds']:.2f} ({r['resident_added'] / 2**20:.0f})")
         exponent = f"{fits[stage][1]:.2f}" if stage in fits else ""
         print(f"| {stage} | " + " | ".join(cells) + f" | {exponent} |")
-    projections = [row for target in (21_000_000, 36_000_000) for row in project(fits, float(np.mean(rates)), target)]
-    print(f"\nProjected hours (embedding at {EMBED_MFU:.0%} MFU of v4 chips, {CONTRIEVER_PARAMS / 1e6:.0f}M-parameter "
-          f"encoder, 128 tokens; CPU stages linear in N over {TPU_HOST_CORES} cores per host):\n")
+    projections = [row for target in (21_000_000, 36_000_000) for row in project(fits, embed_rate, target)]
+    print(f"\nProjected hours (this machine: each stage's fit, embedding at {embed_rate:.0f} passages/s; TPU: "
+          f"embedding at {EMBED_MFU:.0%} MFU of v4 chips, a {CONTRIEVER_PARAMS / 1e6:.0f}M-parameter encoder at 128 "
+          f"tokens; CPU stages spread over {TPU_HOST_CORES} cores per host):\n")
     names = ["this_machine_s", *HOSTS]
     print("| stage | passages | " + " | ".join(n.replace("_s", "") for n in names) + " |")
     print("|---|---:|" + "---:|" * len(names))
     for row in projections:
         print(f"| {row['stage']} | {row['passages'] / 1e6:.0f}M | "
               + " | ".join(f"{row[n] / 3600:.2f}" for n in names) + " |")
-    common.write_rows([{"benchmark": "scale", **r, "cpu": cpu, "command": command} for r in rows]
-                      + [{"benchmark": "scale_projection", **r, "cpu": cpu, "command": command} for r in projections],
-                      args.out)
+    if out:
+        common.write_rows([{"benchmark": "scale", **r, "cpu": cpu, "command": command} for r in rows]
+                          + [{"benchmark": "scale_projection", **r, "cpu": cpu, "command": command}
+                             for r in projections], out)
 
 
 if __name__ == "__main__":

@@ -274,7 +274,7 @@ def test_exact_search_by_gemm_ranks_as_faiss_and_brute_force(vectors, path, monk
     lower row (duplicated vectors)."""
     from replug_jax.retrieval import exact_search
 
-    monkeypatch.setattr(exact_search, "MIN_QUERIES", 0 if path == "gemm" else 10**9)
+    monkeypatch.setattr(exact_search, "MAX_QUERIES", 10**9 if path == "gemm" else 0)
     monkeypatch.setattr(exact_search, "BLOCK_ROWS", 64)  # five blocks over 300 rows
     used = []
     top_k = exact_search.top_k

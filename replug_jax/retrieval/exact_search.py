@@ -5,7 +5,8 @@ FAISS flat index holds, read in place (no copy, a memory-mapped index included).
     scores, rows = top_k(matrix, queries, k)            # [Q, k] float32, [Q, k] int64, best first
 
 Rankings: score descending, ties to the lower row. FAISS stays for compressed and approximate indexes (SQ, PQ, IVF,
-HNSW); `DenseIndex.search` picks this path for a flat index where it measured faster (benchmarks/bench_search.py).
+HNSW), and for a flat index searched with MAX_QUERIES queries or more at once, where FAISS measured faster
+(benchmarks/bench_search.py).
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import faiss
 import numpy as np
 
 BLOCK_ROWS = 32_768  # matrix rows per GEMM: a [Q, BLOCK_ROWS] float32 score block is the largest allocation
-MIN_QUERIES = 8  # below this FAISS's own scan of a flat index is as fast (benchmarks/README.md "Exact search")
+MAX_QUERIES = 512  # from here on FAISS's own blocked BLAS path is faster; below it, its scan is 2.5-11x slower
+# (benchmarks/README.md "Exact search": Intel Xeon, 2 cores, 10k-1M rows)
 
 
 def flat_rows(index) -> np.ndarray | None:

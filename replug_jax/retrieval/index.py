@@ -199,10 +199,9 @@ class DenseIndex:
         prepared = self._prepare(queries)  # [Q, D]
 
         matrix = exact_search.flat_rows(self.index)  # a flat index: exact search as one blocked GEMM
-        gemm = matrix is not None and len(prepared) >= exact_search.MIN_QUERIES
 
         def search_fn(todo, depth):
-            if gemm:
+            if matrix is not None and len(todo) < exact_search.MAX_QUERIES:
                 return exact_search.top_k(matrix, prepared[todo], depth)
             return self.index.search(prepared[todo], depth)
 
