@@ -202,7 +202,7 @@ def project(fits: dict, embed_rate_cpu: float, target: int) -> list[dict]:
     return out
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--passages", default="10000,100000,1000000")
     p.add_argument("--workdir", default="runs/bench_scale")
@@ -212,7 +212,7 @@ def main():
     p.add_argument("--out", default="benchmarks/results.jsonl")
     p.add_argument("--from-results", metavar="JSONL", help="print the tables again from the last run's rows in this "
                    "file (no measurement)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.from_results:
         saved = [json.loads(line) for line in open(args.from_results, encoding="utf-8")]
         last = [r for r in saved if r.get("benchmark") == "scale" and r["command"] == next(
@@ -223,7 +223,8 @@ def main():
     import replug_jax as rj
 
     tokenizer, encoder = rj.load_tokenizer("smollm2"), rj.load_encoder("minilm")
-    command, cpu = "python " + " ".join(sys.argv), common.cpu_model()
+    command = "python benchmarks/bench_scale.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    cpu = common.cpu_model()
     rows, rates = [], []
     for size in (int(x) for x in args.passages.split(",")):
         print(f"{size:,} passages ({cpu})", flush=True)
@@ -231,6 +232,7 @@ def main():
         rows += measured
         rates.append(info["embed_rate"])
     report(rows, rates[-1], cpu, command, args.out)
+    return rows
 
 
 def report(rows: list, embed_rate: float, cpu: str, command: str, out: str | None) -> None:

@@ -18,21 +18,21 @@ sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", default="10000,156520,1000000")
     p.add_argument("--queries", default="1,16,512")
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--out", default="benchmarks/results.jsonl")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     import faiss
 
     from replug_jax.retrieval import exact_search
 
     rng = np.random.default_rng(0)
-    command = "python " + " ".join(sys.argv)
+    command = "python benchmarks/bench_search.py " + " ".join(sys.argv[1:] if argv is None else argv)
     cpu = common.cpu_model()
     rows = []
     for n in (int(x) for x in args.rows.split(",")):
@@ -59,6 +59,7 @@ def main():
             print(rows[-1])
     common.print_table(rows, ["rows", "queries", "faiss_ms", "gemm_ms", "gemm_speedup", "identical_rows"])
     common.write_rows(rows, args.out)
+    return rows
 
 
 if __name__ == "__main__":

@@ -66,3 +66,27 @@ def test_posterior_benchmark_runs_and_float32_weights_match_pytorch(tmp_path):
     assert exact["max_abs_dlog_lambda"] < 1e-4 and exact["rerank_same_kept_set"] == 1.0
     assert exact["ref_query_loglik_spread"] > 1e-3  # the passages do change log p(x | d): the check has a signal
     assert checks["bfloat16", "bfloat16"]["max_abs_dlog_lambda"] > exact["max_abs_dlog_lambda"]
+
+
+@pytest.mark.slow  # a smoke run of the CPU search benchmark
+def test_search_benchmark_compares_gemm_and_faiss_on_identical_rankings(tmp_path):
+    rows = load_script("bench_search").main(["--rows", "3000", "--queries", "1,16", "--dim", "32",
+                                             "--out", str(tmp_path / "rows.jsonl")])
+    assert [(r["rows"], r["queries"]) for r in rows] == [(3000, 1), (3000, 16)]
+    assert all(r["identical_rows"] == 1.0 and r["gemm_ms"] > 0 and r["faiss_ms"] > 0 for r in rows)
+
+
+@pytest.mark.slow  # a smoke run of the cost curve
+def test_scale_benchmark_measures_every_stage_and_projects(tmp_path, capsys):
+    out = str(tmp_path / "rows.jsonl")
+    args = ["--passages", "600,1200", "--workdir", str(tmp_path / "w"), "--embed-sample", "32", "--out", out]
+    rows = load_script("bench_scale").main(args)
+    stages = {r["stage"] for r in rows}
+    assert {"read", "chunk", "tokenizer batch (baseline)", "embed (measured rate x N)", "index build HNSW32",
+            "search Flat, exclusion", "lsr batch (16 x 20)", "checkpoint (retriever)"} <= stages
+    assert {r["passages"] for r in rows} == {600, 1200}
+    saved = [json.loads(line) for line in open(out)]
+    assert {r["passages"] for r in saved if r["benchmark"] == "scale_projection"} == {21_000_000, 36_000_000}
+    capsys.readouterr()
+    load_script("bench_scale").main(["--from-results", out])
+    assert "| chunk |" in capsys.readouterr().out
