@@ -35,15 +35,16 @@ def _check_path_or_name(key: str, value: str, names: tuple[str, ...]) -> None:
         raise InputError(f"--config.{key}={value!r}: no such file or directory (or give one of {', '.join(names)})")
 
 
+ROLES = {"lm": "an LM", "encoder": "an encoder"}
+
+
 def check_model(key: str, name: str) -> None:
     """A model name the registry knows, an installed reader, a local path, or a hub id ('org/name')."""
     if name.startswith(("http://", "https://")) or os.path.exists(os.path.expanduser(name)):
         return
-    role = "encoder" if key == "encoder" else "lm"
-    other = "lm" if role == "encoder" else "encoder"
+    role, other = ("encoder", "lm") if key == "encoder" else ("lm", "encoder")
     if name in registry.names(other):
-        raise InputError(f"--config.{key}={name!r} is {'an encoder' if role == 'lm' else 'an LM'}, not "
-                         f"{'an LM' if role == 'lm' else 'an encoder'}; {_known(role)}")
+        raise InputError(f"--config.{key}={name!r} is {ROLES[other]}, not {ROLES[role]}; {registry.known_names(role)}")
     if name in split_gguf.READERS:
         try:
             split_gguf.check_available(split_gguf.READERS[name])
@@ -52,13 +53,7 @@ def check_model(key: str, name: str) -> None:
         return
     if name in registry.PACKAGED or name in registry.HUB_ALIASES or "/" in name.strip("/"):
         return
-    raise InputError(f"--config.{key}={name!r}: unknown {'LM' if role == 'lm' else 'encoder'}; {_known(role)}")
-
-
-def _known(role: str) -> str:
-    """The model names a user may give for an "lm" or "encoder" key, and the other forms they may take."""
-    return (f"{'LMs' if role == 'lm' else 'encoders'}: {', '.join(registry.names(role))}, a local path, a hub id "
-            f"'org/name'{' or a server URL' if role == 'lm' else ''}")
+    raise InputError(f"--config.{key}={name!r}: unknown {ROLES[role].split()[1]}; {registry.known_names(role)}")
 
 
 def _check_olmes(config) -> None:
@@ -115,6 +110,7 @@ def check_job_inputs(config) -> None:
             check_posterior_settings(config)
         _check_path_or_name("corpus", config.corpus, DOCUMENT_NAMES)
         _check_path_or_name("eval_data", config.eval_data, DOCUMENT_NAMES)
+        _check_small_documents("eval_data", config.eval_data)
     if config.job in ("qa", "mmlu"):
         _check_path_or_name("corpus", config.corpus, CORPUS_NAMES)
         names = QA_NAMES if config.job == "qa" else MC_NAMES
@@ -273,6 +269,16 @@ def check_depth_fits(config, passages: int, at_most: bool = False) -> None:
         size = f"{passages:,} passages{' at most' if at_most else ''}"
         raise InputError(f"{given} larger than the datastore ({size} from --config.corpus={config.corpus!r}): "
                          f"lower --config.{key} or add documents")
+
+
+def _check_small_documents(key: str, path: str) -> None:
+    """A small JSONL / .txt file of documents read in the first second: every line parses, some document has text."""
+    if not (path.endswith((".jsonl", ".txt")) and os.path.isfile(path) and os.path.getsize(path) <= COUNTED_CORPUS_BYTES):
+        return
+    from replug_jax.retrieval import datastore as ds
+    documents = list(ds.read_text_files([path]) if path.endswith(".txt") else ds.read_jsonl(path))  # every line
+    if not any(d.text.strip() for d in documents):
+        raise InputError(f"--config.{key}={path!r} is empty: no document with any text")
 
 
 def passages_at_most(config) -> int | None:

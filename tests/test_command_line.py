@@ -58,13 +58,17 @@ def _own_data(tmp_path) -> dict[str, str]:
     ("experiments/configs/qa.py", ["--config.corpus={empty}"], "error: --config.corpus='{empty}' is empty: no document"),
     ("experiments/configs/qa.py", ["--config.corpus={malformed}"],
      "error: {malformed}, line 2, column 12: not valid JSON (Invalid control character)"),
+    ("experiments/configs/lm_eval.py", ["--config.eval_data={malformed}"],
+     "error: {malformed}, line 2, column 12: not valid JSON (Invalid control character)"),
+    ("experiments/configs/lm_eval.py", ["--config.eval_data={empty}"], "error: --config.eval_data='{empty}' is empty"),
 ])
 def test_a_newcomers_mistakes_on_their_own_data_get_one_line_and_exit_2(config, args, message, tmp_path):
     """Issue 51's error contract: a misspelt config file, a question file without answers, an empty corpus and a
     malformed JSONL line (its line and column) each exit 2 with one line, before any model loads."""
     files = _own_data(tmp_path)
-    own = [f"--config.corpus={files['corpus']}", f"--config.questions={files['questions']}", "--config.shots=0",
-           "--config.k=1"]
+    own = [f"--config.corpus={files['corpus']}", "--config.k=1"] + (
+        [f"--config.questions={files['questions']}", "--config.shots=0"] if config.endswith("qa.py") else
+        [f"--config.eval_data={files['corpus']}", "--config.k_sweep=1"])
     done, seconds = run_main("--config", config, "--workdir", str(tmp_path / "w"), *own,
                              *(a.format(**files) for a in args))
     assert done.returncode == 2, done.stderr[-2000:]

@@ -516,6 +516,10 @@ def test_mmlu_job_accuracy_per_category_and_subject(files, smollm2, tmp_path, mo
     rows = [json.loads(line) for line in open(tmp_path / "predictions.jsonl")]
     assert [r["id"] for r in rows] == ["ast-0", "phi-0", "ast-1", "ast-2"]  # subjects interleaved
     assert [r["answer"] for r in rows] == [1, 2, 0, 3]
+    corpus_ids = {f"{i}#0" for i, _, _ in CORPUS}
+    for r in rows:  # each method that retrieved names the passages it mixed, best first
+        assert "none_passage_ids" not in r and r["replug_passage_ids"] == r["concat_passage_ids"]
+        assert len(r["replug_passage_ids"]) == 2 and set(r["replug_passage_ids"]) <= corpus_ids
     for m in ("none", "replug", "concat"):
         acc = saved["accuracy"][m]
         correct = {s: [r[m] == r["answer"] for r in rows if r["subject"] == s] for s in ("astronomy", "philosophy")}

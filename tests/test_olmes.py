@@ -88,6 +88,8 @@ def test_job_runs_olmes_requests(files, smollm2, tmp_path):  # noqa: F811
         passage, _, rest = context.partition("\n\n")
         assert any(rest == q.context for q in questions) and passage and passage not in rest
     rows = [json.loads(line) for line in open(tmp_path / "predictions.jsonl")]
+    for r in rows:  # each method that retrieved names the passages it mixed
+        assert "none_passage_ids" not in r and len(r["replug_passage_ids"]) == 2 == len(r["concat_passage_ids"])
     for r, q in zip(rows, questions):
         ll = np.array(r["none_options"]["loglik"])
         chars = np.array([len(c) for c in q.continuations])

@@ -86,3 +86,17 @@ def test_unknown_scoring_is_refused(files, smollm2, tmp_path):  # noqa: F811
         run_job(mmlu_config(files, scoring="letter", methods=("none",)), tmp_path, smollm2)
     with pytest.raises(ValueError, match="option_metric must be one of"):
         run_job(mmlu_config(files, scoring="options", option_metric="acc_norm", methods=("none",)), tmp_path, smollm2)
+
+
+def test_record_passages_names_the_mixed_passages_by_datastore_id():
+    """predictions.jsonl's "<method>_passage_ids": the rows found, best first (-1 rows left out), or for
+    replug_posterior the kept positions among them, best posterior first."""
+    from replug_jax.retrieval.datastore import Datastore
+
+    store = Datastore([f"d{i}#0" for i in range(5)], [""] * 5, [f"text {i}" for i in range(5)], [f"d{i}" for i in range(5)])
+    retrieved = np.array([[3, 1, -1], [0, 4, 2]])
+    rows = [{}, {}]
+    option_text.record_passages(rows, "replug", store, retrieved)
+    assert [r["replug_passage_ids"] for r in rows] == [["d3#0", "d1#0"], ["d0#0", "d4#0", "d2#0"]]
+    option_text.record_passages(rows, "replug_posterior", store, retrieved, kept=[[1], [2, 0]])
+    assert [r["replug_posterior_passage_ids"] for r in rows] == [["d1#0"], ["d2#0", "d0#0"]]

@@ -300,6 +300,8 @@ def test_exact_search_by_gemm_ranks_as_faiss_and_brute_force(vectors, path, monk
     with pytest.raises(ValueError, match=f"k={n + 1} must be between 1 and the {n} rows"):
         exact_search.top_k(exact_search.flat_rows(index.index), queries, n + 1)
     assert exact_search.flat_rows(DenseIndex.build(emb, factory="SQ8").index) is None
+    none = index.search(queries[:0], 3)  # no query at all (a prompt without demos retrieves for none)
+    assert none[0].shape == (0, 3) and none[1].shape == (0, 3) and none[1].dtype == np.int64
 
 
 def test_ivf_and_hnsw_recall_on_clustered_vectors():

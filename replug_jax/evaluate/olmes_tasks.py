@@ -40,7 +40,9 @@ def predictions(lm, questions, methods, retrieve, store, metric: str, temperatur
                     list(blocks), scores, [q.continuations for q in questions],
                     temperature=temperature, alpha=posterior_alpha, k=k or scores.shape[1], progress=True)
                 option_text.record(rows, method, by_metric, metric)
+                option_text.record_passages(rows, method, store, retrieved, by_metric["kept"])
                 continue
+            option_text.record_passages(rows, method, store, retrieved)
             if method != "concat":
                 log_w = [option_text.log_lambda(s, len(p), temperature) for s, p in zip(scores, passages)]
         prompts = option_text.prepended_prompts(method, [q.context for q in questions], passages)

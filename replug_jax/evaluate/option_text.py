@@ -104,6 +104,14 @@ def record(rows: list[dict], method: str, by_metric: dict, metric: str) -> None:
         row[f"{method}_options"] = {m: by_metric[m][i] for m in (*OPTION_METRICS, "loglik")}
 
 
+def record_passages(rows: list[dict], method: str, store, retrieved: np.ndarray, kept=None) -> None:
+    """Into each question's row: "<method>_passage_ids", the datastore ids of the passages its passes mixed, best
+    first (`kept`: per question the positions among the passages found, best posterior first: replug_posterior)."""
+    for i, (row, found) in enumerate(zip(rows, retrieved)):
+        found = np.asarray(found)[np.asarray(found) >= 0]
+        row[f"{method}_passage_ids"] = [store.ids[r] for r in (found if kept is None else found[kept[i]])]
+
+
 def log_lambda(scores: np.ndarray, passes: int, temperature: float) -> np.ndarray:
     """log softmax(scores[:passes] / τ): REPLUG's normalised log weights of one question's passes."""
     s = np.asarray(scores[:passes], np.float32)[None]  # [1, passes]

@@ -277,7 +277,10 @@ def _run_mmlu(config, lm, store, retrievers, questions, dev):
                 lm, docs, blocks, scores, [option_text.continuations(q) for q in questions],
                 temperature=config.temperature, alpha=config.posterior_alpha, k=config.k, progress=True)
             option_text.record(predictions, method, by_metric, option_metric)
+            option_text.record_passages(predictions, method, store, rows, by_metric["kept"])
             continue
+        if method != "none":
+            option_text.record_passages(predictions, method, store, rows)
         prompts = mmlu.method_prompts(method, questions, passages, prefixes, block=block)
         passes = method not in ("none", "concat")
         if scoring == "options":

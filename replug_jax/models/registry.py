@@ -37,6 +37,12 @@ def names(role: str) -> list[str]:
     return [n for n in every if (n in ENCODERS) == (role == "encoder")]
 
 
+def known_names(role: str) -> str:
+    """What a user may give for an "lm" or "encoder" setting: the names, and the other forms it may take."""
+    return (f"{'LMs' if role == 'lm' else 'encoders'}: {', '.join(names(role))}, a local path, a hub id "
+            f"'org/name'{' or a server URL' if role == 'lm' else ''}")
+
+
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 

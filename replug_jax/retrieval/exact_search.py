@@ -35,6 +35,8 @@ def top_k(matrix: np.ndarray, queries: np.ndarray, k: int,
     if not 1 <= k <= n:
         raise ValueError(f"k={k} must be between 1 and the {n} rows")
     queries = np.ascontiguousarray(queries, np.float32)
+    if q == 0:  # no query (a process's empty share, a prompt without demos)
+        return np.empty((0, k), np.float32), np.empty((0, k), np.int64)
     scores, rows = np.empty((q, 0), np.float32), np.empty((q, 0), np.int64)
     for start in range(0, n, block_rows):
         block = queries @ matrix[start : start + block_rows].T  # [Q, b]
