@@ -276,8 +276,8 @@ def _check_small_documents(key: str, path: str) -> None:
     if not (path.endswith((".jsonl", ".txt")) and os.path.isfile(path) and os.path.getsize(path) <= COUNTED_CORPUS_BYTES):
         return
     from replug_jax.retrieval import datastore as ds
-    documents = list(ds.read_text_files([path]) if path.endswith(".txt") else ds.read_jsonl(path))  # every line
-    if not any(d.text.strip() for d in documents):
+
+    if not any([d.text.strip() for d in ds.read_document_file(path)]):  # every line read (a list, not a generator)
         raise InputError(f"--config.{key}={path!r} is empty: no document with any text")
 
 
@@ -293,6 +293,5 @@ def passages_at_most(config) -> int | None:
         return None
     from replug_jax.retrieval import datastore as ds
 
-    documents = ds.read_text_files([corpus]) if corpus.endswith(".txt") else ds.read_jsonl(corpus)
-    sizes = [len(d.text.encode("utf-8")) for d in documents]
+    sizes = [len(d.text.encode("utf-8")) for d in ds.read_document_file(corpus)]
     return sum(math.ceil((b + 2) / config.doc_tokens) for b in sizes if b)

@@ -26,6 +26,13 @@ def passages_of(store, rows) -> list[list[str]]:
     return [[passage_text(store.titles[r], store.texts[r]) for r in row if r >= 0] for row in rows]
 
 
+def passage_ids(store, rows, kept=None) -> list[list[str]]:
+    """Per query, the datastore ids of its retrieved rows [Q, D] (rows < 0: none), best first; with `kept` (per
+    query, positions among the rows found, best first: the posterior's kept passages) those alone."""
+    found = [np.asarray(row)[np.asarray(row) >= 0] for row in rows]
+    return [[store.ids[r] for r in (f if kept is None else f[np.asarray(kept[i], int)])] for i, f in enumerate(found)]
+
+
 def question_block(question: str, passage: str | None, answer: str | None = None) -> str:
     """One Table 5 block; without `answer` it ends at "Answer:" (the test question). With a passage it is
     QA_DOC_TEMPLATE's document followed by the closed-book block."""

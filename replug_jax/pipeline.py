@@ -109,9 +109,14 @@ class REPLUG:
         posterior weights)."""
         scores, rows = self.retriever.retrieve([query], self.depth)
         contexts, _, _ = document_passes(self.datastore, rows, [text], [""], self.doc_template)
-        valid = rows >= 0  # [1, depth]
+        return (contexts, *self._found(scores, rows))
+
+    def _found(self, scores, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(log λ = log softmax(s/τ) [D'], scores [D'], datastore rows [D']) of one query's passages found in
+        `scores`, `rows` [1, D] (-1 rows left out)."""
+        valid = rows >= 0  # [1, D]
         log_w = np.asarray(mixture.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]]
-        return contexts, log_w, scores[0][valid[0]], rows[0][valid[0]]
+        return log_w, scores[0][valid[0]], rows[0][valid[0]]
 
     def _mixed_passes(self, query: str, text: str, continuation: str):
         """(pass contexts, their normalised log λ [k'], continuation log-probs per pass or None, the kept passages
@@ -177,8 +182,7 @@ class REPLUG:
         passage as the QA job shows its demos, or a ready few-shot block (a string). `with_passages`: return
         (answer, the kept passages as `KeptPassage`s) instead of the answer alone."""
         scores, rows = self.retriever.retrieve([question], self.depth)
-        valid = rows[0] >= 0
-        found_rows, found_scores = rows[0][valid], scores[0][valid]  # [D'], the retrieved (-1 rows left out)
+        log_w, found_scores, found_rows = self._found(scores, rows)  # [D'], the retrieved (-1 rows left out)
         passages = [[passage_text(self.datastore.titles[r], self.datastore.texts[r]) for r in found_rows]]
         example = [QAExample("question", question, ())]
         prefix = self.demo_block(demos)
@@ -186,7 +190,6 @@ class REPLUG:
             answer = qa.answer_questions(self.lm, example, passages, scores, method="replug", ensemble="replug",
                                          demo_prefix=prefix, temperature=self.temperature,
                                          max_new_tokens=max_new_tokens)[0]["prediction"]
-            log_w = np.asarray(mixture.ensemble_log_weights(scores, rows >= 0, self.temperature))[0][valid]
             kept = self._kept(found_rows, found_scores, log_w, None)
         else:
             row = qa_posterior.predict(self.lm, example, passages, scores, demo_prefix=prefix, k=self.k,

@@ -67,7 +67,9 @@ def git_commit() -> dict:
 def lm_backend(lm) -> dict:
     """results.json's "lm_backend": what answered the LM's calls (this package's JAX model, or a server: its URL and
     model), seen through an LM cache."""
-    inner = getattr(lm, "__dict__", {}).get("lm", lm)  # CachedLM keeps the LM it caches as .lm
+    from replug_jax.lm.cache import CachedLM
+
+    inner = lm.lm if isinstance(lm, CachedLM) else lm
     if hasattr(inner, "base_url"):
         return {"kind": "http", "url": inner.base_url, "model": getattr(inner, "model", None)}
     return {"kind": type(inner).__name__, "cached": inner is not lm}

@@ -56,9 +56,7 @@ def read_documents(source: str) -> list[ds.Document]:
         return list(ds.read_text_files(paths))
     if not os.path.isfile(source):
         raise InputError(f"{source}: no such file")
-    if source.endswith(".txt"):
-        return list(ds.read_text_files([source]))
-    return list(ds.read_jsonl(source))
+    return list(ds.read_document_file(source))
 
 
 def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) -> ds.Datastore:

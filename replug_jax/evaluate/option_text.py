@@ -19,7 +19,7 @@ import numpy as np
 
 from replug_jax import mixture, posterior
 from replug_jax.evaluate.answer_nll import continuation_logliks, mixture_loglik, query_and_continuation_scores
-from replug_jax.passages import QA_DOC_TEMPLATE
+from replug_jax.passages import QA_DOC_TEMPLATE, passage_ids
 
 SCORINGS = ("letters", "options")
 PASSAGE_BEFORE_CONTEXT = "{passage}\n\n"  # a passage before a fixed prompt (OLMES's request contexts)
@@ -107,9 +107,8 @@ def record(rows: list[dict], method: str, by_metric: dict, metric: str) -> None:
 def record_passages(rows: list[dict], method: str, store, retrieved: np.ndarray, kept=None) -> None:
     """Into each question's row: "<method>_passage_ids", the datastore ids of the passages its passes mixed, best
     first (`kept`: per question the positions among the passages found, best posterior first: replug_posterior)."""
-    for i, (row, found) in enumerate(zip(rows, retrieved)):
-        found = np.asarray(found)[np.asarray(found) >= 0]
-        row[f"{method}_passage_ids"] = [store.ids[r] for r in (found if kept is None else found[kept[i]])]
+    for row, ids in zip(rows, passage_ids(store, retrieved, kept)):
+        row[f"{method}_passage_ids"] = ids
 
 
 def log_lambda(scores: np.ndarray, passes: int, temperature: float) -> np.ndarray:

@@ -27,7 +27,7 @@ from replug_jax.data import evaluation_sets, olmes
 from replug_jax.evaluate import (answer_nll, demo_passages, downstream_report, mmlu, olmes_tasks, option_text, qa,
                                  qa_posterior)
 from replug_jax.input_checks import read_methods
-from replug_jax.passages import passages_of
+from replug_jax.passages import passage_ids, passages_of
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
 from replug_jax.unused_settings import unused_settings
@@ -76,9 +76,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "lower --config.shots") if removed else ""
         raise InputError(f"no questions to evaluate from {config.questions!r}{why}")
     check_not_trained_on(config, questions)  # QA and multiple choice alike (OLMES sciq holds SciQ's questions)
-    shots_source = config.get("demos") or config.questions
-    early_warnings = unused_settings(config) + evaluation_sets.fewer_shots(kind, config.shots, questions, demos,
-                                                                           source=shots_source)
+    early_warnings = unused_settings(config) + evaluation_sets.fewer_shots(
+        kind, config.shots, questions, demos, source=config.get("demos") or config.questions)
     for warning in early_warnings:  # also in results.json and under the table
         console.phase(f"warning: {warning}")
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
@@ -170,8 +169,8 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
                                     demo_prefix=prefix, temperature=config.temperature,
                                     max_new_tokens=config.max_new_tokens, progress=True)
         qa.flag_predictions(questions, preds, None if method == "none" else passages, config.k)
-        for p, row in zip(preds, rows if method != "none" else ()):  # the passages mixed, best retrieved first
-            p["passage_ids"] = [store.ids[r] for r in row if r >= 0]
+        for p, ids in zip(preds, passage_ids(store, rows) if method != "none" else ()):  # best retrieved first
+            p["passage_ids"] = ids
         if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
             contexts, log_w = qa.method_passes(questions, passages, scores, method=method,
                                                temperature=config.temperature)
@@ -222,8 +221,8 @@ def _posterior_predictions(config, lm, retriever, store, questions, demo_prefix)
         temperature=config.temperature, alpha=config.posterior_alpha, ensemble=config.ensemble,
         max_new_tokens=config.max_new_tokens, with_answers=config.get("answer_nll", True),
         nll_with_demos=config.get("answer_nll_demos", False), evidence=_evidence(config))
-    for p, row in zip(preds, rows):  # kept_ranks: positions among the passages found (-1 rows left out)
-        p["passage_ids"] = [store.ids[row[row >= 0][j]] for j in p["kept_ranks"]]
+    for p, ids in zip(preds, passage_ids(store, rows, [p["kept_ranks"] for p in preds])):
+        p["passage_ids"] = ids
     return preds, kept
 
 

@@ -15,6 +15,8 @@ from replug_jax.evaluate import report
 from replug_jax.evaluate.windows import retrieval_shortfall, small_evaluation
 from replug_jax.unused_settings import unused_settings
 
+SWEEPING = ("replug", "replug_lsr", "random")  # the methods a k sweep re-mixes (evaluate_lm's sweep_retrievers)
+
 
 def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, retrievers: dict,
                         extra: dict | None = None, temperatures: dict | None = None, temperature_sweep=()) -> dict:
@@ -58,13 +60,11 @@ def sweep_depth(config) -> str | None:
     """A warning when the k sweep reaches beyond the evaluated k: the sweeping methods then score that many passages
     per window (the k sweep reuses the passes of its largest k), which lowering k alone does not save."""
     k, deepest = config.get("eval_k") or config.k, max(config.k_sweep, default=0)
-    sweeping = [m for m in SWEEPING if m in config.methods or m == "replug"]  # replug always runs
     if deepest <= k:
         return None
+    sweeping = [m for m in SWEEPING if m in config.methods or m == "replug"]  # replug always runs
     kept = ",".join(str(x) for x in config.k_sweep if x <= k) or str(k)
     return (f"--config.k_sweep reaches {deepest} > k={k}: {' and '.join(sweeping)} score their top {deepest} "
             f"passages per window ({deepest / k:.1f}x the passes of k={k}) for the sweep's columns; "
             f"--config.k_sweep={kept} scores only the top {k}")
 
-
-SWEEPING = ("replug", "replug_lsr", "random")  # the methods a k sweep re-mixes (evaluate_lm's sweep_retrievers)

@@ -4,8 +4,8 @@ directory (tokenizer.json, or whatever transformers can convert) or from GGUF me
 from __future__ import annotations
 
 import dataclasses
-import os
 import itertools
+import os
 import re
 
 import tokenizers

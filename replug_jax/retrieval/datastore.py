@@ -55,6 +55,11 @@ def read_jsonl(path: str) -> Iterator[Document]:
             yield document
 
 
+def read_document_file(path: str) -> Iterator[Document]:
+    """Documents from one file: a UTF-8 .txt file (one document) or a JSONL file (`read_jsonl`)."""
+    return read_text_files([path]) if path.endswith(".txt") else read_jsonl(path)
+
+
 def read_text_files(paths: Iterable[str]) -> Iterator[Document]:
     """One document per UTF-8 text file; id = the file name without extension, empty title."""
     for path in paths:
@@ -211,8 +216,7 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
 
 
 def _chunk_spans(starts: list[int], chunk_tokens: int, min_tokens: int) -> list[tuple[int, int]]:
-    """Character spans [(start, end)] of one document's chunks from its `token_starts` [n + 1] (a tokenizer
-    without offsets: `piece_token_starts`)."""
+    """Character spans [(start, end)] of one document's chunks from its `token_starts` [n + 1]."""
     text_length = starts[-1]
     n = len(starts) - 1
     if n == 0:
