@@ -41,7 +41,7 @@ from replug_jax.evaluate import answer_nll, olmes_tasks, option_text, qa, qa_pos
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.lm.http import HTTPLM
-from replug_jax.passages import QA_DOC_TEMPLATE, passages_of
+from replug_jax.passages import QA_DOC_TEMPLATE, passage_ids, passages_of
 from replug_jax.retrieval.datastore import Document, chunk_documents
 from replug_jax.retrieval.embeddings import embed_corpus
 from replug_jax.retrieval.index import DenseIndex
@@ -290,10 +290,17 @@ def test_replug_object_gives_the_jobs_numbers(paths, tmp_path):
     for (name, weighting), lps in out.items():
         np.testing.assert_allclose(lps, out["local", weighting], atol=1e-4, err_msg=f"{name} {weighting}")
     np.testing.assert_allclose(out["local", "posterior_a0"], out["local", "replug"], atol=1e-6)
-    store, retriever = datastore(lms["local"], encoder, tmp_path)
-    obj = rj.REPLUG(lms["local"], retriever, store, k=K, temperature=TAU, weights="posterior", posterior_alpha=1.0)
     _, _, preds = qa_rows(lms["local"], encoder, tmp_path, "posterior_a1", with_answers=False)
-    assert obj.answer(QUESTIONS[1].question, demos=DEMOS, max_new_tokens=3) == preds[1]["prediction"]
+    question = QUESTIONS[1].question
+    for name in ("local", "http", "http_server"):  # the passages it shows as kept, and their λ, on every path
+        store, retriever = datastore(lms[name], encoder, tmp_path)
+        obj = rj.REPLUG(lms[name], retriever, store, k=K, temperature=TAU, weights="posterior", posterior_alpha=1.0)
+        answer, kept = obj.answer(question, demos=DEMOS, max_new_tokens=3, with_passages=True)
+        if name == "local":  # the decoded text: over HTTP the mixture runs over each pass's top-20 tokens
+            assert answer == preds[1]["prediction"] == obj.answer(question, demos=DEMOS, max_new_tokens=3)
+        rows = retriever.retrieve([question], K)[1]
+        assert [p.id for p in kept] == passage_ids(store, rows, [preds[1]["kept_ranks"]])[0], name
+        np.testing.assert_allclose([np.log(p.weight) for p in kept], preds[1]["log_weights"], atol=1e-4, err_msg=name)
 
 
 def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighting: str) -> dict:
@@ -326,7 +333,11 @@ def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighti
     workdir = str(tmp_path / f"{job}-{weighting}-{abs(hash((lm_path_or_url, lm_tokenizer)))}")
     run_job(config, workdir)
     with open(os.path.join(workdir, "results.json")) as f:
-        return json.load(f)
+        results = json.load(f)
+    if job == "qa":  # the passages each method mixed, by datastore id
+        with open(os.path.join(workdir, "predictions.jsonl")) as f:
+            results["passage_ids"] = [{m: row[m].get("passage_ids") for m in methods} for row in map(json.loads, f)]
+    return results
 
 
 @pytest.mark.parametrize("job", ["lm_eval", "qa"])
@@ -342,6 +353,7 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
     for method, value in want[metric].items():
         assert got[metric][method] == pytest.approx(value, rel=1e-4), method
     assert not [w for w in got["warnings"] if "token pieces" in w]
+    assert got.get("passage_ids") == want.get("passage_ids")  # QA: the same passages mixed, named by the same ids
     if job == "lm_eval":
         ids_only = job_results(servers[1].url, "", paths, tmp_path, job, weighting)
         assert [w for w in ids_only["warnings"] if "gives no token pieces" in w]
