@@ -1,5 +1,7 @@
 # Quick start: `make demo` (install + main job on the offline default), `make test` (install + tests).
-PYTHON ?= python3
+# Python 3.12 where the machine has it (jax 0.12: CPU programs 1-17% faster, benchmarks/README.md "JAX 0.12 on
+# Python 3.12"), else python3 (3.10-3.11: jax 0.10.2); `make demo PYTHON=python3.11` chooses. CI tests the oldest pair.
+PYTHON ?= $(shell python3.12 -c "import ensurepip, venv" 2>/dev/null && echo python3.12 || echo python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip

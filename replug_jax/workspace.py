@@ -28,6 +28,7 @@ from replug_jax.lm.cache import CachedLM
 from replug_jax.models import precision
 from replug_jax.models.tokenizer import tokenizer_fingerprint
 from replug_jax.retrieval import build
+from replug_jax.retrieval import chunk_shares
 from replug_jax.retrieval import datastore as ds
 from replug_jax.retrieval.bm25 import BM25Index
 from replug_jax.retrieval.device_index import DeviceIndex
@@ -60,22 +61,14 @@ def read_documents(source: str) -> list[ds.Document]:
 
 
 def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) -> ds.Datastore:
-    """Chunk the corpus into `doc_tokens`-token passages; reuse WORKDIR/datastore.jsonl if built from the same input."""
-    path = os.path.join(workdir, "datastore.jsonl")
-    stamp_path = path + ".source.json"
+    """Chunk the corpus into `doc_tokens`-token passages; reuse WORKDIR/datastore.jsonl if built from the same input.
+    With several processes a collective call: each chunks a share of the documents (`chunk_shares`)."""
     stamp = {"corpus": corpus_path, "doc_tokens": doc_tokens, "tokenizer": tokenizer_fingerprint(tokenizer)}
     if os.path.isfile(corpus_path):  # a changed file is re-chunked; a directory or TFDS source is trusted by name
         stamp.update(corpus=os.path.abspath(corpus_path), size=os.path.getsize(corpus_path),
                      mtime_ns=os.stat(corpus_path).st_mtime_ns)
-    if os.path.isfile(path) and os.path.isfile(stamp_path):
-        with open(stamp_path) as f:
-            if json.load(f) == stamp:
-                return ds.Datastore.load(path)
-    store = ds.chunk_documents(read_documents(corpus_path), tokenizer, chunk_tokens=doc_tokens)
-    store.save(path)
-    with ds.atomic_open(stamp_path) as f:
-        json.dump(stamp, f)
-    return store
+    return chunk_shares.chunked_datastore(lambda: read_documents(corpus_path), tokenizer, doc_tokens,
+                                          os.path.join(workdir, "datastore.jsonl"), stamp)
 
 
 def build_dense_index(encoder, store: ds.Datastore, workdir: str, *, metric: str, factory: str,
@@ -182,7 +175,8 @@ def build_corpus(corpus: str, tokenizer, doc_tokens: int, workdir: str, *, split
     `doc_tokens`-token passages, or DPR's passages (a .tsv, kept whole)."""
     if corpus.endswith(".tsv"):
         return downstream_data.passages_datastore(downstream_data.read_dpr_passages(corpus, limit=max_passages))
-    return build_datastore(corpus_documents_file(corpus, workdir, split), tokenizer, doc_tokens, workdir)
+    path = distributed.lead_first(lambda: corpus_documents_file(corpus, workdir, split))  # one writer of the file
+    return build_datastore(path, tokenizer, doc_tokens, workdir)
 
 
 def data_paths(config, workdir: str) -> dict[str, str]:
@@ -248,7 +242,7 @@ def prepare(config, workdir: str) -> Workspace:
     if isinstance(lm, CachedLM):
         kind += f", scores cached in {lm.path}"
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({kind})")
-    store = distributed.lead_first(lambda: build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared))
+    store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared)
     console.phase(f"datastore: {len(store):,} passages of up to {config.doc_tokens} LM tokens")
     check_depth_fits(config, len(store))  # before any embedding
     index = build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
@@ -270,9 +264,9 @@ def prepare_downstream(config, workdir: str, lm=None) -> Workspace:
     lm = cached_lm(lm, config)
     cached = f", scores and answers cached in {lm.path}" if isinstance(lm, CachedLM) else ""
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__}{cached})")
-    store = distributed.lead_first(lambda: build_corpus(  # one writer of the files
+    store = build_corpus(
         config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
-        max_passages=config.get("max_passages") or None))
+        max_passages=config.get("max_passages") or None)
     check_depth_fits(config, len(store))  # before any embedding
     console.phase(f"datastore: {len(store):,} passages")
     index = build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,

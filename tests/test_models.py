@@ -144,8 +144,8 @@ def test_causal_lm_by_attention_blocks_matches_torch(tmp_path, builder, monkeypa
     from replug_jax.models import layers
 
     monkeypatch.setattr(layers, "CAUSAL_BLOCK", 16)
-    query_lengths, attend = [], layers.dot_product_attention
-    monkeypatch.setattr(layers, "dot_product_attention", lambda q, *a: query_lengths.append(q.shape[1]) or attend(q, *a))
+    query_lengths, attend = [], layers.head_major_attention  # q: [B, Hkv, G, Lq, Dh]
+    monkeypatch.setattr(layers, "head_major_attention", lambda q, *a: query_lengths.append(q.shape[3]) or attend(q, *a))
     family = builder.split("_")[0]
     ref = getattr(hf_tiny, f"tiny_{family}")(str(tmp_path), **({} if family == "gpt2" else {"tie": False}))
     config, params = weights.load_causal_lm_dir(str(tmp_path))

@@ -2,6 +2,7 @@
 each process doing only its share: corpus embedding, retrieval and LM scoring of the evaluation."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -395,3 +396,28 @@ def test_qa_and_mmlu_over_processes_equal_one(downstream_jobs, model_parallel, m
                 assert ours(got) == pytest.approx(ours(want), abs=2e-4), (run, key)
             assert two["answer_nll"] == pytest.approx(one["answer_nll"], rel=1e-5), run
         assert got == want, run  # every question's prediction, in order
+
+
+def test_datastore_chunked_in_shares_by_two_processes_equals_one(tmp_path):
+    """With two processes each chunks half of the documents (real Wikipedia text, unicode and whitespace edges, and
+    more processes' worth of documents than one share holds) and process 0 joins the halves: the datastore file is
+    the one-process file byte for byte; a second launch reuses it, chunking nothing."""
+    import replug_jax as rj
+    from replug_jax.data.wiki import load_wiki_articles, write_jsonl
+    from replug_jax.workspace import build_datastore
+    from tests.test_retrieval import EDGE_TEXTS
+
+    documents = load_wiki_articles()[:12] + [Document(f"edge{i}", "", t) for i, t in enumerate(EDGE_TEXTS)]
+    write_jsonl(documents, str(tmp_path / "corpus.jsonl"))
+    one = build_datastore(str(tmp_path / "corpus.jsonl"), rj.load_tokenizer("smollm2"), 64, str(tmp_path / "one"))
+    child = os.path.join(ROOT, "tests", "chunk_shares_child.py")
+    out = launch(2, 1, child, str(tmp_path / "corpus.jsonl"), str(tmp_path / "two"), "64", timeout=200)
+    n = len(documents)
+    for index, rows in enumerate(distributed.share(n, i, 2) for i in range(2)):
+        said = f"datastore: documents {rows.start:,}-{rows.stop:,} of {n:,} chunked here"
+        assert re.search(rf"^\[process {index}\] \[ *[0-9.]+s\] {said}", out, re.M), out[-2000:]
+    assert out.count(f"passages={len(one)} fingerprint={one.fingerprint()}") == 2  # every process holds it all
+    assert (tmp_path / "two" / "datastore.jsonl").read_bytes() == (tmp_path / "one" / "datastore.jsonl").read_bytes()
+    assert sorted(os.listdir(tmp_path / "two")) == ["datastore.jsonl", "datastore.jsonl.source.json"]  # parts removed
+    again = launch(2, 1, child, str(tmp_path / "corpus.jsonl"), str(tmp_path / "two"), "64", timeout=200)
+    assert "chunked here" not in again and again.count(f"passages={len(one)}") == 2

@@ -49,15 +49,30 @@ def causal_attention(q, k, v, bias, block: int | None = None):
     after each block of queries: they are masked for every query of the block, so the result is the
     same while about half the scores are never computed (10/16 of them at L = 4 blocks).
 
+    Computed head-major: q, k and v are transposed once and the output once back, and the blocks slice
+    the head-major arrays (blocks of [B, L, H, Dh] made XLA transpose K and V again for every block:
+    7% of SmolLM2's scoring on CPU, benchmarks/README.md "CPU scoring").
     q: [B, L, H, Dh]; k, v: [B, L, Hkv, Dh]; bias: [B, 1, L, L] causal (`causal_bias`). Returns [B, L, H, Dh].
     """
-    length, block = q.shape[1], block or CAUSAL_BLOCK
-    if length <= block:
-        return dot_product_attention(q, k, v, bias)
-    outs = [dot_product_attention(q[:, start : start + block], k[:, : start + block], v[:, : start + block],
-                                  bias[:, :, start : start + block, : start + block])
+    (b, length, heads, dh), kv_heads = q.shape, k.shape[2]
+    block = block or CAUSAL_BLOCK
+    qh = q.reshape(b, length, kv_heads, heads // kv_heads, dh).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, L, Dh]
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, Hkv, L, Dh]
+    outs = [head_major_attention(qh[:, :, :, start : start + block], kh[:, :, : start + block],
+                                 vh[:, :, : start + block], bias[:, :, start : start + block, : start + block])
             for start in range(0, length, block)]  # block i: queries [s, s + block), keys [0, s + block)
-    return jnp.concatenate(outs, axis=1)
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)  # [B, Hkv, G, L, Dh]
+    return out.transpose(0, 3, 1, 2, 4).reshape(q.shape)
+
+
+def head_major_attention(q, k, v, bias):
+    """jax.nn.dot_product_attention's XLA computation (float32 logits, scaled by 1/sqrt(Dh), the additive
+    bias, softmax in float32) over head-major arrays, grouped query heads beside their K/V head:
+    q [B, Hkv, G, Lq, Dh]; k, v [B, Hkv, S, Dh]; bias [B, 1, Lq, S] -> [B, Hkv, G, Lq, Dh]."""
+    logits = jnp.einsum("bkgqd,bksd->bkgqs", q, k, preferred_element_type=jnp.float32)
+    logits = logits * (q.shape[-1] ** -0.5) + bias[:, :, None].astype(jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgqs,bksd->bkgqd", probs, v)
 
 
 def padding_bias(attention_mask):

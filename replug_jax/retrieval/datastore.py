@@ -164,9 +164,7 @@ class Datastore:
 
     def save(self, path: str) -> None:
         """One JSON object per chunk, written atomically."""
-        with atomic_open(path) as f:
-            for row in zip(self.ids, self.titles, self.texts, self.sources):
-                f.write(json.dumps(dict(zip(("id", "title", "text", "source"), row)), ensure_ascii=False) + "\n")
+        save_rows(zip(self.ids, self.titles, self.texts, self.sources), path)
 
     @classmethod
     def load(cls, path: str) -> "Datastore":
@@ -193,17 +191,32 @@ def chunk_documents(documents: Iterable[Document], tokenizer: TextTokenizer, chu
     tokens); a document shorter than `min_tokens` stays one chunk. Documents with no
     tokens are skipped. Chunk ids are f"{document id}#{chunk number}".
     """
+    ids, titles, texts, sources = [], [], [], []
+    for row_id, title, text, source in chunk_rows(documents, tokenizer, chunk_tokens, min_tokens):
+        ids.append(row_id)
+        titles.append(title)
+        texts.append(text)
+        sources.append(source)
+    return Datastore(ids, titles, texts, sources)
+
+
+def chunk_rows(documents: Iterable[Document], tokenizer: TextTokenizer, chunk_tokens: int = 128,
+               min_tokens: int = 16) -> Iterator[tuple[str, str, str, str]]:
+    """`chunk_documents`' chunks as (id, title, text, source) rows, none for no document (not an error here)."""
     if chunk_tokens < 1 or min_tokens < 0:
         raise ValueError(f"chunk_tokens must be >= 1 and min_tokens >= 0, got {chunk_tokens}, {min_tokens}")
-    ids, titles, texts, sources = [], [], [], []
     for batch in _batches(documents, CHUNK_BATCH):  # one batch encoding per batch: the tokenizer's every core
         for doc, starts in zip(batch, token_starts_batch(tokenizer, [d.text for d in batch])):
             for j, (start, end) in enumerate(_chunk_spans(starts, chunk_tokens, min_tokens)):
-                ids.append(f"{doc.id}#{j}")
-                titles.append(doc.title)
-                texts.append(doc.text[start:end])
-                sources.append(doc.id)
-    return Datastore(ids, titles, texts, sources)
+                yield f"{doc.id}#{j}", doc.title, doc.text[start:end], doc.id
+
+
+def save_rows(rows: Iterable[tuple[str, str, str, str]], path: str) -> None:
+    """(id, title, text, source) rows as a datastore file (`Datastore.load` reads it): one JSON object per chunk,
+    written atomically."""
+    with atomic_open(path) as f:
+        for row in rows:
+            f.write(json.dumps(dict(zip(("id", "title", "text", "source"), row)), ensure_ascii=False) + "\n")
 
 
 CHUNK_BATCH = 1024  # documents tokenised together

@@ -1,0 +1,20 @@
+"""A child of `replug_jax.launch` in tests/test_multiprocess.py: chunks a corpus into WORKDIR/datastore.jsonl, each
+process a share (`retrieval.chunk_shares`).
+
+    python tests/chunk_shares_child.py CORPUS.jsonl WORKDIR CHUNK_TOKENS
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from replug_jax import distributed  # noqa: E402
+
+assert distributed.initialize(), "not started by replug_jax.launch"
+
+import replug_jax as rj  # noqa: E402
+from replug_jax.workspace import build_datastore  # noqa: E402
+
+corpus, workdir, chunk_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = build_datastore(corpus, rj.load_tokenizer("smollm2"), chunk_tokens, workdir)
+print(f"passages={len(store)} fingerprint={store.fingerprint()}", flush=True)
