@@ -57,11 +57,25 @@ def transformer_flops_per_token(num_params_non_embedding: int, vocab: int, hidde
 
 
 def write_rows(rows: list[dict], path: str) -> None:
-    """Append benchmark rows (with the command that produced them) to a JSON-lines file."""
+    """Append benchmark rows (with the command that produced them, and the date, CPU, Python and jaxlib they ran
+    on) to a JSON-lines file."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "a") as f:
         for row in rows:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps({**run_record(), **row}) + "\n")
+
+
+def run_record() -> dict:
+    """When and on what a benchmark ran: date, CPU model, Python and jax versions."""
+    import datetime
+    import platform
+
+    import jax
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    return {"date": datetime.date.today().isoformat(), "cpu": cpu, "python": platform.python_version(),
+            "jax": jax.__version__}
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:
