@@ -90,3 +90,23 @@ def test_scale_benchmark_measures_every_stage_and_projects(tmp_path, capsys):
     capsys.readouterr()
     load_script("bench_scale").main(["--from-results", out])
     assert "| chunk |" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # a smoke run of the scoring profile (SmolLM2 from its package)
+def test_scoring_profile_names_the_ops_where_the_time_goes(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    rows = load_script("profile_scoring").main(["--passes", "4", "--top", "5", "--out", str(out)])
+    ops = {r["op"] for r in rows}
+    assert {"layers/gate_proj/dot_general", "layers/up_proj/dot_general", "layers/down_proj/dot_general"} <= ops
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0) and all(r["ms_per_call"] > 0 for r in rows)
+    written = [json.loads(line) for line in open(out)]
+    assert len(written) == len(rows) and all(r["python"] and r["jax"] and r["date"] for r in written)
+
+
+@pytest.mark.slow  # a smoke run of the MLP benchmark
+def test_lm_mlp_benchmark_times_each_xla_option_with_its_error(tmp_path):
+    rows = load_script("bench_cpu_gemm").main(["--rounds", "1", "--lm-mlp", "--out", str(tmp_path / "rows.jsonl")])
+    by_impl = {r["impl"]: r for r in rows}
+    assert {"xla_defaults", "xla_eigen", "torch"} <= by_impl.keys()
+    for impl in ("xla_defaults", "xla_eigen", "torch"):  # right to float32 rounding
+        assert by_impl[impl]["max_abs_error"] < 1e-4 and by_impl[impl]["ms"] > 0, impl
