@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 import time
 
