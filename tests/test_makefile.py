@@ -18,9 +18,10 @@ def first_command(tmp_path, python312: str | None) -> str:
     script.write_text(f"#!/bin/sh\n{python312 or 'exit 127'}\n")  # 127: as a pyenv shim of a version not enabled
     script.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("PYTHON", None)
-    done = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, check=True)
+    for inherited in ("PYTHON", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"):  # under `make test PYTHON=...` (CI) these
+        env.pop(inherited, None)  # carry the outer make's choice and its directory messages
+    done = subprocess.run(["make", "--no-print-directory", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, check=True)
     return done.stdout.splitlines()[0]
 
 
