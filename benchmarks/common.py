@@ -66,15 +66,13 @@ def write_rows(rows: list[dict], path: str) -> None:
 
 
 def run_record() -> dict:
-    """When and on what a benchmark ran: date, CPU model, Python and jax versions."""
+    """When and on what a benchmark ran: date, CPU (`cpu_model`), Python and jax versions."""
     import datetime
     import platform
 
     import jax
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    return {"date": datetime.date.today().isoformat(), "cpu": cpu, "python": platform.python_version(),
+    return {"date": datetime.date.today().isoformat(), "cpu": cpu_model(), "python": platform.python_version(),
             "jax": jax.__version__}
 
 
