@@ -33,11 +33,12 @@ def op_names(hlo_text: str) -> dict[str, str]:
 
 
 def op_events(trace_dir: str) -> list[dict]:
-    """The XLA op events (hlo_op in their args) of the perfetto trace written under `trace_dir`."""
+    """The XLA op events (hlo_op in their args) of the perfetto trace written under `trace_dir`, less the scan's
+    loop op itself ("while.N": its body's ops are events of their own)."""
     path = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[0]
     trace = json.load(gzip.open(path))
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    return [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {}) and e["args"]["hlo_op"] != "while"]
+    return [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {}) and not e["args"]["hlo_op"].startswith("while")]
 
 
 def concurrency(events: list[dict]) -> dict[int, float]:
