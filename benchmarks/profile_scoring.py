@@ -28,7 +28,7 @@ def op_names(hlo_text: str) -> dict[str, str]:
     """{instruction name: what it computes} from a compiled HLO module's text (its metadata op_name, shortened)."""
     names = {}
     for name, op_name in re.findall(r'^\s*%?([\w.-]+) = .*?op_name="([^"]+)"', hlo_text, re.M):
-        names[name] = re.sub(r"^jit\([^)]*\)/(CausalLM/)?(while/body/closed_call/)?", "", op_name)
+        names[name] = re.sub(r"^jit\([^)]*\)/(CausalLM/)?(while/body/(closed_call/|eval_jaxpr/)?)?", "", op_name)
     return names
 
 

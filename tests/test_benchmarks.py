@@ -30,7 +30,9 @@ def test_accelerator_benchmark_runs_with_tiny_shapes_in_bf16(tmp_path):
         assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["dtype"] == "bfloat16", r
         assert r["command"].startswith("python benchmarks/bench_accelerator.py --shapes tiny")
         assert r["model_parallel"] == (2 if r["benchmark"] == "ensemble_scoring" else 1)
-    assert [json.loads(line) for line in open(out)] == rows
+    written = [json.loads(line) for line in open(out)]  # each row, with when and on what it ran (`common.run_record`)
+    assert [{key: w[key] for key in r} for w, r in zip(written, rows)] == rows and len(written) == len(rows)
+    assert all(w["date"] and w["cpu"] and w["python"] and w["jax"] for w in written)
 
 
 @pytest.mark.slow  # a smoke run of a device check script
