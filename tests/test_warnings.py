@@ -1,13 +1,20 @@
 """Said, not silent (issue 51): settings and data that make a run cost more or mean less than it looks are warned
 about in words that name the key to change: a k sweep beyond k, fewer demos than shots, a held-out text too short
 for its perplexity to mean anything, answers that came back empty."""
+import logging
+import os
+
+import pytest
 from ml_collections import config_dict
 
 from replug_jax.data.evaluation_sets import fewer_shots
 from replug_jax.data.records import MCExample, QAExample
 from replug_jax.evaluate.qa import empty_answers_warning
 from replug_jax.evaluate.windows import NOISY_BYTES, Window, small_evaluation
+from replug_jax.config_files import sibling_config
 from replug_jax.jobs.window_report import sweep_depth
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_k_sweep_beyond_k_says_what_it_scores_and_how_to_stop_it():
@@ -19,6 +26,23 @@ def test_a_k_sweep_beyond_k_says_what_it_scores_and_how_to_stop_it():
     assert sweep_depth(config(k=20, eval_k=10, k_sweep=(1, 10))) is None  # LSR: eval_k is what is evaluated
     lsr = sweep_depth(config(k=20, eval_k=2, k_sweep=(1, 8), methods=("replug", "replug_lsr")))
     assert "reaches 8 > k=2: replug and replug_lsr score" in lsr
+
+
+@pytest.mark.parametrize("job", ["lm_eval", "lsr"])
+def test_a_k_sweep_beyond_k_is_said_before_the_models_load(job, tmp_path, caplog):
+    """The warning comes as the job starts: here the encoder cannot load, and the warning was logged before that."""
+    from replug_jax.jobs.lm_eval import run_lm_eval
+    from replug_jax.jobs.lsr import run_lsr
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"id": "d{i}", "text": "Document {i} is short."}}\n' for i in range(4)))
+    config = sibling_config(os.path.join(ROOT, "experiments", "configs", f"{job}.py"), f"{job}.py")
+    config.update(corpus=str(corpus), eval_data=str(corpus), encoder="/no/such/encoder", lm="/no/such/lm", k=1,
+                  k_sweep=(1, 2), methods=("replug",), **({"train_data": str(corpus), "eval_k": 0} if job == "lsr" else {}))
+    with caplog.at_level(logging.WARNING), pytest.raises(Exception) as raised:
+        (run_lm_eval if job == "lm_eval" else run_lsr)(config, str(tmp_path / "w"))
+    assert "/no/such/encoder" in str(raised.value)  # the models never loaded
+    assert [r.getMessage() for r in caplog.records if "--config.k_sweep reaches 2 > k=1" in r.getMessage()]
 
 
 def test_fewer_demos_than_shots_is_said_for_qa_and_per_subject():

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from replug_jax import workspace
 from replug_jax.input_checks import read_methods
-from replug_jax.jobs.window_report import evaluate_and_report
+from replug_jax.jobs.window_report import evaluate_and_report, warn_early
 
 
 def run_lm_eval(config, workdir: str) -> dict:
     """Build or reuse the retrieval side, score every method, write and print the results."""
     methods = read_methods(config)  # unknown names refused before any work
+    warn_early(config)  # a k sweep beyond k, said before the models load
     prepared = workspace.prepare(config, workdir)
     retrievers = workspace.make_retrievers(methods, prepared.encoder, prepared.store, prepared.index,
                                            config.seed)

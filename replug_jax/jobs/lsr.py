@@ -20,7 +20,7 @@ from replug_jax.errors import InputError
 from replug_jax import console, distributed, results_file, sharding, trained_retriever, workspace
 from replug_jax.data import downstream as downstream_data
 from replug_jax.input_checks import read_methods
-from replug_jax.jobs.window_report import evaluate_and_report
+from replug_jax.jobs.window_report import evaluate_and_report, warn_early
 from replug_jax.passages import QA_DOC_TEMPLATE
 from replug_jax.train.data import (check_disjoint, first_training_row, qa_training_examples, trained_questions_record,
                                    trains_on_questions, training_examples)
@@ -51,6 +51,7 @@ def run_lsr(config, workdir: str) -> dict:
     if trains_on_questions(config.train_data):
         return run_lsr_on_questions(config, workdir)
     methods = read_methods(config)
+    warn_early(config)  # a k sweep beyond k, said before the models load
     prepared = workspace.prepare(config, workdir)  # models, datastore, index
     train_docs = workspace.read_documents(prepared.paths["train"])
     check_disjoint(train_docs, prepared.store)

@@ -26,10 +26,11 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
     temperature_sweep: τ values reported besides config.temperature_sweep."""
     windows = workspace.make_windows(prepared.paths["eval"], prepared.tokenizer, config)
     logging.info("datastore %d chunks; %d evaluation windows", len(prepared.store), len(windows))
-    said = (retrieval_shortfall(windows), small_evaluation(windows), sweep_depth(config))
-    warnings = [w for w in said if w] + workspace.cut_warnings(prepared) + unused_settings(config)
-    for warning in warnings if distributed.is_lead() else ():
+    said = [w for w in (retrieval_shortfall(windows), small_evaluation(windows)) if w]
+    said += workspace.cut_warnings(prepared) + unused_settings(config)
+    for warning in said if distributed.is_lead() else ():
         logging.warning(warning)  # the console and WORKDIR/log.txt
+    warnings = said + [w for w in (sweep_depth(config),) if w]  # said before the models loaded (`warn_early`)
     results = lm_eval.evaluate_lm(
         prepared.lm, windows, prepared.store, retrievers, k=config.get("eval_k") or config.k,
         k_sweep=tuple(config.k_sweep), sweep_retrievers=SWEEPING,
@@ -54,6 +55,14 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
         print(report.write_results(results, workdir))
         print(f"results in {os.path.join(workdir, 'results.json')}")
     return results
+
+
+def warn_early(config) -> None:
+    """What the config alone says is costly, logged as a job starts (before its models load); results.json's
+    "warnings" repeat it (`evaluate_and_report`)."""
+    said = sweep_depth(config)
+    if said and distributed.is_lead():
+        logging.warning(said)
 
 
 def sweep_depth(config) -> str | None:
