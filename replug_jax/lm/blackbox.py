@@ -22,7 +22,8 @@ above; the context cut from the left so that the prompt and `max_new_tokens` fit
 every step the K next-token distributions are mixed in probability space with weights
 λ = exp(log_weights[b]) (`mixture.ensemble_logprobs`), the most probable token is taken
 (greedy) and appended to all K passes, until a stop string appears or `max_new_tokens` tokens.
-With K = 1 and weight 1 this is plain greedy decoding.
+With K = 1 and weight 1 this is plain greedy decoding. `generation_room(prefix, max_new_tokens)` (optional: where
+a backend knows it) says how many context tokens a pass keeps, so a caller can name what a cut prompt still holds.
 
 `HTTPLM` follows this rule exactly whenever it knows the model's tokenizer and the server takes
 prompts as token ids (OpenAI, vLLM, llama.cpp and our server do): it sends `context ids +
@@ -261,12 +262,24 @@ def generation_prompt_ids(tokenizer: TextTokenizer, prefix: str, context: str, m
             raise ValueError("an empty prompt and the tokenizer has no document-start token to condition on")
         ctx = [start_id]
     if max_length is not None:
-        room = max_length - len(prefix_ids) - max_new_tokens
+        room = _generation_room(len(prefix_ids), max_length, max_new_tokens)
         if room < 1:
             raise ValueError(f"a shared prefix of {len(prefix_ids)} tokens and max_new_tokens={max_new_tokens} "
                              f"leave no room in the LM's {max_length}-token window")
         ctx = ctx[-room:]
     return prefix_ids, ctx
+
+
+def generation_room(tokenizer: TextTokenizer, prefix: str, max_length: int | None, max_new_tokens: int) -> int | None:
+    """How many context tokens a generation pass keeps after the shared `prefix` (`generation_prompt_ids`' rule:
+    the context is cut from the left to this many); None without a window."""
+    if max_length is None:
+        return None
+    return _generation_room(len(tokenizer.encode(prefix)) if prefix else 0, max_length, max_new_tokens)
+
+
+def _generation_room(prefix_tokens: int, max_length: int, max_new_tokens: int) -> int:
+    return max_length - prefix_tokens - max_new_tokens
 
 
 def continuation_ids(tokenizer: TextTokenizer, continuation: str, max_length: int | None) -> list[int]:

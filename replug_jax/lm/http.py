@@ -36,6 +36,7 @@ from replug_jax.lm.blackbox import (check_pairs, check_query_triples, continuati
                                    split_query_scores)
 from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
                                      parse_text_echo, select_continuation)
+from replug_jax.lm.http_generate import generation_room, http_generate
 from replug_jax.lm.http_request_probes import BATCH_PROMPTS, probe_batching, probe_logprobs
 from replug_jax.lm.http_transport import BlackBoxServerError, Transport
 from replug_jax.models.tokenizer import (TextTokenizer, document_start_id, document_start_text, token_starts,
@@ -135,14 +136,15 @@ class HTTPLM:
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
                  top_n: int | None = None, progress: bool = False):
-        """REPLUG's ensembled greedy decoding through the server: a per-token mixture over each pass's top-n
-        next tokens, or (one pass) the server's own decoding in one request; see lm/http_generate.py.
-        top_n: at most what the probe found the server gives (`top_logprobs`, 20 or OpenAI's 5), the default."""
-        from replug_jax.lm.http_generate import http_generate
-
+        """REPLUG's ensembled greedy decoding through the server (lm/http_generate.py): a per-token mixture over each
+        pass's top-n next tokens (at most the probe's `top_logprobs`: 20, or OpenAI's 5), or one pass in one request."""
         top = self.top_logprobs if top_n is None else min(top_n, self.top_logprobs)
         return http_generate(self, contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
                              shared_prefix=shared_prefix, top_n=top)
+
+    def generation_room(self, prefix: str, max_new_tokens: int) -> int | None:
+        """Context tokens `generate` keeps after `prefix` (None with text prompts): lm/http_generate.py."""
+        return generation_room(self, prefix, max_new_tokens)
 
     @property
     def leading(self) -> int:
