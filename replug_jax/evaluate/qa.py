@@ -47,7 +47,7 @@ def method_passes(questions, passages: list[list[str]], scores: np.ndarray, *, m
     if method == "none":
         return [[question_block(q.question, None)] for q in questions], [np.zeros(1, np.float32)] * len(questions)
     if method == "concat":
-        contexts = [[question_block(q.question, " ".join(reversed(p)))] for q, p in zip(questions, passages)]
+        contexts = [[question_block(q.question, knowledge_line(p))] for q, p in zip(questions, passages)]
         return contexts, [np.zeros(1, np.float32)] * len(questions)
     contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(questions, passages)]
     valid = np.asarray([[j < len(ps) for j in range(scores.shape[1])] for ps in passages])
@@ -55,18 +55,23 @@ def method_passes(questions, passages: list[list[str]], scores: np.ndarray, *, m
     return contexts, [log_w[i, : len(ps)] for i, ps in enumerate(passages)]
 
 
+def knowledge_line(passages: Sequence[str]) -> str:
+    """"concat"'s one Knowledge line: the passages (best first) joined best last, next to the question."""
+    return " ".join(reversed(passages))
+
+
 def concat_passages_kept(lm, question: str, passages: Sequence[str], demo_prefix: str, max_new_tokens: int) -> int:
     """How many of `passages` (best first) the "concat" generation prompt holds, at least in part (to a token at its
     edge): its Knowledge line (best last, `method_passes`) is cut from the left to the LM's `generation_room` after
     the demos. All of them where nothing is cut, or where the backend cannot say (a server given text prompts)."""
     room = getattr(lm, "generation_room", lambda *_: None)(demo_prefix, max_new_tokens)
-    knowledge = " ".join(reversed(passages))
+    knowledge = knowledge_line(passages)
     context = question_block(question, knowledge)
     if room is None or lm.count_tokens(context) <= room:
         return len(passages)
     start, kept = context.index(knowledge), 0
     # passage i ends where the better ones begin; some of it is kept while what follows it takes fewer than `room`
-    while kept < len(passages) and lm.count_tokens(context[start + len(" ".join(reversed(passages[kept:]))):]) < room:
+    while kept < len(passages) and lm.count_tokens(context[start + len(knowledge_line(passages[kept:])):]) < room:
         kept += 1
     return kept
 
