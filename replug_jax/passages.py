@@ -41,6 +41,12 @@ def question_block(question: str, passage: str | None, answer: str | None = None
     return f"{knowledge}Question: {question}\nAnswer:{end}"
 
 
+def knowledge_line(passages: Sequence[str]) -> str:
+    """"concat"'s one Knowledge line: the passages (best first) joined best last, next to the question (QA, MMLU)
+    or to the request (OLMES)."""
+    return " ".join(reversed(passages))
+
+
 def format_docs(datastore, rows: Sequence[int], template: str = DOC_TEMPLATE) -> list[str]:
     """The datastore rows as LM text, one string per row, in the given order. The template may name {title},
     {text} and {passage} (`passage_text` of the two)."""

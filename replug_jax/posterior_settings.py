@@ -29,3 +29,9 @@ def check_posterior_settings(config) -> None:
                "set --config.scoring=options (the letter prompt puts the options after the question)")
         raise InputError(f"--config.methods has replug_posterior, which weighs each passage by log p(question | "
                          f"passage): {fix}")
+
+
+def retrieval_depth(config, method: str) -> int:
+    """Passages a downstream job retrieves per question for `method`: k, or for "replug_posterior" its re-ranking
+    depth (at least k)."""
+    return max(config.k, config.get("rerank_depth", 0) or 0) if method == "replug_posterior" else config.k

@@ -18,7 +18,9 @@ Cells (W: every weighting; P: local, http, http_server):
                   predictions and weights; the qa job (none, replug, α 1 re-ranked) × {local,
                   http_server}; "concat"'s passages still in a window-cut prompt × P and http_ids
   multiple choice the project's cloze prompts and real OLMES arc_easy rc_5shot requests, W × P (options'
-                  log-likelihoods, kept passages); x is the request's final question block
+                  log-likelihoods, kept passages); x is the request's final question block; "concat"'s passages
+                  still in a prompt the window cuts before its longest option (mmlu and OLMES prompts) × P and
+                  http_ids
   REPLUG object   `REPLUG.score` W × P equals the LM evaluation's mixture of the same passes; `REPLUG.answer` equals
                   the QA job's prediction (local)
   alone / listed  each method alone equals the same method beside the others (LM evaluation, QA);
@@ -36,12 +38,13 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import replug_jax as rj
 from replug_jax.data.olmes import load_olmes, split_question_block
-from replug_jax.data.records import QAExample
-from replug_jax.evaluate import answer_nll, olmes_tasks, option_text, qa, qa_posterior
+from replug_jax.data.records import MCExample, QAExample
+from replug_jax.evaluate import answer_nll, concat_cuts, mmlu, olmes_tasks, option_text, qa, qa_posterior
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate.windows import document_windows
+from replug_jax.lm import blackbox
 from replug_jax.lm.http import HTTPLM
-from replug_jax.passages import QA_DOC_TEMPLATE, passage_ids, passages_of
+from replug_jax.passages import QA_DOC_TEMPLATE, knowledge_line, passage_ids, passages_of
 from replug_jax.retrieval.datastore import Document, chunk_documents
 from replug_jax.retrieval.embeddings import embed_corpus
 from replug_jax.retrieval.index import DenseIndex
@@ -305,8 +308,9 @@ def test_replug_object_gives_the_jobs_numbers(paths, tmp_path):
         np.testing.assert_allclose([np.log(p.weight) for p in kept], preds[1]["log_weights"], atol=1e-4, err_msg=name)
 
 
-def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighting: str) -> dict:
-    """results.json of the lm_eval or qa job run through `dispatch.run_job` on the tiny LM (a directory or a URL)."""
+def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighting: str, **overrides) -> dict:
+    """results.json of the lm_eval or qa job run through `dispatch.run_job` on the tiny LM (a directory or a URL),
+    `overrides` set in its config last."""
     from ml_collections import config_dict
 
     from replug_jax.dispatch import run_job
@@ -332,13 +336,15 @@ def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighti
         config = sibling_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "configs",
                                              "qa.py"), "qa.py")
         config.update(dict(questions=str(questions), demos="", shots=0, max_new_tokens=3, **common))
+    config.update(overrides)
     workdir = str(tmp_path / f"{job}-{weighting}-{abs(hash((lm_path_or_url, lm_tokenizer)))}")
     run_job(config, workdir)
     with open(os.path.join(workdir, "results.json")) as f:
         results = json.load(f)
-    if job == "qa":  # the passages each method mixed, by datastore id
+    if job == "qa":  # the passages each method mixed, by datastore id, and the prediction rows
         with open(os.path.join(workdir, "predictions.jsonl")) as f:
-            results["passage_ids"] = [{m: row[m].get("passage_ids") for m in methods} for row in map(json.loads, f)]
+            results["rows"] = [json.loads(line) for line in f]
+        results["passage_ids"] = [{m: row[m].get("passage_ids") for m in config.methods} for row in results["rows"]]
     return results
 
 
@@ -361,6 +367,22 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
         assert [w for w in ids_only["warnings"] if "gives no token pieces" in w]
 
 
+def test_the_qa_job_names_what_a_cut_concat_prompt_kept_locally_and_over_http(paths, tmp_path):
+    """The qa job with a window that cuts "concat"'s Knowledge line (k = 4): the local LM's directory and the
+    server's URL give the same answers, the same kept passages and cut counts, and the same warning."""
+    lms, _, lm_dir, _, servers = paths
+    cut = dict(methods=("none", "concat"), k=4, lm_max_length=60)  # the question and about two 24-token passages
+    want = job_results(lm_dir, "", paths, tmp_path, "qa", "replug", **cut)
+    got = job_results(servers[0].url, "", paths, tmp_path, "qa", "replug", **cut)
+    rows = [r["concat"] for r in want["rows"]]
+    assert [{k: r[k] for k in ("prediction", "passage_ids", "passages_cut")} for r in rows] == \
+        [{k: r[k] for k in ("prediction", "passage_ids", "passages_cut")} for r in (g["concat"] for g in got["rows"])]
+    assert all(0 < len(r["passage_ids"]) < 4 and r["passages_cut"] == 4 - len(r["passage_ids"]) for r in rows)
+    assert got["answer_nll"]["concat"] == pytest.approx(want["answer_nll"]["concat"], rel=1e-4)
+    said = [w for w in want["warnings"] if w.startswith("concat: the LM's window cut the prompt of 3 of 3 questions")]
+    assert said and said == [w for w in got["warnings"] if w.startswith("concat:")]
+
+
 def test_http_posterior_generation_refuses_a_pass_that_does_not_end_with_its_query(paths):
     """The black-box route of `posterior.generate` cuts x off each pass's end: a pass that does not end with it is
     refused (it scored "Knowledge:" as the passage), as the local prefill route refuses it."""
@@ -376,28 +398,117 @@ def test_concat_passages_kept_in_a_cut_prompt_are_one_number_on_every_path(paths
     """"concat" in a prompt the window cuts (long demos, more new tokens, less room): the passages still in it,
     at least in part, are the truth of the prompt each path sends (`generation_prompt_ids` on the local tokenizer,
     every context token count through) and the same on every path; the QA job's records and warning follow them."""
-    from replug_jax.lm.blackbox import generation_prompt_ids
-
     lms = paths[0]
     local = lms["local"]
     passages = TOPICS[:4]  # best first: the concat prompt puts the best last, next to the question
-    context = qa.question_block(QUESTIONS[0].question, " ".join(reversed(passages)))
+    context = qa.question_block(QUESTIONS[0].question, knowledge_line(passages))
     demos = DEMOS * ((local.max_length - len(local.tokenizer.encode(context))) // len(local.tokenizer.encode(DEMOS)))
     ends = [len(context) - len(context.split(p, 1)[1]) for p in passages]  # where each passage ends
     counts = {}  # truth: max_new_tokens
     for max_new in range(4, local.max_length - len(local.tokenizer.encode(demos)), 6):  # room: from all to 1 token
-        ids = generation_prompt_ids(local.tokenizer, demos, context, local.max_length, max_new, local.start_id)[1]
+        ids = blackbox.generation_prompt_ids(local.tokenizer, demos, context, local.max_length, max_new,
+                                             local.start_id)[1]
         kept_text = local.tokenizer.decode(ids)
         assert context.endswith(kept_text)
         truth = sum(end > len(context) - len(kept_text) for end in ends)
-        kept = {name: qa.concat_passages_kept(lms[name], QUESTIONS[0].question, passages, demos, max_new)
+        kept = {name: concat_cuts.kept_in_generation(lms[name], QUESTIONS[0].question, passages, demos, max_new)
                 for name in ("local", "http", "http_server", "http_ids")}
         assert set(kept.values()) == {truth}, (max_new, kept)
         counts.setdefault(truth, max_new)
     assert set(counts) == {0, 1, 2, 3, 4}  # from all four kept to none
     preds = [{"passage_ids": ["c0", "c1", "c2", "c3"]}, {"passage_ids": ["c0"]}]  # the second prompt fits
-    qa.mark_concat_cuts(local, QUESTIONS[:2], [passages, passages[:1]], preds, demos, counts[2])
+    concat_cuts.mark_generations(local, QUESTIONS[:2], [passages, passages[:1]], preds, demos, counts[2])
     assert preds == [{"passage_ids": ["c0", "c1"], "passages_cut": 2}, {"passage_ids": ["c0"]}]
-    said = qa.cut_concat_warning([{"concat": p} for p in preds])
+    said = concat_cuts.warning([{"concat": p} for p in preds])
     assert said.startswith("concat: the LM's window cut the prompt of 1 of 2 questions, 2 passage(s) in all")
-    assert qa.cut_concat_warning([{"concat": preds[1]}, {"none": {}}]) is None
+    assert concat_cuts.warning([{"concat": preds[1]}, {"none": {}}]) is None
+
+
+@pytest.mark.parametrize("form", ["mmlu", "olmes"])
+def test_concat_passages_kept_before_every_option_are_one_number_on_every_path(paths, form):
+    """Multiple-choice "concat" (the mmlu job's cloze prompt after its shots; an OLMES request after the passages)
+    where the window cuts the prompt before a long option (longer options, less room): the passages still in it, at
+    least in part, before every option are the truth of the pairs each path scores (`pair_token_ids` on the local
+    tokenizer, every context token count through) and the same on every path; the rows' marks and the warning
+    follow them."""
+    lms = paths[0]
+    local = lms["local"]
+    passages = TOPICS[:4]  # best first: the Knowledge line puts the best last
+    if form == "olmes":
+        context = option_text.prepended_prompts("concat", [olmes_requests()[0].context], [passages])[0][0]
+    else:
+        question = MCExample("m0", QUESTIONS[0].question, ("to the sea", "to the desert"), 0, "geography")
+        context = mmlu.method_prompts("concat", [question], [passages], {"geography": DEMOS * 3},
+                                      block=option_text.cloze_block)[0][0]
+    ends = [context.rindex(knowledge_line(passages)) + len(knowledge_line(passages[i:])) for i in range(4)]
+    filler = local.tokenizer.encode(" ".join(TOPICS) * 40)
+    counts = {}  # truth: the long option's tokens
+    for n in range(1, local.max_length - 1, 17):  # room: from the whole prompt to 1 token
+        options = [" A", local.tokenizer.decode(filler[:n])]
+        truth = len(passages)
+        for option in options:
+            ids = blackbox.pair_token_ids(local.tokenizer, context, option, local.max_length, local.start_id)[0]
+            kept_text = local.tokenizer.decode(ids)
+            assert context.endswith(kept_text)
+            truth = min(truth, sum(end > len(context) - len(kept_text) for end in ends))
+        kept = {name: concat_cuts.kept_in_scoring(lms[name], context, passages, options)
+                for name in ("local", "http", "http_server", "http_ids")}
+        assert set(kept.values()) == {truth}, (n, kept)
+        counts.setdefault(truth, options)
+    assert set(counts) == {0, 1, 2, 3, 4}  # from all four kept to none
+    rows = [{"concat_passage_ids": ["c0", "c1", "c2", "c3"]}, {"concat_passage_ids": ["c0", "c1", "c2", "c3"]}]
+    concat_cuts.mark_options(local, rows, [[context], [context]], [passages, passages], [counts[1], counts[4]])
+    assert rows == [{"concat_passage_ids": ["c0"], "concat_passages_cut": 3},
+                    {"concat_passage_ids": ["c0", "c1", "c2", "c3"]}]
+    said = concat_cuts.warning(rows)
+    assert said.startswith("concat: the LM's window cut the prompt of 1 of 2 questions, 3 passage(s) in all")
+    assert concat_cuts.warning(rows[1:]) is None
+
+
+def mc_job_rows(lm_path_or_url, paths, tmp_path, questions: str, max_length: int) -> tuple[dict, list[dict]]:
+    """(results.json, prediction rows) of the mmlu job (none and concat, k = 4, option texts scored) on the tiny LM
+    cut to `max_length` tokens: the questions a JSONL file ("mmlu") or an OLMES request file."""
+    from replug_jax.config_files import sibling_config
+    from replug_jax.dispatch import run_job
+
+    corpus, mc = tmp_path / "corpus.jsonl", tmp_path / "mc.jsonl"
+    corpus.write_text("".join(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n"
+                              for d in documents("c", 8)))
+    mc.write_text("".join(json.dumps({"question": q.question, "choices": [a, "the other one"], "answer": 0,
+                                      "subject": "geography"}) + "\n" for q in QUESTIONS for a in q.answers[:1]))
+    config = sibling_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "configs",
+                                         "mmlu.py"), "mmlu.py")
+    config.update(dict(questions=str(mc) if questions == "mmlu" else questions, demos="", shots=0, max_questions=2,
+                       scoring="options", option_metric="acc", corpus=str(corpus), encoder=paths[3],
+                       lm=lm_path_or_url, lm_tokenizer="", k=4, temperature=TAU, methods=("none", "concat"),
+                       doc_tokens=24, metric="cosine", index_factory="Flat", embedding_dtype="float32",
+                       lm_batch_size=8, lm_max_length=max_length, encoder_batch_size=8, seed=0, dtype="float32",
+                       cache_dir="", lm_cache=""))
+    workdir = str(tmp_path / f"mc-{abs(hash((lm_path_or_url, questions)))}")
+    run_job(config, workdir)
+    with open(os.path.join(workdir, "results.json")) as f, open(os.path.join(workdir, "predictions.jsonl")) as g:
+        return json.load(f), [json.loads(line) for line in g]
+
+
+@pytest.mark.parametrize("questions", ["mmlu", "olmes:arc_easy:rc_0shot"])
+def test_the_mmlu_job_names_what_a_cut_concat_prompt_kept_on_every_path(paths, tmp_path, questions):
+    """The mmlu job (its own cloze prompt; an OLMES request file) with a window that cuts "concat"'s passages: each
+    row lists the passages still before every option and counts the others, the same through the local LM and the
+    server's URL, with the same option log-likelihoods, and results.json says how many were cut."""
+    lms, _, lm_dir, _, servers = paths
+    tokens = lambda text: len(lms["local"].tokenizer.encode(text))
+    window = 60  # the cloze prompt: the question and about two of the four 24-token passages
+    if questions != "mmlu":  # the request and its longest option whole, and some 40 tokens of passages before it
+        requests = load_olmes(*questions.split(":")[1:])[0][:2]
+        window = max(tokens(q.context) + max(map(tokens, q.continuations)) for q in requests) + 40
+    want, rows = mc_job_rows(lm_dir, paths, tmp_path, questions, window)
+    got, http_rows = mc_job_rows(servers[0].url, paths, tmp_path, questions, window)
+    assert [r["concat_passage_ids"] for r in http_rows] == [r["concat_passage_ids"] for r in rows]
+    assert [r.get("concat_passages_cut") for r in http_rows] == [r.get("concat_passages_cut") for r in rows]
+    for r, h in zip(rows, http_rows):
+        np.testing.assert_allclose(h["concat_options"]["loglik"], r["concat_options"]["loglik"], rtol=1e-4)
+    cut = [r for r in rows if "concat_passages_cut" in r]
+    assert cut and all(r["concat_passages_cut"] == 4 - len(r["concat_passage_ids"]) > 0 for r in cut)
+    assert any(r["concat_passage_ids"] for r in cut)  # a passage kept, at least in part, before every option
+    said = [w for w in want["warnings"] if w.startswith(f"concat: the LM's window cut the prompt of {len(cut)} of 2 ")]
+    assert said and said == [w for w in got["warnings"] if w.startswith("concat:")]

@@ -25,6 +25,7 @@ import numpy as np
 from replug_jax import mixture
 from replug_jax.data.downstream import MMLU_CATEGORIES
 from replug_jax.lm.blackbox import progress_keyword
+from replug_jax.passages import knowledge_line
 
 LETTERS = ("A", "B", "C", "D", "E", "F")
 # what the mmlu job's --config.methods may name; "replug_posterior" needs scoring="options" (option_text.py)
@@ -61,7 +62,7 @@ def method_prompts(method: str, questions, passages: list[list[str]], prefixes: 
     if method == "none":
         return [[head(q) + block(q, None)] for q in questions]
     if method == "concat":
-        return [[head(q) + block(q, " ".join(reversed(p)))] for q, p in zip(questions, passages)]
+        return [[head(q) + block(q, knowledge_line(p))] for q, p in zip(questions, passages)]
     return [[head(q) + block(q, p) for p in ps] for q, ps in zip(questions, passages)]
 
 
@@ -82,6 +83,11 @@ def check_option_tokens(lm, n: int = 4) -> None:
             raise ValueError(f"option letters {long} are not single tokens for this LM's tokenizer")
 
 
+def letter_continuations(n_options: int) -> list[str]:
+    """The continuations the letter prompt scores: " A", " B", ... (single tokens, `check_option_tokens`)."""
+    return [f" {x}" for x in LETTERS[:n_options]]
+
+
 def option_logprobs(lm, prompts: list[list[str]], n_options: int = 4, progress: bool = False) -> np.ndarray:
     """log p(" A") .. log p(" D") after each pass prompt: [Q, K, n] (-inf where a question has fewer passes).
     `progress`: the LM's progress bar (the project's LMs; a user's black box is called without it)."""
@@ -89,8 +95,8 @@ def option_logprobs(lm, prompts: list[list[str]], n_options: int = 4, progress: 
     contexts, conts, where = [], [], []
     for q, passes in enumerate(prompts):
         for i, prompt in enumerate(passes):
-            for o in range(n_options):
-                contexts.append(prompt), conts.append(f" {LETTERS[o]}"), where.append((q, i, o))
+            for o, letter in enumerate(letter_continuations(n_options)):
+                contexts.append(prompt), conts.append(letter), where.append((q, i, o))
     out = np.full((len(prompts), k, n_options), -np.inf, np.float32)
     for (q, i, o), lps in zip(where, lm.score(contexts, conts, **progress_keyword(lm.score, progress))):
         out[q, i, o] = float(np.sum(lps))

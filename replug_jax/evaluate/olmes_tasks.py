@@ -13,7 +13,7 @@ import numpy as np
 
 from replug_jax import console
 from replug_jax.data.olmes import split_question_block
-from replug_jax.evaluate import option_text
+from replug_jax.evaluate import concat_cuts, option_text
 from replug_jax.passages import passages_of
 
 
@@ -46,6 +46,8 @@ def predictions(lm, questions, methods, retrieve, store, metric: str, temperatur
             if method != "concat":
                 log_w = [option_text.log_lambda(s, len(p), temperature) for s, p in zip(scores, passages)]
         prompts = option_text.prepended_prompts(method, [q.context for q in questions], passages)
+        if method == "concat":  # the passages a window-cut prompt still held before every option
+            concat_cuts.mark_options(lm, rows, prompts, passages, [q.continuations for q in questions])
         by_metric = option_text.option_predictions(lm, prompts, log_w, [q.continuations for q in questions],
                                                    progress=True)
         option_text.record(rows, method, by_metric, metric)

@@ -19,7 +19,7 @@ import numpy as np
 
 from replug_jax import mixture, posterior
 from replug_jax.evaluate.answer_nll import continuation_logliks, mixture_loglik, query_and_continuation_scores
-from replug_jax.passages import QA_DOC_TEMPLATE, passage_ids
+from replug_jax.passages import QA_DOC_TEMPLATE, knowledge_line, passage_ids
 
 SCORINGS = ("letters", "options")
 PASSAGE_BEFORE_CONTEXT = "{passage}\n\n"  # a passage before a fixed prompt (OLMES's request contexts)
@@ -123,5 +123,5 @@ def prepended_prompts(method: str, contexts: Sequence[str], passages: Sequence[S
     if method == "none":
         return [[c] for c in contexts]
     if method == "concat":
-        return [[" ".join(reversed(ps)) + "\n\n" + c] for c, ps in zip(contexts, passages)]
+        return [[knowledge_line(ps) + "\n\n" + c] for c, ps in zip(contexts, passages)]
     return [[PASSAGE_BEFORE_CONTEXT.format(passage=p) + c for p in ps] for c, ps in zip(contexts, passages)]

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax import mixture
-from replug_jax.passages import passage_text, question_block  # noqa: F401 (the QA prompt, re-exported)
+from replug_jax.passages import knowledge_line, passage_text, question_block  # noqa: F401 (passage_text re-exported)
 from replug_jax.evaluate.qa_metrics import answer_recall, exact_match, normalize_answer
 from replug_jax.lm.blackbox import progress_keyword
 
@@ -53,47 +53,6 @@ def method_passes(questions, passages: list[list[str]], scores: np.ndarray, *, m
     valid = np.asarray([[j < len(ps) for j in range(scores.shape[1])] for ps in passages])
     log_w = np.asarray(mixture.ensemble_log_weights(scores, valid, temperature))  # [Q, K]
     return contexts, [log_w[i, : len(ps)] for i, ps in enumerate(passages)]
-
-
-def knowledge_line(passages: Sequence[str]) -> str:
-    """"concat"'s one Knowledge line: the passages (best first) joined best last, next to the question."""
-    return " ".join(reversed(passages))
-
-
-def concat_passages_kept(lm, question: str, passages: Sequence[str], demo_prefix: str, max_new_tokens: int) -> int:
-    """How many of `passages` (best first) the "concat" generation prompt holds, at least in part (to a token at its
-    edge): its Knowledge line (best last, `method_passes`) is cut from the left to the LM's `generation_room` after
-    the demos. All of them where nothing is cut, or where the backend cannot say (a server given text prompts)."""
-    room = getattr(lm, "generation_room", lambda *_: None)(demo_prefix, max_new_tokens)
-    knowledge = knowledge_line(passages)
-    context = question_block(question, knowledge)
-    if room is None or lm.count_tokens(context) <= room:
-        return len(passages)
-    start, kept = context.index(knowledge), 0
-    # passage i ends where the better ones begin; some of it is kept while what follows it takes fewer than `room`
-    while kept < len(passages) and lm.count_tokens(context[start + len(knowledge_line(passages[kept:])):]) < room:
-        kept += 1
-    return kept
-
-
-def mark_concat_cuts(lm, questions, passages: list[list[str]], predictions: list[dict], demo_prefix: str,
-                     max_new_tokens: int) -> None:
-    """"concat" predictions whose prompt the LM's window cut: "passage_ids" keep the passages still in it (best
-    first) and "passages_cut" counts the others."""
-    for q, ps, p in zip(questions, passages, predictions):
-        kept = concat_passages_kept(lm, q.question, ps, demo_prefix, max_new_tokens)
-        if kept < len(ps):
-            p["passage_ids"], p["passages_cut"] = p["passage_ids"][:kept], len(ps) - kept
-
-
-def cut_concat_warning(rows: list[dict]) -> str | None:
-    """Said when the LM's window cut "concat" prompts (`mark_concat_cuts`; prediction rows, any process's)."""
-    concat = [row.get("concat") for row in rows]  # QA: a prediction dict; MMLU: the chosen option
-    cut = [p["passages_cut"] for p in concat if isinstance(p, dict) and "passages_cut" in p]
-    if not cut:
-        return None
-    return (f"concat: the LM's window cut the prompt of {len(cut)} of {len(rows)} questions, {sum(cut)} passage(s) in "
-            "all, the worst first (their passage_ids list the rest): raise --config.lm_max_length or lower --config.k")
 
 
 def answer_questions(lm, questions, passages: list[list[str]], scores: np.ndarray, *, method: str, ensemble: str,

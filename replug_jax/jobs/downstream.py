@@ -1,5 +1,6 @@
 """The downstream jobs (§6.2 MMLU, §6.3 open-domain QA): config in, results.json / results.md / plot /
-predictions.jsonl out. Only this module (and main.py) reads their configs.
+predictions.jsonl out. Only this module, jobs/multiple_choice.py (the mmlu job's methods) and main.py read their
+configs.
 
     python -m replug_jax.main --config experiments/configs/qa.py --workdir DIR --config.questions=Q.jsonl \\
         --config.demos=D.jsonl --config.corpus=C.jsonl
@@ -13,7 +14,6 @@ Demos drawn from the evaluated set are removed from it before scoring, and the c
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -23,11 +23,12 @@ import numpy as np
 
 from replug_jax.errors import InputError
 from replug_jax import console, distributed, posterior, results_file, workspace
-from replug_jax.data import evaluation_sets, olmes
-from replug_jax.evaluate import (answer_nll, demo_passages, downstream_report, mmlu, olmes_tasks, option_text, qa,
-                                 qa_posterior)
+from replug_jax.data import evaluation_sets
+from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, downstream_report, qa, qa_posterior
 from replug_jax.input_checks import read_methods
+from replug_jax.jobs import multiple_choice
 from replug_jax.passages import passage_ids, passages_of
+from replug_jax.posterior_settings import retrieval_depth
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
 from replug_jax.unused_settings import unused_settings
@@ -95,12 +96,12 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     if len(questions) < split.count:
         raise InputError(f"{len(questions)} questions for {split.count} processes: run fewer processes")
     mine = split.share(len(questions))
-    run = _run_qa if kind == "qa" else _run_mmlu
+    run = _run_qa if kind == "qa" else multiple_choice.run
     results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
     predictions = [row for part in split.gather(predictions) for row in part]
     results.update(_metrics(kind, config, questions, demos, predictions))
     for said in (qa.empty_answers_warning(results.get("empty_answers", {}), len(questions), config.shots),
-                 qa.cut_concat_warning(predictions)):
+                 concat_cuts.warning(predictions)):
         if said:  # also in results.json and under the table
             console.phase(f"warning: {said}")
             early_warnings.append(said)
@@ -132,15 +133,7 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> di
         return {"exact_match": {m: s["exact_match"] for m, s in scored.items()},
                 "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()},
                 "answer_nll": nll, "empty_answers": empty, "count": len(questions)}
-    shots_from_demos = config.shots and not olmes.parse_source(config.questions)  # OLMES: shots inside each request
-    zero_shot = sorted({q.subject for q in questions} - set(mmlu.shots_by_subject(demos))) if shots_from_demos else []
-    out = {"accuracy": {m: mmlu.accuracy(questions, [row[m] for row in predictions]) for m in config.methods},
-           "count": len(questions), "zero_shot_subjects": zero_shot}
-    if f"{config.methods[0]}_options" in predictions[0]:  # option texts scored: every option metric, micro (%)
-        out["option_accuracy"] = {
-            metric: {m: mmlu.accuracy(questions, [row[f"{m}_options"][metric] for row in predictions])["micro"]
-                     for m in config.methods} for metric in option_text.OPTION_METRICS}
-    return out
+    return multiple_choice.metrics(config, questions, demos, predictions)
 
 
 def _run_qa(config, lm, store, retrievers, questions, demos):
@@ -172,7 +165,7 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
         for p, ids in zip(preds, passage_ids(store, rows) if method != "none" else ()):  # best retrieved first
             p["passage_ids"] = ids
         if method == "concat":  # the passages a window-cut prompt still held
-            qa.mark_concat_cuts(lm, questions, passages, preds, prefix, config.max_new_tokens)
+            concat_cuts.mark_generations(lm, questions, passages, preds, prefix, config.max_new_tokens)
         if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
             contexts, log_w = qa.method_passes(questions, passages, scores, method=method,
                                                temperature=config.temperature)
@@ -198,7 +191,7 @@ def _posterior_settings(config) -> dict:
     """What "replug_posterior" ran with, for results.json (nothing when it did not run)."""
     if "replug_posterior" not in config.methods:
         return {}
-    return {"posterior_alpha": config.posterior_alpha, "rerank_depth": _depth(config, "replug_posterior"),
+    return {"posterior_alpha": config.posterior_alpha, "rerank_depth": retrieval_depth(config, "replug_posterior"),
             **({"posterior_evidence": _evidence(config)} if config.job == "qa" else {})}
 
 
@@ -208,15 +201,10 @@ def _evidence(config) -> str:
     return config.get("posterior_evidence", posterior.EVIDENCE)
 
 
-def _depth(config, method: str) -> int:
-    """Passages retrieved per question: k, or for "replug_posterior" its re-ranking depth (at least k)."""
-    return max(config.k, config.get("rerank_depth", 0) or 0) if method == "replug_posterior" else config.k
-
-
 def _posterior_predictions(config, lm, retriever, store, questions, demo_prefix):
     """"replug_posterior" (evaluate/qa_posterior.py) over the top `rerank_depth` (>= k) passages: (prediction rows,
     each naming its kept passages by datastore id in `kept_ranks`' order, the kept passages per question)."""
-    depth = min(_depth(config, "replug_posterior"), len(store))
+    depth = min(retrieval_depth(config, "replug_posterior"), len(store))
     scores, rows = retriever.retrieve([q.question for q in questions], depth)
     preds, kept = qa_posterior.predict(
         lm, questions, passages_of(store, rows), scores, demo_prefix=demo_prefix, k=config.k,
@@ -226,75 +214,3 @@ def _posterior_predictions(config, lm, retriever, store, questions, demo_prefix)
     for p, ids in zip(preds, passage_ids(store, rows, [p["kept_ranks"] for p in preds])):
         p["passage_ids"] = ids
     return preds, kept
-
-
-def _run_olmes(config, lm, store, retrievers, questions, task: tuple[str, str]):
-    """OLMES requests by every method (evaluate/olmes_tasks.py); the file's primary metric decides unless
-    config.option_metric names another."""
-    info = olmes.task_info(*task)
-    metric = config.get("option_metric") or info["primary_metric"]
-    option_text.check_scoring("options", metric)
-    results = {"olmes": info, "scoring": "options", "option_metric": metric, "shots": info["num_shots"]}
-    retrieve = lambda method, queries: retrievers["replug_lsr" if method == "replug_lsr" else "replug"].retrieve(
-        queries, min(_depth(config, method), len(store)))
-    predictions = olmes_tasks.predictions(lm, questions, config.methods, retrieve, store, metric, config.temperature,
-                                          label=":".join(task), posterior_alpha=config.get("posterior_alpha", 1.0),
-                                          k=config.k)
-    return results, predictions
-
-
-def _run_mmlu(config, lm, store, retrievers, questions, dev):
-    """Predictions of `questions` by every method: the option letters' mixture (scoring "letters", the paper's
-    Table 4 prompt) or each option's text (scoring "options", evaluate/option_text.py)."""
-    task = olmes.parse_source(config.questions)
-    if task:
-        return _run_olmes(config, lm, store, retrievers, questions, task)
-    scoring, option_metric = config.get("scoring", "letters"), config.get("option_metric", "acc_per_char")
-    option_text.check_scoring(scoring, option_metric)
-    n_options = max(len(q.choices) for q in questions)
-    if scoring == "letters":
-        mmlu.check_option_tokens(lm, n_options)
-    block = mmlu.question_block if scoring == "letters" else option_text.cloze_block
-    shots_by_subject = mmlu.shots_by_subject(dev)
-    zero_shot = sorted({q.subject for q in questions} - set(shots_by_subject)) if config.shots else []
-    if zero_shot:
-        console.phase(f"warning: no shots for subjects {', '.join(zero_shot)}: their questions are asked zero-shot")
-    results = {"query_with_options": bool(config.query_with_options), "scoring": scoring}
-    if scoring == "options":
-        results["option_metric"] = option_metric
-    predictions = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in questions]
-    for method in config.methods:
-        console.phase(f"mmlu {method}: {len(questions)} questions, k={config.k}, scoring by {scoring}")
-        retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
-        queries = [mmlu.retrieval_query(q, config.query_with_options) for q in questions]
-        scores, rows = retriever.retrieve(queries, min(_depth(config, method), len(store)))
-        passages = passages_of(store, rows)
-        shots_block = functools.partial(mmlu.shots_block, block=block)
-        prefixes = {s: demo_passages.few_shot_prefix(retriever, store, shots[: config.shots], method != "none",
-                                                     shots_block) for s, shots in shots_by_subject.items()}
-        if method == "replug_posterior":  # the question block (no options) after each passage: its likelihood
-            docs, blocks = option_text.cloze_passes(questions, passages, prefixes)
-            by_metric = option_text.posterior_option_predictions(
-                lm, docs, blocks, scores, [option_text.continuations(q) for q in questions],
-                temperature=config.temperature, alpha=config.posterior_alpha, k=config.k, progress=True)
-            option_text.record(predictions, method, by_metric, option_metric)
-            option_text.record_passages(predictions, method, store, rows, by_metric["kept"])
-            continue
-        if method != "none":
-            option_text.record_passages(predictions, method, store, rows)
-        prompts = mmlu.method_prompts(method, questions, passages, prefixes, block=block)
-        passes = method not in ("none", "concat")
-        if scoring == "options":
-            log_w = [option_text.log_lambda(s, len(p), config.temperature) if passes else np.zeros(1, np.float32)
-                     for s, p in zip(scores, prompts)]
-            by_metric = option_text.option_predictions(lm, prompts, log_w, [option_text.continuations(q)
-                                                                             for q in questions], progress=True)
-            option_text.record(predictions, method, by_metric, option_metric)
-            continue
-        option_lps = mmlu.option_logprobs(lm, prompts, n_options=n_options, progress=True)
-        weights = scores[:, : option_lps.shape[1]] if passes else np.zeros(option_lps.shape[:2])
-        predicted, _ = mmlu.mixture_predictions(option_lps, weights.astype(np.float32), config.temperature,
-                                                [len(q.choices) for q in questions])
-        for row, p in zip(predictions, predicted):
-            row[method] = int(p)
-    return results, predictions

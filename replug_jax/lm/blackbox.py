@@ -22,8 +22,9 @@ above; the context cut from the left so that the prompt and `max_new_tokens` fit
 every step the K next-token distributions are mixed in probability space with weights
 λ = exp(log_weights[b]) (`mixture.ensemble_logprobs`), the most probable token is taken
 (greedy) and appended to all K passes, until a stop string appears or `max_new_tokens` tokens.
-With K = 1 and weight 1 this is plain greedy decoding. `generation_room(prefix, max_new_tokens)` (optional: where
-a backend knows it) says how many context tokens a pass keeps, so a caller can name what a cut prompt still holds.
+With K = 1 and weight 1 this is plain greedy decoding. `generation_room(prefix, max_new_tokens)` and
+`scoring_room(continuation)` (optional: where a backend knows them) say how many context tokens a generation pass or
+a scored pair keeps, so a caller can name what a cut prompt still holds.
 
 `HTTPLM` follows this rule exactly whenever it knows the model's tokenizer and the server takes
 prompts as token ids (OpenAI, vLLM, llama.cpp and our server do): it sends `context ids +
@@ -280,6 +281,11 @@ def generation_room(tokenizer: TextTokenizer, prefix: str, max_length: int | Non
 
 def _generation_room(prefix_tokens: int, max_length: int, max_new_tokens: int) -> int:
     return max_length - prefix_tokens - max_new_tokens
+
+
+def scoring_room(tokenizer: TextTokenizer, continuation: str, max_length: int | None) -> int | None:
+    """How many context tokens a scored pair keeps before `continuation` (`pair_token_ids`' rule); None without a window."""
+    return None if max_length is None else max_length - len(continuation_ids(tokenizer, continuation, max_length))
 
 
 def continuation_ids(tokenizer: TextTokenizer, continuation: str, max_length: int | None) -> list[int]:

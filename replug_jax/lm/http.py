@@ -36,11 +36,11 @@ from replug_jax.lm.blackbox import (check_pairs, check_query_triples, continuati
                                    split_query_scores)
 from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
                                      parse_text_echo, select_continuation)
-from replug_jax.lm.http_generate import generation_room, http_generate
+from replug_jax.lm.http_generate import http_generate
 from replug_jax.lm.http_request_probes import BATCH_PROMPTS, probe_batching, probe_logprobs
 from replug_jax.lm.http_transport import BlackBoxServerError, Transport
-from replug_jax.models.tokenizer import (TextTokenizer, document_start_id, document_start_text, token_starts,
-                                         tokenizer_fingerprint)
+from replug_jax.lm.http_windows import cut_text_context, generation_room, score_window, scoring_room
+from replug_jax.models.tokenizer import TextTokenizer, document_start_id, document_start_text, tokenizer_fingerprint
 
 __all__ = ["HTTPLM", "BlackBoxServerError"]
 
@@ -74,7 +74,7 @@ class HTTPLM:
         self.prompt_logprobs, self.token_prompts, self.max_length = prompt_logprobs, token_prompts, max_length
         self.start_id = document_start_id(tokenizer) if tokenizer is not None else None
         self.start_text = start_text if start_text is not None else document_start_text(tokenizer)
-        self._max_tokens, self._start, self._leading, self.top_logprobs = 1, None, 0, 5  # 5: OpenAI's cap
+        self.score_max_tokens, self._start, self._leading, self.top_logprobs = 1, None, 0, 5  # 5: OpenAI's cap
         self._findings: dict = {"alignment": "not probed", "prompt_format": "text (not probed)"}
         self._lock = threading.Lock()
         if probe:
@@ -108,7 +108,7 @@ class HTTPLM:
             raise BlackBoxServerError(f"{self.base_url}: log p(query | passage) needs token-id prompts, and this "
                                       f"server is scored with text prompts ({self._findings.get('prompt_format')}); "
                                       "use the method replug (retrieval weights only) with this server")
-        window = self.max_length - self._leading - self._max_tokens if self.max_length else None
+        window = score_window(self)
         triples = [query_token_ids(self.tokenizer, c, q, y, window, self.start_id, prefix)
                    for c, q, y in zip(contexts, queries, continuations)]
         own_start = self._start == "server" and self._leading  # an empty context: the server's start token
@@ -143,8 +143,12 @@ class HTTPLM:
                              shared_prefix=shared_prefix, top_n=top)
 
     def generation_room(self, prefix: str, max_new_tokens: int) -> int | None:
-        """Context tokens `generate` keeps after `prefix` (None with text prompts): lm/http_generate.py."""
+        """Context tokens `generate` keeps after `prefix` (None with text prompts): lm/http_windows.py."""
         return generation_room(self, prefix, max_new_tokens)
+
+    def scoring_room(self, continuation: str) -> int | None:
+        """Context tokens `score` keeps before `continuation` (None with text prompts): lm/http_windows.py."""
+        return scoring_room(self, continuation)
 
     @property
     def leading(self) -> int:
@@ -183,7 +187,7 @@ class HTTPLM:
         result = probe(self)
         self.model = result.model
         self.max_length = self.max_length or result.max_length
-        self._max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
+        self.score_max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
         self.token_prompts, self._leading, self.top_logprobs = result.token_prompts, result.leading, result.top_logprobs
         self.logprobs, logprobs = probe_logprobs(self, self._logprobs_setting)  # 0 where the server allows it
         self.prompts_per_request, batching = probe_batching(self, self._batch_setting)
@@ -246,22 +250,15 @@ class HTTPLM:
 
     def prepare_prompt(self, context: str, continuation: str):
         """A token-id prompt (ids, continuation length) or a text prompt (text, boundary offset)."""
-        reserve = self._leading + self._max_tokens  # window entries that are not the prompt's own tokens
-        window = self.max_length - reserve if self.max_length else None
+        window = score_window(self)
         if self.token_prompts:
             if not context and self._start == "server" and self._leading:  # its own start token conditions it
                 cont = continuation_ids(self.tokenizer, continuation, window)
                 return cont, len(cont)
             ctx, cont = pair_token_ids(self.tokenizer, context, continuation, window, self.start_id)
             return ctx + cont, len(cont)
-        if isinstance(self.tokenizer, TextTokenizer) and window:  # cut by the local tokens, one spare for the split
-            cont_tokens = len(self.tokenizer.encode(continuation))
-            if cont_tokens + 1 >= window:
-                raise ValueError(f"continuation of {cont_tokens} tokens does not fit the server's {window}-token "
-                                 "window")
-            starts = token_starts(self.tokenizer, context) if context else [0]
-            keep = window - cont_tokens - 1
-            context = context[starts[max(0, len(starts) - 1 - keep)]:]
+        if isinstance(self.tokenizer, TextTokenizer) and window:  # cut by the local tokens
+            context = cut_text_context(self.tokenizer, context, continuation, window)
         if context:
             return context + continuation, len(context)
         if self._start == "text":
@@ -277,9 +274,9 @@ class HTTPLM:
         prompts = [p for p, _ in items]
         retries = 0 if probing else None
         if self.token_prompts:
-            choices = self.completions(prompts, self._max_tokens, self.logprobs, probing, retries)
+            choices = self.completions(prompts, self.score_max_tokens, self.logprobs, probing, retries)
         else:
-            echoes = self.text_echoes(prompts, self._max_tokens, self.logprobs, probing, retries)
+            echoes = self.text_echoes(prompts, self.score_max_tokens, self.logprobs, probing, retries)
         if not probing:
             self.transport.count("prompts", len(prompts))
         try:
@@ -290,7 +287,7 @@ class HTTPLM:
             raise self._failure(str(e), probing) from None
 
     def _select_ids(self, choice: dict, ids: list[int], n: int) -> np.ndarray:
-        values = id_prompt_values(choice, len(ids), self._leading, self._max_tokens, self.prompt_logprobs)
+        values = id_prompt_values(choice, len(ids), self._leading, self.score_max_tokens, self.prompt_logprobs)
         return continuation_array(values[-n:], first_is_prompt_start=n == len(ids) and self._leading == 0)
 
     def _failure(self, message: str, optional: bool = False) -> BlackBoxServerError:

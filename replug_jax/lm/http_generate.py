@@ -24,8 +24,8 @@ import numpy as np
 
 from replug_jax.lm.blackbox import (Generation, check_generation_inputs, cut_at_stop, generation_prompt_ids,
                                    tokens_through_stop)
-from replug_jax.lm.blackbox import generation_room as blackbox_room
 from replug_jax.lm.http_transport import BlackBoxServerError
+from replug_jax.lm.http_windows import generation_window
 
 
 def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
@@ -66,20 +66,9 @@ def _prompt(client, prefix: str, context: str, max_new: int):
     context cut from the left, as the local backend does), or text."""
     if not client.token_prompts:
         return prefix + context
-    prefix_ids, context_ids = generation_prompt_ids(client.tokenizer, prefix, context, _window(client), max_new,
-                                                    client.start_id)
+    prefix_ids, context_ids = generation_prompt_ids(client.tokenizer, prefix, context, generation_window(client),
+                                                    max_new, client.start_id)
     return prefix_ids + context_ids
-
-
-def generation_room(client, prefix: str, max_new: int) -> int | None:
-    """Context tokens a pass keeps after `prefix` with token-id prompts (`_prompt`); None with text prompts, which
-    the server cuts or refuses by its own rule, or without a known window."""
-    return blackbox_room(client.tokenizer, prefix, _window(client), max_new) if client.token_prompts else None
-
-
-def _window(client) -> int | None:
-    """The server's window less the entries it echoes before a token-id prompt (None: not known)."""
-    return client.max_length - client.leading if client.max_length else None
 
 
 def _body(client, prompt, max_tokens: int, top: int) -> dict:

@@ -18,7 +18,7 @@ from replug_jax.progress import tqdm
 from replug_jax import sharding, xla_cpu
 from replug_jax.lm import shared_prefix
 from replug_jax.lm.blackbox import (check_pairs, check_query_triples, generation_room, pair_token_ids, query_token_ids,
-                                     split_query_scores)
+                                     scoring_room, split_query_scores)
 from replug_jax.models import causal_lm, partition, precision
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, tokenizer_fingerprint
 from replug_jax.models.weights import weights_fingerprint
@@ -110,6 +110,10 @@ class LocalLM:
     def generation_room(self, prefix: str, max_new_tokens: int) -> int | None:
         """How many context tokens `generate` keeps after `prefix` (`blackbox.generation_room`)."""
         return generation_room(self.tokenizer, prefix, self.max_length, max_new_tokens)
+
+    def scoring_room(self, continuation: str) -> int | None:
+        """How many context tokens `score` keeps before `continuation` (`blackbox.scoring_room`)."""
+        return scoring_room(self.tokenizer, continuation, self.max_length)
 
     def score(self, contexts: Sequence[str], continuations: Sequence[str], progress: bool = False) -> list[np.ndarray]:
         """log p of each continuation token given its context and the tokens before it."""
