@@ -120,21 +120,30 @@ def pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int, num_rows: 
 
 
 def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int, multiple: int, cap: int, pad_id: int,
-                     progress: bool = False, desc: str = "batches", per_octave: int | None = None):
+                     progress: bool = False, desc: str = "batches", per_octave: int | None = None,
+                     own_bucket: bool = False):
     """Rows sorted by length and yielded as fixed-shape batches: (row indices, ids, mask).
 
     ids and mask are [len(indices), L] with L = length_bucket(longest row, ...); the caller's
-    ShardedBatchFn pads the row count up to its batch size.
+    ShardedBatchFn pads the row count up to its batch size. `own_bucket`: a batch never mixes length buckets, so
+    every row is padded to its own bucket and its result does not depend on the rows beside it (XLA's CPU programs
+    round differently at other lengths): the encoder's choice, so that a query ranks passages the same alone as
+    among others (a few more, partly empty batches).
     """
     from replug_jax.progress import tqdm
 
     order = np.argsort([len(r) for r in rows], kind="stable")
-    for start in tqdm(range(0, len(rows), batch_size), disable=not progress, desc=desc, unit="batch"):
-        idx = order[start : start + batch_size]
+    bucket = lambda i: length_bucket(len(rows[i]), multiple, cap, per_octave) if own_bucket else 0
+    groups: list[list[int]] = []  # consecutive rows in length order, one bucket each when own_bucket
+    for i in order:
+        if not groups or bucket(groups[-1][0]) != bucket(i) or len(groups[-1]) == batch_size:
+            groups.append([])
+        groups[-1].append(int(i))
+    for idx in tqdm(groups, disable=not progress, desc=desc, unit="batch"):
         batch = [rows[i] for i in idx]
         length = length_bucket(max(len(r) for r in batch), multiple, cap, per_octave)
         ids, mask = pad_rows(batch, length, pad_id, len(batch))
-        yield idx, ids, mask
+        yield np.asarray(idx), ids, mask
 
 
 def local_copy(x):

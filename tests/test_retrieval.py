@@ -304,6 +304,29 @@ def test_exact_search_by_gemm_ranks_as_faiss_and_brute_force(vectors, path, monk
     assert none[0].shape == (0, 3) and none[1].shape == (0, 3) and none[1].dtype == np.int64
 
 
+@pytest.mark.parametrize("path", ["gemm", "faiss"])
+def test_a_query_ranks_the_same_alone_as_among_others(vectors, path, monkeypatch):
+    """A flat index's candidates are rescored with float64 sums: a query's scores and rows are the same bit for bit
+    alone, among the others and in another order (BLAS rounds a query's scores by the GEMM's shape otherwise), on
+    the GEMM path and FAISS's, and duplicated rows tie to the lower row on both."""
+    from replug_jax.retrieval import exact_search
+
+    monkeypatch.setattr(exact_search, "MAX_QUERIES", 10**9 if path == "gemm" else 0)
+    emb, queries = vectors
+    index = DenseIndex.build(np.concatenate([emb, emb[:40]]), metric="cosine")  # rows 300..339 repeat 0..39
+    together = index.search(queries, 40)
+    backwards = index.search(queries[::-1], 40)
+    alone = [index.search(queries[i : i + 1], 40) for i in range(7)]
+    assert together[0].dtype == np.float32 and together[1].dtype == np.int64
+    np.testing.assert_array_equal(np.concatenate([s for s, _ in alone]), together[0])
+    np.testing.assert_array_equal(np.concatenate([r for _, r in alone]), together[1])
+    np.testing.assert_array_equal(backwards[0][::-1], together[0])
+    np.testing.assert_array_equal(backwards[1][::-1], together[1])
+    twins = [(list(r).index(a), list(r).index(a + 300)) for r in together[1] for a in r if a < 40 and a + 300 in r]
+    assert twins and all(first < second for first, second in twins)  # equal scores: the lower row first
+    np.testing.assert_array_equal(together[1], brute_force(np.concatenate([emb, emb[:40]]), queries, 40)[1])
+
+
 def test_ivf_and_hnsw_recall_on_clustered_vectors():
     rng = np.random.default_rng(1)
     centers = rng.normal(size=(20, 16)) * 4
@@ -413,6 +436,28 @@ def test_dense_retriever_end_to_end(tmp_path, minilm):
         DenseRetriever(minilm, index, Datastore(ds.ids, ds.titles, ds.texts[::-1], ds.sources))
     _, rows = BM25Retriever(BM25Index.build(ds.texts), ds).retrieve(["capital of France"], 2, [["s0"]])
     assert 0 not in rows[0]
+
+
+def test_a_text_embeds_the_same_alone_as_among_others(minilm):
+    """Every row is padded to its own length bucket, never to a longer neighbour's, so its embedding is the same bit
+    for bit alone, among 40 texts of mixed lengths (batches of 8) and in another order: a query ranks near-tied
+    passages the same in a job's batch as in the REPLUG object's single question (XLA's CPU programs round
+    differently at another padded length, and did swap such a pair)."""
+    from replug_jax import sharding
+
+    words = "rivers stars bread violins snow gold mountain desert oven song".split()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, rng.integers(2, 60))) for _ in range(40)]
+    together = minilm.embed(texts)
+    assert np.array_equal(minilm.embed(texts[::-1])[::-1], together)
+    assert np.array_equal(np.stack([minilm.embed([t])[0] for t in texts[:12]]), together[:12])
+    rows = minilm.tokenize(texts)
+    bucket = lambda n: sharding.length_bucket(n, minilm.length_multiple, minilm.max_length)
+    for own in (True, False):  # own_bucket: one bucket per batch, each at most 8 rows; without it, mixed
+        batches = list(sharding.bucketed_batches(rows, 8, minilm.length_multiple, minilm.max_length, 0, own_bucket=own))
+        assert sorted(i for idx, _, _ in batches for i in idx) == list(range(40))
+        mixed = [len({bucket(len(rows[i])) for i in idx}) > 1 for idx, _, _ in batches]
+        assert max(len(idx) for idx, _, _ in batches) == 8 and any(mixed) != own
 
 
 def test_random_retriever_honours_exclusion():

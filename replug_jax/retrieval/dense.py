@@ -1,7 +1,8 @@
 """The dense retriever's encoder as an object for notebooks and pipelines: text -> embeddings.
 
 `DenseEncoder.embed(texts)` tokenises, sorts by length, pads to fixed length buckets and
-batch sizes (one compile per bucket) and runs `models.encoder.embed` over all devices.
+batch sizes (one compile per bucket) and runs `models.encoder.embed` over all devices. A batch never mixes
+buckets: each row is padded to its own, so its embedding is the same bit for bit whatever is embedded with it.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ class DenseEncoder:
         out = np.zeros((len(rows), self.dim), dtype=np.float32)
         params = None if params is None else self._batch_fn.place_params(params)
         batches = sharding.bucketed_batches(rows, self._batch_fn.batch_size, self.length_multiple, self.max_length,
-                                            self.config.pad_token_id, progress is True, desc="embed")
+                                            self.config.pad_token_id, progress is True, desc="embed", own_bucket=True)
         for idx, ids, mask in batches:
             out[idx] = self._batch_fn(ids, mask, params=params)
             if callable(progress):

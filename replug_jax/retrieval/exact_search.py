@@ -6,7 +6,9 @@ FAISS flat index holds, read in place (no copy, a memory-mapped index included).
 
 Rankings: score descending, ties to the lower row. FAISS stays for compressed and approximate indexes (SQ, PQ, IVF,
 HNSW), and for a flat index searched with MAX_QUERIES queries or more at once, where FAISS measured faster
-(benchmarks/bench_search.py).
+(benchmarks/bench_search.py). Either way a flat index's candidates are rescored (`rescored`): BLAS rounds a query's
+scores differently beside other queries (a GEMM of another shape, or a GEMV for one query alone), which swapped
+tied passages between a job's batch and the REPLUG object's single question.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import faiss
 import numpy as np
 
 BLOCK_ROWS = 32_768  # matrix rows per GEMM: a [Q, BLOCK_ROWS] float32 score block is the largest allocation
+RESCORE_MARGIN = 8  # candidates searched past the depth asked, so that rescoring decides the order at its edge
 MAX_QUERIES = 512  # from here on FAISS's own blocked BLAS path is faster; below it, its scan is 2.5-11x slower
 # (benchmarks/README.md "Exact search": Intel Xeon, 2 cores, 10k-1M rows)
 
@@ -64,3 +67,19 @@ def _largest_columns(block: np.ndarray, k: int) -> np.ndarray:
     if k == block.shape[1]:
         return np.broadcast_to(np.arange(k, dtype=np.int64), block.shape)
     return np.argpartition(block, block.shape[1] - k, axis=1)[:, -k:].astype(np.int64)
+
+
+def rescored(matrix: np.ndarray, queries: np.ndarray, scores: np.ndarray, rows: np.ndarray,
+             depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best `depth` of each query's candidates `rows` [Q, m] (-1: none; `scores` [Q, m] as found) rescored
+    against `matrix` [N, D] with float64 sums, ranked by them (ties to the lower row), so that a query's ranking and
+    scores are the same whatever else was searched with it: (scores [Q, depth] float32, rows [Q, depth] int64)."""
+    exact = np.full(rows.shape, -np.inf)
+    for start in range(0, len(rows), 256):  # [256, m, D] float64 at a time
+        part = rows[start : start + 256]
+        vectors = matrix[np.maximum(part, 0)].astype(np.float64)
+        exact[start : start + 256] = np.where(part >= 0, np.einsum("qmd,qd->qm", vectors,
+                                                                   queries[start : start + 256].astype(np.float64)),
+                                              -np.inf)
+    order = np.lexsort((np.where(rows >= 0, rows, np.iinfo(np.int64).max), -exact), axis=1)[:, :depth]
+    return np.take_along_axis(exact, order, 1).astype(np.float32), np.take_along_axis(rows, order, 1)

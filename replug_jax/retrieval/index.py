@@ -201,9 +201,12 @@ class DenseIndex:
         matrix = exact_search.flat_rows(self.index)  # a flat index: exact search as one blocked GEMM
 
         def search_fn(todo, depth):
-            if matrix is not None and len(todo) < exact_search.MAX_QUERIES:
-                return exact_search.top_k(matrix, prepared[todo], depth)
-            return self.index.search(prepared[todo], depth)
+            if matrix is None:
+                return self.index.search(prepared[todo], depth)
+            wide = min(self.count, depth + exact_search.RESCORE_MARGIN)  # rescored: the same alone or in a batch
+            few = len(todo) < exact_search.MAX_QUERIES
+            found = exact_search.top_k(matrix, prepared[todo], wide) if few else self.index.search(prepared[todo], wide)
+            return exact_search.rescored(matrix, prepared[todo], *found, depth)
 
         return search_excluding(search_fn, self.count, len(prepared), k, exclude)
 
