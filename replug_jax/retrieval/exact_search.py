@@ -69,11 +69,11 @@ def _largest_columns(block: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(block, block.shape[1] - k, axis=1)[:, -k:].astype(np.int64)
 
 
-def rescored(matrix: np.ndarray, queries: np.ndarray, scores: np.ndarray, rows: np.ndarray,
-             depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """The best `depth` of each query's candidates `rows` [Q, m] (-1: none; `scores` [Q, m] as found) rescored
-    against `matrix` [N, D] with float64 sums, ranked by them (ties to the lower row), so that a query's ranking and
-    scores are the same whatever else was searched with it: (scores [Q, depth] float32, rows [Q, depth] int64)."""
+def rescored(matrix: np.ndarray, queries: np.ndarray, rows: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best `depth` of each query's candidate rows [Q, m] (-1: none) rescored against `matrix` [N, D] with
+    float64 sums, ranked by them (ties to the lower row), so that a query's ranking and scores are the same whatever
+    else was searched with it: (scores [Q, depth] float32, rows [Q, depth] int64)."""
+    rows = np.asarray(rows, np.int64)
     exact = np.full(rows.shape, -np.inf)
     for start in range(0, len(rows), 256):  # [256, m, D] float64 at a time
         part = rows[start : start + 256]

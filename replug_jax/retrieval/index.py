@@ -206,7 +206,7 @@ class DenseIndex:
             wide = min(self.count, depth + exact_search.RESCORE_MARGIN)  # rescored: the same alone or in a batch
             few = len(todo) < exact_search.MAX_QUERIES
             found = exact_search.top_k(matrix, prepared[todo], wide) if few else self.index.search(prepared[todo], wide)
-            return exact_search.rescored(matrix, prepared[todo], *found, depth)
+            return exact_search.rescored(matrix, prepared[todo], found[1], depth)
 
         return search_excluding(search_fn, self.count, len(prepared), k, exclude)
 
