@@ -132,18 +132,18 @@ def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int, multiple: i
     """
     from replug_jax.progress import tqdm
 
-    order = np.argsort([len(r) for r in rows], kind="stable")
-    bucket = lambda i: length_bucket(len(rows[i]), multiple, cap, per_octave) if own_bucket else 0
-    groups: list[list[int]] = []  # consecutive rows in length order, one bucket each when own_bucket
-    for i in order:
-        if not groups or bucket(groups[-1][0]) != bucket(i) or len(groups[-1]) == batch_size:
-            groups.append([])
-        groups[-1].append(int(i))
+    lengths = np.array([len(r) for r in rows], np.int64)
+    order = np.argsort(lengths, kind="stable")
+    runs = [order]  # rows in length order; with own_bucket, split where the bucket changes
+    if own_bucket and len(rows):
+        size = {n: length_bucket(int(n), multiple, cap, per_octave) for n in np.unique(lengths)}
+        runs = np.split(order, np.flatnonzero(np.diff([size[n] for n in lengths[order]])) + 1)
+    groups = [run[at : at + batch_size] for run in runs for at in range(0, len(run), batch_size)]
     for idx in tqdm(groups, disable=not progress, desc=desc, unit="batch"):
         batch = [rows[i] for i in idx]
         length = length_bucket(max(len(r) for r in batch), multiple, cap, per_octave)
         ids, mask = pad_rows(batch, length, pad_id, len(batch))
-        yield np.asarray(idx), ids, mask
+        yield idx, ids, mask
 
 
 def local_copy(x):
