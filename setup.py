@@ -31,6 +31,7 @@ INSTALL_REQUIRES = [
 TEST_REQUIRES = [
     "pytest>=8,<10",
     "pytest-xdist>=3.6,<4",  # `make test` runs the suite in 2 worker processes
+    "import-linter==2.16",  # the import contract (.importlinter), checked by tests/test_architecture.py
     "torch==2.13.0",  # CPU build; the PyTorch reference in tests only (other versions pull a CUDA build)
     "accelerate>=1.10,<2",  # transformers needs it to load GGUF files into PyTorch (the SmolLM2 reference)
     "llama-cpp-python[server]==0.3.36",  # a real third-party server in tests/test_http.py (`make llama-cpp` builds it)

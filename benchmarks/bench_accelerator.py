@@ -132,7 +132,7 @@ def bench_encoder(name, fields, args, torch_dtype, jnp_dtype, device, record):
     import torch
 
     import replug_jax as rj
-    from replug_jax import sharding
+    from replug_jax.parallel import sharding
     from replug_jax.train import step as train_step_lib
 
     rng = np.random.default_rng(1)

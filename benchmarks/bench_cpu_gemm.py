@@ -31,7 +31,7 @@ def gemm_fns(m: int, k: int, n: int, threads: int) -> dict:
     import numpy as np
     import torch
 
-    from replug_jax import xla_cpu
+    from replug_jax.parallel import xla_cpu
 
     rng = np.random.default_rng(0)
     x, w, b = (rng.standard_normal(shape, dtype=np.float32) for shape in ((m, k), (k, n), (n,)))
@@ -59,7 +59,7 @@ def mlp_fns(threads: int, tokens: int = 4 * 480, width: int = 576, hidden: int =
     import numpy as np
     import torch
 
-    from replug_jax import xla_cpu
+    from replug_jax.parallel import xla_cpu
 
     rng = np.random.default_rng(0)
     x, gate, up, down = (rng.standard_normal(s, dtype=np.float32) * scale for s, scale in (

@@ -46,7 +46,7 @@ def encoder_fns(threads: int):
     from transformers import AutoModel
 
     import replug_jax as rj
-    from replug_jax import sharding, xla_cpu
+    from replug_jax.parallel import sharding, xla_cpu
     from replug_jax.models import layers, registry
 
     rows = [list(map(int, r)) for r in np.random.default_rng(0).integers(1000, 20000, (32, 136))]
@@ -76,7 +76,7 @@ def encoder_fns(threads: int):
 def scoring_fns(threads: int):  # noqa: ARG001 (one signature for both groups)
     import replug_jax as rj
     from bench_scoring import workload
-    from replug_jax import xla_cpu
+    from replug_jax.parallel import xla_cpu
     from replug_jax.models import layers
 
     pairs = workload(rj.load_tokenizer("smollm2"), 8, 128, 192, 128)

@@ -65,7 +65,7 @@ def main():
     import numpy as np
     import replug_jax as rj
 
-    from replug_jax import xla_cpu
+    from replug_jax.parallel import xla_cpu
 
     enc = rj.load_encoder("minilm", batch_size=args.batch_size)
     # the same encoder compiled with the other choice (xla_cpu.ENCODER is NO_YNNPACK below jaxlib 0.12, else {})

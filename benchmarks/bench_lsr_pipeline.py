@@ -36,8 +36,8 @@ def main():
 
     import dataclasses
 
-    from replug_jax.config_files import sibling_config
-    from replug_jax import workspace
+    from replug_jax.jobs.config_files import sibling_config
+    from replug_jax.jobs import prepare
     from replug_jax.train.data import training_examples
     from replug_jax.train.loop import LSRSettings, train_lsr
     from replug_jax.train.metrics import read_metrics
@@ -45,8 +45,8 @@ def main():
     config = sibling_config(os.path.join("experiments", "configs", "demo_lsr.py"), "demo_lsr.py")
     config.cache_dir = args.cache_dir or os.path.join(args.workdir, "shared")
     config.lm_cache = ""  # the loop's own fresh cache in each run: every step asks the LM
-    setup = workspace.prepare(config, args.workdir)
-    examples = training_examples(workspace.read_documents(setup.paths["train"]), setup.tokenizer,
+    setup = prepare.prepare(config, args.workdir)
+    examples = training_examples(prepare.read_documents(setup.paths["train"]), setup.tokenizer,
                                  query_tokens=config.train_query_tokens,
                                  continuation_tokens=config.train_continuation_tokens, seed=config.seed)
     base = dataclasses.replace(LSRSettings.from_mapping(config), steps=args.steps, batch_size=args.batch, k=args.k,

@@ -61,7 +61,7 @@ def posterior_pairs(questions, n: int) -> list[tuple[list[int], list[int]]]:
 
 def posterior_weights(questions, scored, n: int, args) -> tuple[np.ndarray, np.ndarray]:
     """(kept positions [B, k], their log λ [B, k]) from the scored `posterior_pairs(questions, n)`."""
-    from replug_jax import posterior
+    from replug_jax.method import posterior
 
     lx = len(questions[0]["x"])
     query_ll = [[float(np.sum(scored[b * n + i][:lx], dtype=np.float64)) for i in range(n)]
@@ -87,7 +87,7 @@ def bench_shape(name, fields, args, torch_dtype, jnp_dtype, device, record):
     import torch
 
     import replug_jax as rj
-    from replug_jax import mixture, posterior
+    from replug_jax.method import mixture, posterior
 
     questions = make_questions(fields["vocab_size"], args)
     with tempfile.TemporaryDirectory() as folder:

@@ -79,7 +79,7 @@ def run_size(size: int, workdir: str, tokenizer, encoder, args) -> tuple[list, d
 
     from replug_jax.retrieval import datastore as ds
     from replug_jax.retrieval.index import DenseIndex
-    from replug_jax.workspace import read_documents
+    from replug_jax.jobs.prepare import read_documents
 
     rows: list[dict] = []
     folder = os.path.join(workdir, f"n{size}")

@@ -22,11 +22,11 @@ import os
 
 import numpy as np
 
-from replug_jax import mixture
-from replug_jax.config_files import sibling_config
-from replug_jax import workspace
+from replug_jax.method import mixture
+from replug_jax.jobs.config_files import sibling_config
+from replug_jax.jobs import prepare
 from replug_jax.lm.cache import CachedLM
-from replug_jax.passages import DOC_TEMPLATE, document_passes
+from replug_jax.method.passages import DOC_TEMPLATE, document_passes
 from replug_jax.retrieval.retriever import excluded_rows
 
 
@@ -62,9 +62,9 @@ def main():
     config.max_eval_docs, config.max_windows_per_doc = 12, 8
     config.cache_dir, config.lm_cache = args.cache_dir, ""
     config.lm = args.lm or config.lm
-    prepared = workspace.prepare(config, args.cache_dir)  # reuses the split, datastore and index found there
+    prepared = prepare.prepare(config, args.cache_dir)  # reuses the split, datastore and index found there
     store, encoder, lm, index = prepared.store, prepared.encoder, prepared.lm, prepared.index
-    windows = [w for w in workspace.make_windows(prepared.paths["eval"], prepared.tokenizer, config) if w.query][:: args.every]
+    windows = [w for w in prepare.make_windows(prepared.paths["eval"], prepared.tokenizer, config) if w.query][:: args.every]
     exclude = excluded_rows(store, [[w.doc_id] for w in windows], len(windows))
     scores, rows = index.search(encoder.embed([w.query for w in windows]), args.depth, exclude=exclude)
     contexts, continuations, where = document_passes(store, rows, [w.prefix for w in windows],

@@ -25,12 +25,15 @@ import time
 
 import numpy as np
 
-from replug_jax import console, mixture, posterior, workspace
-from replug_jax.config_files import sibling_config
+from replug_jax.base import console
+from replug_jax.method import mixture, posterior
+from replug_jax.jobs import prepare
+from replug_jax.jobs.config_files import sibling_config
 from replug_jax.data import evaluation_sets
-from replug_jax.evaluate.answer_nll import answer_nll, mixture_loglik, query_and_continuation_scores
+from replug_jax.evaluate.answer_nll import answer_nll, query_and_continuation_scores
+from replug_jax.method.mixture import mixture_loglik
 from replug_jax.models import precision
-from replug_jax.passages import QA_DOC_TEMPLATE, passages_of, question_block
+from replug_jax.method.passages import QA_DOC_TEMPLATE, passages_of, question_block
 from replug_jax.retrieval.retriever import DenseRetriever
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -98,10 +101,10 @@ def main():
     shared = os.path.join(args.workdir, "shared")
     console.setup(args.workdir, -1)
     dtype = precision.resolve(config.dtype)
-    encoder, lm = workspace.load_job_encoder(config, dtype), workspace.load_job_lm(config, dtype)
-    tokenizer, lm = workspace.lm_tokenizer(lm, config), workspace.cached_lm(lm, config)
-    store = workspace.build_corpus(config.corpus, tokenizer, config.doc_tokens, shared)
-    index = workspace.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+    encoder, lm = prepare.load_job_encoder(config, dtype), prepare.load_job_lm(config, dtype)
+    tokenizer, lm = prepare.lm_tokenizer(lm, config), prepare.cached_lm(lm, config)
+    store = prepare.build_corpus(config.corpus, tokenizer, config.doc_tokens, shared)
+    index = prepare.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
                                         embedding_dtype=config.embedding_dtype)
     retriever = DenseRetriever(encoder, index, store)
     sets = {name: evaluation_sets.load_sets("qa", "sciq", shots=config.shots, max_questions=n, question_offset=off)[0]

@@ -20,12 +20,13 @@ import os
 import numpy as np
 
 import replug_jax as rj
-from replug_jax import mixture, workspace
-from replug_jax.config_files import sibling_config
+from replug_jax.method import mixture
+from replug_jax.jobs import prepare
+from replug_jax.jobs.config_files import sibling_config
 from replug_jax.data import downstream as data
 from replug_jax.evaluate import qa
 from replug_jax.lm.cache import CachedLM
-from replug_jax.passages import passage_text
+from replug_jax.method.passages import passage_text
 from replug_jax.retrieval.retriever import DenseRetriever
 
 from lsr_headroom import report, spearman  # experiments/: the script's own folder
@@ -52,14 +53,14 @@ def main():
     config = sibling_config(os.path.join("experiments", "configs", "sciq.py"), "sciq.py")
     encoder = rj.load_encoder(config.encoder)
     lm = CachedLM(rj.load_lm(args.lm, batch_size=config.lm_batch_size), args.lm_cache)
-    store = workspace.build_corpus(config.corpus, lm.tokenizer, config.doc_tokens, args.cache_dir)
-    index = workspace.build_dense_index(encoder, store, args.cache_dir, metric=config.metric,
+    store = prepare.build_corpus(config.corpus, lm.tokenizer, config.doc_tokens, args.cache_dir)
+    index = prepare.build_dense_index(encoder, store, args.cache_dir, metric=config.metric,
                                         factory=config.index_factory, embedding_dtype=config.embedding_dtype)
     questions = data.load_qa("sciq", config.split)[config.shots :][: args.questions]  # sciq.py's evaluated set
     retrievers = {"replug": DenseRetriever(encoder, index, store)}
     if args.trained:
-        trained, documents = workspace.load_trained_encoder(encoder, args.trained)
-        retrievers["replug_lsr"] = workspace.trained_retriever(
+        trained, documents = prepare.load_trained_encoder(encoder, args.trained)
+        retrievers["replug_lsr"] = prepare.trained_retriever(
             encoder, trained, documents, store, index, args.cache_dir, metric=config.metric,
             factory=config.index_factory, embedding_dtype=config.embedding_dtype)
     out = {"lm": args.lm, "questions": len(questions), "depth": args.depth, "k": args.k}

@@ -22,9 +22,9 @@ import json
 import os
 import time
 
-from replug_jax import console
-from replug_jax.dispatch import run_job
-from replug_jax.config_files import sibling_config
+from replug_jax.base import console
+from replug_jax.jobs.dispatch import run_job
+from replug_jax.jobs.config_files import sibling_config
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 

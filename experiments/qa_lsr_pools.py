@@ -45,14 +45,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/: 
 
 from lsr_headroom import spearman  # noqa: E402
 
-from replug_jax import workspace  # noqa: E402
-from replug_jax.config_files import sibling_config  # noqa: E402
+from replug_jax.jobs import prepare  # noqa: E402
+from replug_jax.jobs.config_files import sibling_config  # noqa: E402
 from replug_jax.data.downstream import load_mc, load_qa  # noqa: E402
 from replug_jax.data import olmes  # noqa: E402
 from replug_jax.data.records import QAExample  # noqa: E402
-from replug_jax import results_file, trained_retriever  # noqa: E402
-from replug_jax.passages import QA_DOC_TEMPLATE  # noqa: E402
-from replug_jax import sharding  # noqa: E402
+from replug_jax.jobs import results_file, trained_retriever  # noqa: E402
+from replug_jax.method.passages import QA_DOC_TEMPLATE  # noqa: E402
+from replug_jax.parallel import sharding  # noqa: E402
 from replug_jax.train import step as train_step_lib  # noqa: E402
 from replug_jax.train.batch import FrozenDocumentVectors, make_batch, supervise, supervise_targets  # noqa: E402
 from replug_jax.train.data import (first_training_row, qa_training_examples, question_key,  # noqa: E402
@@ -147,11 +147,11 @@ def main(argv=None):
     config.lm_cache = args.lm_cache
     os.makedirs(args.workdir, exist_ok=True)
     shared = args.cache_dir or os.path.join(args.workdir, "shared")
-    encoder = workspace.load_job_encoder(config, None)
-    lm = workspace.cached_lm(workspace.load_job_lm(config, None), config)
-    tokenizer = workspace.lm_tokenizer(lm, config)
-    store = workspace.build_corpus(config.corpus, tokenizer, config.doc_tokens, shared, split=config.split)
-    index = workspace.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+    encoder = prepare.load_job_encoder(config, None)
+    lm = prepare.cached_lm(prepare.load_job_lm(config, None), config)
+    tokenizer = prepare.lm_tokenizer(lm, config)
+    store = prepare.build_corpus(config.corpus, tokenizer, config.doc_tokens, shared, split=config.split)
+    index = prepare.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
                                         embedding_dtype=config.embedding_dtype)
     questions = load_qa(config.train_data, config.train_split)
     first_evaluated = config.shots  # sciq.py: the first `shots` rows are the demos, the evaluated ones follow
@@ -172,7 +172,7 @@ def main(argv=None):
             where = os.path.dirname(args.lm_cache) or args.workdir
             file = "lm_cache_" + re.sub(r"[^\w.-]", "_", name) + ".sqlite"  # a hub id or URL as one file name
             scorers[name] = LMScoreCache(os.path.join(where, file if other else "lm_cache.sqlite"),
-                                         workspace.load_job_lm(with_lm(config, name), None) if other else lm)
+                                         prepare.load_job_lm(with_lm(config, name), None) if other else lm)
         return scorers[name]
 
     vectors = FrozenDocumentVectors(index)

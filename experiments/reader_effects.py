@@ -18,7 +18,7 @@ import json
 import os
 import time
 
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 TASKS = {"qa_demo": "demo_qa.py", "sciq": "sciq.py", "sciq_mc": "sciq_mc.py", "mmlu": "demo_mmlu.py"}
@@ -56,8 +56,8 @@ def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, load
             results = json.load(f)
         if results.get("count") is not None and results.get("max_questions", questions) == questions:
             return results
-    from replug_jax import console
-    from replug_jax.dispatch import run_job
+    from replug_jax.base import console
+    from replug_jax.jobs.dispatch import run_job
 
     console.setup(workdir, -1)
     console.phase(f"{lm} on {task}: up to {questions} questions in {workdir}")
@@ -65,7 +65,7 @@ def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, load
     if methods:
         config.methods = tuple(methods.split(","))
     if lm not in loaded:
-        from replug_jax.workspace import load_job_lm
+        from replug_jax.jobs.prepare import load_job_lm
         from replug_jax.models import precision
 
         loaded.clear()  # one LM in memory at a time
@@ -151,7 +151,7 @@ def main():
     unknown = [t for t in args.tasks.split(",") if t not in TASKS and not is_olmes(t)]
     if unknown:  # every name checked before the first task runs
         ap.error(f"unknown task(s) {', '.join(map(repr, unknown))}; known: {', '.join(TASKS)}")
-    from replug_jax.input_checks import InputError, check_model
+    from replug_jax.jobs.input_checks import InputError, check_model
 
     for lm in args.lms.split(","):
         try:

@@ -13,17 +13,17 @@ import JAX.
 """
 import importlib
 
-from replug_jax import progress  # noqa: F401 (first: a notebook without ipywidgets gets text bars, unwarned)
+from replug_jax.base import progress  # noqa: F401 (first: a notebook without ipywidgets gets text bars, unwarned)
 
 _EXPORTS = {
     "load_encoder": "replug_jax.api",
     "load_lm": "replug_jax.api",
     "load_tokenizer": "replug_jax.api",
-    "REPLUG": "replug_jax.pipeline",
-    "KeptPassage": "replug_jax.pipeline",
+    "REPLUG": "replug_jax.replug",
+    "KeptPassage": "replug_jax.replug",
     "BlackBoxLM": "replug_jax.lm.blackbox",
     "LocalLM": "replug_jax.lm.local",
-    "HTTPLM": "replug_jax.lm.http",
+    "HTTPLM": "replug_jax.lm.http.client",
     "DenseEncoder": "replug_jax.retrieval.dense",
     "Datastore": "replug_jax.retrieval.datastore",
     "DenseIndex": "replug_jax.retrieval.index",

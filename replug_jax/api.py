@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import os
 
-
-from replug_jax.lm.http import HTTPLM
+from replug_jax.lm.http.client import HTTPLM
 from replug_jax.lm.local import LocalLM
-from replug_jax import sharding
 from replug_jax.models import gguf_loader, partition, precision, registry, streamed, tokenizer, weights
+from replug_jax.parallel import sharding
 from replug_jax.retrieval.dense import DenseEncoder
 
 

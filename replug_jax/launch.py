@@ -3,7 +3,7 @@
     python -m replug_jax.launch --processes 2 [--devices 4] [--port 0] -- python -m replug_jax.main ...
 
 Each child gets, in its environment, the coordinator address (127.0.0.1 and a free port), the process
-count and its own id (read by `replug_jax.distributed.initialize`), and with `--devices D` D fake CPU
+count and its own id (read by `replug_jax.parallel.distributed.initialize`), and with `--devices D` D fake CPU
 devices (XLA_FLAGS). Its output (stdout and stderr) comes back line by line prefixed "[process i] ".
 When a child fails the others are stopped and the launcher exits with the failing child's code; it
 exits 0 only when every child did. On TPU VMs the same command runs on every host without a launcher.
@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from replug_jax.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from replug_jax.parallel.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
 _DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
 

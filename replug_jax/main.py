@@ -4,7 +4,7 @@ Single values are overridden on the command line (`--config.k=4`). The config's 
 names what runs; the work itself lives in importable modules. The console shows one line per
 phase, progress bars and the results; library logging goes to WORKDIR/log.txt (`--verbosity=0`
 shows it on the console too). `--help` lists the configs (with `--config`, that config's keys).
-A user error (a bad flag or key, a missing file, an unknown name: replug_jax/errors.py) prints one line and
+A user error (a bad flag or key, a missing file, an unknown name: replug_jax/base/errors.py) prints one line and
 exits 2; any other failure prints `error: <Type>: <message>` and exits 1. Every failure's traceback is in
 WORKDIR/log.txt; `--debug` (or REPLUG_JAX_DEBUG=1) shows it on the console too.
 """
@@ -16,9 +16,11 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from replug_jax import command_line, console, distributed, workdirs
-from replug_jax.dispatch import run_job as run_named_job
-from replug_jax.errors import InputError
+from replug_jax.base import console
+from replug_jax.base.errors import InputError
+from replug_jax.jobs import bucket_workdirs, command_line
+from replug_jax.jobs.dispatch import run_job as run_named_job
+from replug_jax.parallel import distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory for datastore, embeddings, index and results")
@@ -39,7 +41,7 @@ def run_job(config):
         lead = distributed.is_lead()
     verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else -1
     try:
-        staging = workdirs.staged(_WORKDIR.value)  # a bucket workdir: checked and pulled before any work
+        staging = bucket_workdirs.staged(_WORKDIR.value)  # a bucket workdir: checked and pulled before any work
     except ValueError as e:  # the --workdir flag refused, before any log file exists: one line, as a flag error
         raise InputError(str(e)) from e
     workdir = staging.local if staging else _WORKDIR.value
@@ -56,7 +58,7 @@ def run_job(config):
             console.log_failure(e)  # every failure's traceback in WORKDIR/log.txt (before a bucket workdir's push)
         raise
     finally:
-        workdirs.finish(staging)  # pushed back to the bucket, failed or not
+        bucket_workdirs.finish(staging)  # pushed back to the bucket, failed or not
 
 
 def parse_flags(argv: list[str]) -> list[str]:

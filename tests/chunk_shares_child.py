@@ -8,12 +8,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replug_jax import distributed  # noqa: E402
+from replug_jax.parallel import distributed  # noqa: E402
 
 assert distributed.initialize(), "not started by replug_jax.launch"
 
 import replug_jax as rj  # noqa: E402
-from replug_jax.workspace import build_datastore  # noqa: E402
+from replug_jax.jobs.prepare import build_datastore  # noqa: E402
 
 corpus, workdir, chunk_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 tokenizer = rj.load_tokenizer("smollm2")

@@ -35,7 +35,7 @@ def smollm2():
     model mesh) its scoring took 1.8× and its decoding 3.6× as long on 2 cores, in every test that uses it. The
     split path is checked against this one in test_real_weights.py (real weights) and test_lm_mesh.py (every mesh)."""
     import replug_jax as rj
-    from replug_jax import sharding
+    from replug_jax.parallel import sharding
 
     return rj.load_lm("smollm2", batch_size=8, mesh=sharding.lm_mesh(1, jax.devices()[:1]))
 

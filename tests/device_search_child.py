@@ -8,14 +8,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replug_jax import distributed  # noqa: E402
+from replug_jax.parallel import distributed  # noqa: E402
 
 assert distributed.initialize(), "not started by replug_jax.launch"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from replug_jax import sharding  # noqa: E402
+from replug_jax.parallel import sharding  # noqa: E402
 from replug_jax.retrieval.device_index import DeviceIndex  # noqa: E402
 
 by_process = [[d for d in jax.devices() if d.process_index == p] for p in range(jax.process_count())]

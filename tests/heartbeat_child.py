@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replug_jax import distributed  # noqa: E402
+from replug_jax.parallel import distributed  # noqa: E402
 
 assert distributed.initialize(), "the REPLUG_JAX_* environment is not set"
 distributed.barrier("both joined")

@@ -4,8 +4,8 @@ import json
 import os
 import sys
 
-from replug_jax import distributed
-from replug_jax.host_store import HostStoreClient
+from replug_jax.parallel import distributed
+from replug_jax.parallel.host_store import HostStoreClient
 from replug_jax.lm.cache import CachedLM
 
 port, index = int(sys.argv[1]), int(sys.argv[2])

@@ -10,14 +10,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replug_jax import distributed  # noqa: E402
+from replug_jax.parallel import distributed  # noqa: E402
 
 assert distributed.initialize(), "not started by replug_jax.launch"
 
 import jax  # noqa: E402
 
 import replug_jax as rj  # noqa: E402
-from replug_jax import sharding  # noqa: E402
+from replug_jax.parallel import sharding  # noqa: E402
 from tests.test_lm_mesh import CONTEXTS, CONTINUATIONS, GEN_CONTEXTS, GEN_WEIGHTS  # noqa: E402
 
 model_dir, out, model_parallel = sys.argv[1], sys.argv[2], int(sys.argv[3])

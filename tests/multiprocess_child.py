@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replug_jax import distributed  # noqa: E402
+from replug_jax.parallel import distributed  # noqa: E402
 
 assert distributed.initialize(), "not started by replug_jax.launch"
 

@@ -1,11 +1,13 @@
-"""The package's structure: one-way imports, no import circle, the HTTP client free of JAX, small files."""
+"""The package's structure: the import contract (.importlinter, layers and jobs), the HTTP client free of JAX, the
+root kept to the entry points, every module named in docs/architecture.md."""
 import ast
 import os
+import re
+import shutil
 import subprocess
 import sys
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "replug_jax")
-MAX_LINES = 300
 
 
 def modules() -> dict[str, str]:
@@ -20,65 +22,69 @@ def modules() -> dict[str, str]:
     return out
 
 
-def imports(path: str, known: set[str]) -> set[str]:
-    """Package modules `path` imports anywhere (module level or inside functions)."""
-    found = set()
-    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        found |= {n for n in names if n in known}
-    return found
+ROOT = os.path.dirname(PACKAGE)
+LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+ROOT_MODULES = {"__init__", "main", "serve", "launch", "api", "replug"}  # the entry points and the public API
+ALARM_LINES = 600  # not a cap to cut by: a module this long probably holds two concepts
 
 
-def graph() -> dict[str, set[str]]:
-    mods = modules()
-    known = set(mods)
-    return {m: imports(p, known) - {m, "replug_jax"} for m, p in mods.items()}
+def lint_imports(cwd: str) -> subprocess.CompletedProcess:
+    """import-linter's `lint-imports` over the package at `cwd` (its contracts: .importlinter)."""
+    return subprocess.run([LINT_IMPORTS, "--no-cache"], cwd=cwd, capture_output=True, text=True)
 
 
-def test_train_does_not_import_evaluate():
-    for module, deps in graph().items():
-        if module.startswith("replug_jax.train"):
-            assert not {d for d in deps if d.startswith("replug_jax.evaluate")}, f"{module} imports {deps}"
+def test_the_import_contract_holds():
+    """.importlinter: the layers (every import points down, at module level or inside a function), the jobs'
+    own order (no job imports another) and the HTTP client free of JAX."""
+    run = lint_imports(ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "broken" in run.stdout and " 0 broken" in run.stdout, run.stdout
 
 
-def test_data_does_not_reach_up_into_evaluation_training_or_jobs():
-    """Data readers sit below what consumes them (answer normalisation lives in replug_jax/answers.py for both)."""
-    upper = ("replug_jax.evaluate", "replug_jax.train", "replug_jax.jobs")
-    for module, deps in graph().items():
-        if module.startswith("replug_jax.data"):
-            assert not {d for d in deps if d.startswith(upper)}, f"{module} imports {sorted(deps)}"
+def test_the_contract_refuses_an_upward_import_even_inside_a_function(tmp_path):
+    """The contract catches what it guards: the package copied with one upward import added (the method's math
+    reaching up into the jobs, inside a function) and one job importing another."""
+    shutil.copytree(PACKAGE, tmp_path / "replug_jax", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, ".importlinter"), tmp_path / ".importlinter")
+    with open(tmp_path / "replug_jax" / "method" / "mixture.py", "a", encoding="utf-8") as f:
+        f.write("\n\ndef _upward():\n    from replug_jax.jobs import prepare  # noqa: F401\n")
+    with open(tmp_path / "replug_jax" / "jobs" / "lm_eval.py", "a", encoding="utf-8") as f:
+        f.write("\n\nfrom replug_jax.jobs import downstream  # noqa: E402, F401\n")
+    run = lint_imports(str(tmp_path))
+    assert run.returncode != 0
+    assert "replug_jax.method.mixture -> replug_jax.jobs.prepare" in run.stdout, run.stdout
+    assert "replug_jax.jobs.lm_eval -> replug_jax.jobs.downstream" in run.stdout, run.stdout
 
 
-def test_no_import_circle():
-    g = graph()
-    state: dict[str, int] = {}
-
-    def visit(m, stack):
-        state[m] = 1
-        for d in sorted(g.get(m, ())):
-            if state.get(d) == 1:
-                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(d):] + [d]))
-            if d not in state:
-                visit(d, stack + [d])
-        state[m] = 2
-
-    for m in sorted(g):
-        if m not in state:
-            visit(m, [m])
+def test_the_http_client_does_not_import_jax():
+    code = "import sys, replug_jax.lm.http; assert 'jax' not in sys.modules, 'jax imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_http_client_does_not_import_jax():
-    code = "import sys, replug_jax.lm.http, replug_jax.lm.http_probe; assert 'jax' not in sys.modules, 'jax imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(PACKAGE))
+def test_the_root_holds_the_entry_points_and_the_public_api_alone():
+    names = {f[:-3] for f in os.listdir(PACKAGE) if f.endswith(".py")}
+    assert names == ROOT_MODULES, f"modules at the package root: {sorted(names)}; give each a layer's folder"
 
 
-def test_modules_stay_small():
-    long = {m: n for m, p in modules().items() if (n := sum(1 for _ in open(p, encoding="utf-8"))) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines: {long}"
+def test_every_layer_says_what_it_holds_and_what_it_may_import():
+    """Each package folder's __init__ docstring names its layer's imports (docs/architecture.md draws them)."""
+    import ast as ast_
+
+    for root, dirs, files in os.walk(PACKAGE):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        if root == PACKAGE or os.path.basename(root) == "http":
+            continue
+        doc = ast_.get_docstring(ast_.parse(open(os.path.join(root, "__init__.py"), encoding="utf-8").read()))
+        assert doc and ("Layer:" in doc), f"{os.path.relpath(root, ROOT)}/__init__.py: no 'Layer:' line in {doc!r}"
+    layers = open(os.path.join(ROOT, ".importlinter"), encoding="utf-8").read()
+    for name in sorted(os.listdir(PACKAGE)):
+        if os.path.isdir(os.path.join(PACKAGE, name)) and name != "__pycache__":
+            assert re.search(rf"^\s+(.*\| )?{name}( \|.*)?$", layers, flags=re.M), f"{name} is in no layer"
+
+
+def test_no_module_is_long_enough_to_hold_two_concepts():
+    long = {m: n for m, p in modules().items() if (n := sum(1 for _ in open(p, encoding="utf-8"))) > ALARM_LINES}
+    assert not long, f"modules over {ALARM_LINES} lines (split by concept, not by count): {long}"
 
 
 def private_uses(path: str, known: set[str]) -> list[str]:
@@ -111,26 +117,22 @@ def test_no_module_uses_another_modules_private_names(tmp_path):
 
 
 def job_modules() -> set[str]:
-    """The jobs: modules of replug_jax.jobs that define a `run_...` function."""
+    """The jobs: modules of replug_jax.jobs that define a `run_...` function (but the dispatcher, `run_job`)."""
     found = set()
     for m, p in modules().items():
-        if m.startswith("replug_jax.jobs."):
+        if m.startswith("replug_jax.jobs.") and m != "replug_jax.jobs.dispatch":
             tree = ast.parse(open(p, encoding="utf-8").read())
             if any(isinstance(n, ast.FunctionDef) and n.name.startswith("run_") for n in tree.body):
                 found.add(m)
     return found
 
 
-def test_no_job_imports_another_job():
-    """What jobs share lives in modules that are not jobs (replug_jax.workspace, jobs/window_report.py)."""
-    jobs = job_modules()
-    assert {"replug_jax.jobs.lm_eval", "replug_jax.jobs.lsr", "replug_jax.jobs.downstream"} <= jobs
-    g = graph()
-    for job in jobs:
-        assert not (g[job] & jobs) - {job}, f"{job} imports the jobs {sorted((g[job] & jobs) - {job})}"
-    for module, deps in g.items():  # nor does the rest of the package, but for the dispatcher
-        if module not in jobs and module != "replug_jax.dispatch":
-            assert not deps & jobs, f"{module} imports the jobs {sorted(deps & jobs)}"
+def test_every_job_is_in_the_contracts_independent_layer():
+    """A new job joins the jobs contract's `lm_eval | lsr | downstream` line, so it may import no other job."""
+    layers = open(os.path.join(ROOT, ".importlinter"), encoding="utf-8").read()
+    line = next(ln for ln in layers.splitlines() if "lm_eval |" in ln)
+    independent = {"replug_jax.jobs." + n.strip() for n in line.split("|")}
+    assert job_modules() == independent
 
 
 def test_every_test_the_readmes_name_exists():
@@ -150,9 +152,9 @@ def test_every_test_the_readmes_name_exists():
             assert path in files and (not test or test in functions), f"{readme} names tests/{path}.py::{test}"
 
 
-def test_the_readme_layout_names_every_module():
-    root = os.path.dirname(PACKAGE)
-    layout = open(os.path.join(root, "docs", "layout.md"), encoding="utf-8").read()
-    missing = [p for p in modules().values() if os.path.basename(p) not in layout]
-    assert not missing, f"docs/layout.md does not name {sorted(os.path.relpath(p, root) for p in missing)}"
-    assert "(docs/layout.md)" in open(os.path.join(root, "README.md"), encoding="utf-8").read()
+def test_the_architecture_page_names_every_module():
+    page = open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8").read()
+    missing = [p for p in modules().values()
+               if os.path.basename(p) != "__init__.py" and os.path.relpath(p, PACKAGE) not in page]
+    assert not missing, f"docs/architecture.md does not name {sorted(os.path.relpath(p, ROOT) for p in missing)}"
+    assert "(docs/architecture.md)" in open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import replug_jax as rj
-from replug_jax import workspace
+from replug_jax.jobs import prepare
 from replug_jax.data import wiki
 from replug_jax.models.tokenizer import TextTokenizer
 from replug_jax.retrieval.datastore import Document
@@ -52,10 +52,10 @@ def test_datastore_is_recut_for_another_tokenizer_of_the_same_size(tmp_path):
     assert words.vocab_size == chars.vocab_size == 40
     corpus = tmp_path / "corpus.jsonl"
     wiki.write_jsonl([Document("d0", "", "alpha beta gamma delta " * 6)], str(corpus))
-    by_words = workspace.build_datastore(str(corpus), words, 8, str(tmp_path))
-    by_chars = workspace.build_datastore(str(corpus), chars, 8, str(tmp_path))
+    by_words = prepare.build_datastore(str(corpus), words, 8, str(tmp_path))
+    by_chars = prepare.build_datastore(str(corpus), chars, 8, str(tmp_path))
     assert len(by_chars) > len(by_words)  # cut again by characters, not the word-cut file reused
-    assert len(workspace.build_datastore(str(corpus), chars, 8, str(tmp_path))) == len(by_chars)
+    assert len(prepare.build_datastore(str(corpus), chars, 8, str(tmp_path))) == len(by_chars)
 
 
 def test_an_unchanged_corpus_file_is_not_rewritten(tmp_path):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from replug_jax import input_checks
-from replug_jax.config_files import sibling_config
-from replug_jax.unused_settings import unused_settings
+from replug_jax.jobs import input_checks
+from replug_jax.jobs.config_files import sibling_config
+from replug_jax.jobs.input_checks import unused_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join("experiments", "configs", "demo.py")
@@ -103,7 +103,8 @@ def main_in_process(monkeypatch):
     from absl import logging as absl_logging
     from absl.testing import flagsaver
 
-    from replug_jax import console, main as entry
+    from replug_jax.base import console
+    from replug_jax import main as entry
 
     monkeypatch.delenv("REPLUG_JAX_DEBUG", raising=False)
     root = logging.getLogger()
@@ -129,12 +130,12 @@ def main_in_process(monkeypatch):
 def test_a_fault_inside_a_job_says_where_its_traceback_is_and_exits_1(main_in_process, monkeypatch, tmp_path, capsys):
     """A ValueError that is no user's mistake (deep in a job) is not passed off as one: its type and message, the
     log file holding its traceback, exit 1."""
-    from replug_jax import workspace
+    from replug_jax.jobs import prepare
 
     def shape_check(*args, **kwargs):
         raise ValueError("shape mismatch")
 
-    monkeypatch.setattr(workspace, "demo_split", shape_check)  # under run_lm_eval -> prepare -> data_paths
+    monkeypatch.setattr(prepare, "demo_split", shape_check)  # under run_lm_eval -> prepare -> data_paths
     code, err, log = main_in_process(tmp_path / "w", capsys=capsys)
     assert code == 1 and "Traceback" not in err
     assert "error: ValueError: shape mismatch" in err and f"the traceback is in {tmp_path / 'w' / 'log.txt'}" in err

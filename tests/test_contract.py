@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tokenizers
 
-from replug_jax.lm.http import HTTPLM, BlackBoxServerError
+from replug_jax.lm.http.client import HTTPLM, BlackBoxServerError
 from replug_jax.models.tokenizer import TextTokenizer
 from replug_jax.serve import BackgroundServer
 from tests import hf_tiny

@@ -3,7 +3,7 @@ import jax
 import numpy as np
 import pytest
 
-from replug_jax import sharding
+from replug_jax.parallel import sharding
 from replug_jax.retrieval.device_index import DeviceIndex
 from replug_jax.retrieval.index import DenseIndex
 

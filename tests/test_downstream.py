@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 from replug_jax.data.downstream import MMLU_CATEGORIES, MMLU_SUBJECTS, MCExample, QAExample
 from replug_jax.evaluate import demo_passages, mmlu, qa
 from replug_jax.evaluate.qa_metrics import normalize_answer
 from replug_jax.jobs import downstream as job
-from replug_jax import workspace
+from replug_jax.jobs import prepare
 from replug_jax.lm.blackbox import Generation
 from replug_jax.models import precision
 
@@ -623,9 +623,9 @@ def test_answer_bearing_demo_passages(files, smollm2, tmp_path):
     """demo_passages "answer": each demo gets its best-ranked passage that holds its gold answer (here not its
     top-1), falling back to the top-1 when none does; "top1" keeps the top-1."""
     config = qa_config(files)
-    store = workspace.build_datastore(files["corpus"], smollm2.tokenizer, config.doc_tokens, str(tmp_path))
+    store = prepare.build_datastore(files["corpus"], smollm2.tokenizer, config.doc_tokens, str(tmp_path))
     encoder = rj.load_encoder("minilm")
-    index = workspace.build_dense_index(encoder, store, str(tmp_path), metric="cosine", factory="Flat",
+    index = prepare.build_dense_index(encoder, store, str(tmp_path), metric="cosine", factory="Flat",
                                         embedding_dtype="float32")
     retriever = job.retrievers_for(config, encoder, store, index, str(tmp_path))["replug"]
     demos = [QAExample("d0", "Who is the mayor of Velmora?", ("Lisbon",)),  # only Fenn's passage says Lisbon
@@ -667,7 +667,7 @@ def test_sciq_corpus_is_support_paragraphs_plus_wikipedia(smollm2, tmp_path):
 
     config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")
     assert (config.questions, config.corpus, config.job) == ("sciq", "sciq", "qa")
-    store = workspace.build_corpus(config.corpus, smollm2.tokenizer, config.doc_tokens, str(tmp_path))
+    store = prepare.build_corpus(config.corpus, smollm2.tokenizer, config.doc_tokens, str(tmp_path))
     sources = set(store.sources)
     support = data.sciq_support_documents()
     assert {d.id for d in support} <= sources and {d.id for d in wiki.load_wiki_articles()} <= sources
@@ -715,7 +715,7 @@ def test_unknown_methods_are_refused(files, smollm2, tmp_path):
 
 def test_reports_label_what_ran():
     """Multiple choice outside MMLU's subjects is not printed as MMLU; QA tables say τ."""
-    from replug_jax.evaluate import downstream_report
+    from replug_jax.jobs import downstream_report
 
     acc = {"none": {"micro": 40.0, "macro": 40.0, "per_subject": {"sciq": 40.0}, "per_category": {}}}
     table = downstream_report.mmlu_table({"accuracy": acc, "questions_source": "sciq", "count": 10, "shots": 4,

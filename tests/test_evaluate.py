@@ -9,10 +9,10 @@ from ml_collections import config_dict
 import replug_jax as rj
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.jobs import lm_eval as run
-from replug_jax.workspace import read_documents
-from replug_jax.evaluate import report
+from replug_jax.jobs.prepare import read_documents
+from replug_jax.jobs import report
 from replug_jax.evaluate.windows import Window, document_windows, retrieval_shortfall
-from replug_jax.passages import format_docs
+from replug_jax.method.passages import format_docs
 from replug_jax.retrieval import build
 from replug_jax.retrieval.bm25 import BM25Index
 from replug_jax.retrieval.datastore import Document, chunk_documents
@@ -299,14 +299,14 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.parametrize("name", sorted(f for f in os.listdir(CONFIGS) if f.endswith(".py")))
 def test_every_config_loads_with_the_documented_keys(name):
-    from replug_jax.config_files import sibling_config
+    from replug_jax.jobs.config_files import sibling_config
 
     c = sibling_config(os.path.join(CONFIGS, name), name)
     if c.job in ("qa", "mmlu"):  # the downstream jobs' documented keys (issue 8)
         for key in ("questions", "demos", "corpus", "encoder", "lm", "k", "shots", "max_new_tokens", "max_questions",
                     "ensemble", "methods", "retriever_workdir", "temperature"):
             assert key in c, f"{name} lacks {key}"
-        from replug_jax.input_checks import job_methods
+        from replug_jax.jobs.input_checks import job_methods
 
         assert c.ensemble in ("replug", "vote") and job_methods(c) == tuple(c.methods)
         return
@@ -335,7 +335,7 @@ def test_every_config_key_the_readmes_name_exists():
     listed in the README's configs table is a key of the config that row names."""
     import re
 
-    from replug_jax.config_files import sibling_config
+    from replug_jax.jobs.config_files import sibling_config
 
     root = os.path.dirname(CONFIGS.rstrip("/").rsplit("/", 1)[0])
     configs = {n: sibling_config(os.path.join(CONFIGS, n), n) for n in os.listdir(CONFIGS) if n.endswith(".py")}

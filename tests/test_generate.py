@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax import mixture, sharding
+from replug_jax.method import mixture
+from replug_jax.parallel import sharding
 from replug_jax.lm.local import LocalLM
 from replug_jax.models import causal_lm
 from tests import hf_tiny
@@ -102,8 +103,8 @@ def test_generate_rejects_bad_input(tiny_lm):
 def test_prefill_posterior_weights_are_posterior_kept_passes(tiny_lm):
     """The weights fixed at the prefill (in the jit) equal `posterior.kept_passes` of the given log λ and the prefill's
     own log p(x | d) (posterior.py's re-ranking rule, ties included: two equal passes), -inf where dropped."""
-    from replug_jax import posterior
-    from replug_jax.lm.blackbox import PrefillPosterior
+    from replug_jax.method import posterior
+    from replug_jax.method.posterior import PrefillPosterior
 
     contexts = [[f"{p} Q: what is it?" for p in ("first passage.", "second one", "second one")],
                 [f"{p} Q: why" for p in ("only", "two passes")]]

@@ -1,11 +1,11 @@
 """Ensembled generation over HTTP (our server, SmolLM2) against the local backend: the sequence-level path
 equals local greedy decoding; the per-token mixture over each pass's top-20 tokens picks the same tokens,
-and its log-probs are lower bounds of the local mixture's (the missing mass, stated in lm/http_generate.py)."""
+and its log-probs are lower bounds of the local mixture's (the missing mass, stated in lm/http/generation.py)."""
 import numpy as np
 import pytest
 
-from replug_jax.lm.http import HTTPLM
-from replug_jax.lm.http_transport import BlackBoxServerError
+from replug_jax.lm.http.client import HTTPLM
+from replug_jax.lm.http.transport import BlackBoxServerError
 from replug_jax.serve import BackgroundServer
 
 DOCS = ["Paris is the capital and largest city of France.", "The Eiffel Tower stands in Paris.",

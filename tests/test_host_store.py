@@ -1,4 +1,4 @@
-"""The host store (replug_jax/host_store.py) on 127.0.0.1, without JAX: gathers of megabytes between two real
+"""The host store (replug_jax/parallel/host_store.py) on 127.0.0.1, without JAX: gathers of megabytes between two real
 processes, and a store that refuses, times out and caps connections from peers without the job's secret,
 printing nothing (the secret least of all)."""
 import json
@@ -12,8 +12,8 @@ import traceback
 
 import pytest
 
-from replug_jax import distributed
-from replug_jax.host_store import HostStore, HostStoreClient, new_secret
+from replug_jax.parallel import distributed
+from replug_jax.parallel.host_store import HostStore, HostStoreClient, new_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SET = b'{"op": "set", "key": "k/0", "value": "v", "secret": "s3cret"}\n'
@@ -113,7 +113,7 @@ def test_connections_without_a_request_time_out_and_are_capped():
 
 def test_an_idle_client_reconnects(monkeypatch):
     """The store closes an authenticated connection idle for IDLE_TIMEOUT_S; the client's next call reconnects."""
-    from replug_jax import host_store
+    from replug_jax.parallel import host_store
 
     monkeypatch.setattr(host_store, "IDLE_TIMEOUT_S", 0.3)
     store = HostStore("127.0.0.1", secret="s3cret")

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax.lm import http_echo, http_transport
-from replug_jax.lm.http import BlackBoxServerError, HTTPLM
+from replug_jax.lm.http import echo, transport
+from replug_jax.lm.http.client import BlackBoxServerError, HTTPLM
 from replug_jax.serve import BackgroundServer
 from tests import hf_tiny
 
@@ -84,7 +84,7 @@ def test_posterior_generation_over_http_weighs_as_the_local_prefill(tiny, tiny_s
     """posterior.generate through a server: x scored in each pass's own prompt tokens (demos, passage, x) by one
     echoed prompt per pass, then generation with the kept passes; the weights and log p(x | demos ∘ d) are the
     local LM's, read in its generation prefill."""
-    from replug_jax import posterior
+    from replug_jax.method import posterior
 
     lm = tiny[1]
     x = "Question: who is the mayor?\nAnswer:"
@@ -283,7 +283,7 @@ def test_prompts_go_in_batches_where_the_server_answers_lists_exactly(tiny, tiny
     """The probe sends two pairs alone and as one list: our server answers the list with the same numbers, so
     scoring sends BATCH_PROMPTS prompts a request; a server answering a list with HTTP 500 (as llama-cpp-python's
     does) gets one prompt a request, found in one try (no retries, no failures). Same scores either way."""
-    from replug_jax.lm.http import BATCH_PROMPTS
+    from replug_jax.lm.http.client import BATCH_PROMPTS
 
     pairs = PAIRS * 7  # more than one batch
     want = local_scores(tiny[1], pairs)
@@ -306,11 +306,11 @@ def test_prompts_go_in_batches_where_the_server_answers_lists_exactly(tiny, tiny
         HTTPLM(tiny_server.url, tokenizer=tiny[1].tokenizer, prompts_per_request=0)
     from ml_collections import config_dict
 
-    from replug_jax import workspace
+    from replug_jax.jobs import prepare
 
     config = config_dict.ConfigDict({"lm": tiny_server.url, "lm_batch_size": 4, "lm_max_length": 0,
                                      "lm_prompts_per_request": 3})
-    assert workspace.load_job_lm(config, None).prompts_per_request == 3  # the config key reaches the client
+    assert prepare.load_job_lm(config, None).prompts_per_request == 3  # the config key reaches the client
 
 
 def test_retries_then_success(proxy, tiny):
@@ -447,9 +447,9 @@ def test_server_refusing_token_prompts_gets_text_and_says_so(proxy, tiny):
 def test_vllm_prompt_logprobs_with_a_start_token():
     choice = {"prompt_logprobs": [None, {"9": {"logprob": -1.5, "decoded_token": "Hello"}},
                                   {"7": {"logprob": -0.25, "decoded_token": " world"}}]}
-    echo = http_echo.parse_prompt_logprobs(choice, "Hello world")
-    assert echo.starts == [0, 0, 5] and echo.ends == [0, 5, 11] and echo.logprobs == [None, -1.5, -0.25]
-    assert http_transport.retry_after_seconds("2") == 2.0 and http_transport.retry_after_seconds(None) is None
+    parsed = echo.parse_prompt_logprobs(choice, "Hello world")
+    assert parsed.starts == [0, 0, 5] and parsed.ends == [0, 5, 11] and parsed.logprobs == [None, -1.5, -0.25]
+    assert transport.retry_after_seconds("2") == 2.0 and transport.retry_after_seconds(None) is None
 
 
 
@@ -459,7 +459,7 @@ def test_a_vllm_entrys_value_is_its_first_option_whatever_the_ranks():
              "2": {"logprob": -1.0, "rank": 2}}
     last = {"4": {"logprob": -2.0, "rank": None}, "1": {"logprob": -0.1, "rank": 1}}  # no rank: past the top
     choice = {"prompt_logprobs": [None, entry, last]}
-    assert http_echo.id_prompt_values(choice, 3, 0, 0, True) == [None, -3.0, -2.0]
+    assert echo.id_prompt_values(choice, 3, 0, 0, True) == [None, -3.0, -2.0]
 
 # ---- a real third-party server: llama-cpp-python ----------------------------------------------------------------
 

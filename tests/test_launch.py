@@ -10,7 +10,7 @@ import time
 import pytest
 
 from replug_jax import launch
-from replug_jax.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from replug_jax.parallel.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(ROOT, "tests", "multiprocess_child.py")
@@ -93,7 +93,7 @@ def test_host_store_gathers_waits_frees_and_times_out():
     import threading
     import time
 
-    from replug_jax.host_store import HostStore, HostStoreClient
+    from replug_jax.parallel.host_store import HostStore, HostStoreClient
 
     store = HostStore("127.0.0.1", secret="s3cret", readers=2)
     try:
@@ -128,7 +128,7 @@ def test_host_store_gathers_waits_frees_and_times_out():
 def test_host_store_refuses_bad_requests(request_line, refusal):
     """No secret, a wrong one, a null or huge timeout, bad types or an over-long line: refused, nothing stored,
     and the store goes on serving its own clients."""
-    from replug_jax.host_store import HostStore, HostStoreClient
+    from replug_jax.parallel.host_store import HostStore, HostStoreClient
 
     store = HostStore("127.0.0.1", secret="s3cret")
     try:
@@ -148,7 +148,7 @@ def test_host_store_address_is_one_peers_reach(monkeypatch):
     (Debian, SLURM) is refused with the variable that fixes it; an IPv6 address survives the broadcast record."""
     import socket
 
-    from replug_jax import distributed
+    from replug_jax.parallel import distributed
 
     monkeypatch.delenv(distributed.ENV_STORE_HOST, raising=False)
     fake = {"127.0.1.1": [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", 0))],

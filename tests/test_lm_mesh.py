@@ -9,8 +9,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import replug_jax as rj
-from replug_jax import sharding
-from replug_jax.lm.blackbox import PrefillPosterior
+from replug_jax.parallel import sharding
+from replug_jax.method.posterior import PrefillPosterior
 from replug_jax.lm.local import LocalLM
 from replug_jax.models import causal_lm, kv_cache, partition
 

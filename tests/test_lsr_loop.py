@@ -17,9 +17,9 @@ from ml_collections import config_dict
 
 import replug_jax as rj
 from replug_jax.jobs.lsr import run_lsr
-from replug_jax.workspace import load_trained_encoder
+from replug_jax.jobs.prepare import load_trained_encoder
 from replug_jax.lm.local import LocalLM
-from replug_jax.passages import DOC_TEMPLATE, format_docs
+from replug_jax.method.passages import DOC_TEMPLATE, format_docs
 from replug_jax.retrieval.index import read_meta
 from replug_jax.retrieval.refresh import IndexRefresher
 from tests.index_files import saved_versions

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from replug_jax import mixture
+from replug_jax.method import mixture
 
 
 def ref_weights(scores, mask, tau):
@@ -167,3 +167,24 @@ def test_weights_keep_precision_for_large_scores_and_small_temperature():
     divided_first = (scores / np.float32(tau)).astype(np.float32)  # the old order, in float32
     old = divided_first - np.log(np.exp((divided_first - divided_first.max()).astype(np.float64)).sum()) - divided_first.max()
     assert np.abs(old - want).max() > 1e-2  # the test would catch the old order
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.1])
+def test_the_host_form_is_the_jax_form_in_float64(tau):
+    """`mixture_logprobs` / `mixture_loglik` (numpy, the HTTP client's and the answer NLL's) against the jitted
+    `ensemble_logprobs` and the float64 reference, a pass of weight 0 and a token a pass does not offer included."""
+    lp, scores, mask = case(seed=3)
+    mask[2, 1] = False
+    scores[4, 0] = -np.inf
+    log_w = np.asarray(mixture.ensemble_log_weights(scores, mask, tau), np.float64)  # [B, K]
+    jax_out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, tau))  # [B, T]
+    for b in range(lp.shape[0]):
+        host = mixture.mixture_logprobs(log_w[b], lp[b])  # [T]
+        assert host.dtype == np.float64
+        np.testing.assert_allclose(host, jax_out[b], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(host, ref_mixture(lp, scores, mask, tau)[b], rtol=1e-5, atol=1e-5)
+        assert mixture.mixture_loglik(log_w[b], lp[b]) == pytest.approx(float(host.sum()), abs=1e-9)
+    offered = np.array([[-1.0, -np.inf], [-2.0, -0.5]])  # pass 0 does not offer token 1
+    got = mixture.mixture_logprobs(np.log([0.25, 0.75]), offered)
+    np.testing.assert_allclose(np.exp(got), [0.25 * np.exp(-1.0) + 0.75 * np.exp(-2.0), 0.75 * np.exp(-0.5)])
+    assert mixture.mixture_logprobs([-np.inf, 0.0], offered)[1] == -0.5  # a weight-0 pass adds nothing

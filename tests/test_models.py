@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import replug_jax as rj
-from replug_jax import sharding
+from replug_jax.parallel import sharding
 from replug_jax.models import causal_lm, kv_cache, encoder, weights
 
 from tests import hf_tiny

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
-from replug_jax import distributed
+from replug_jax.parallel import distributed
 from replug_jax.jobs import lm_eval as run
 from replug_jax.retrieval.datastore import Document
 from tests import hf_tiny, lsr_tiny_run
@@ -140,7 +140,7 @@ def test_device_search_over_two_processes_equals_faiss(tiny_job):
 @pytest.mark.slow
 def test_tfds_corpus_read_by_random_access_and_embedded_over_two_processes(tiny_job, tmp_path, monkeypatch):
     """An array_record TFDS dataset written here (no network, no TensorFlow) is the corpus of a 2-process run."""
-    from replug_jax.workspace import read_documents
+    from replug_jax.jobs.prepare import read_documents
     from tests import tfds_tiny
 
     base, values = tiny_job
@@ -260,7 +260,7 @@ def test_lsr_over_two_processes_resumes_after_sigkill(lsr_models, lsr_reference,
 
 def test_lsr_refuses_a_model_axis_spanning_processes(tiny_job, tmp_path):
     """LSR gives each process its own training examples, which a lockstep LM cannot serve: a clear error first."""
-    from replug_jax.config_files import sibling_config
+    from replug_jax.jobs.config_files import sibling_config
 
     base, values = tiny_job
     lsr = sibling_config(os.path.join(ROOT, "experiments", "configs", "lsr.py"), "lsr.py").to_dict()
@@ -320,7 +320,7 @@ def tiny_letter_lm(path):
 def downstream_jobs(tiny_job, tmp_path_factory):
     """(folder, {"qa" | "mmlu": config values}, kind -> the one-process results): both jobs over the tiny models on
     random questions; each reference is run once, when first asked for, in this (8-device) process."""
-    from replug_jax.config_files import sibling_config
+    from replug_jax.jobs.config_files import sibling_config
     from replug_jax.jobs import downstream
 
     base, _ = tiny_job
@@ -404,7 +404,7 @@ def test_datastore_chunked_in_shares_by_two_processes_equals_one(tmp_path):
     the one-process file byte for byte; building it again reuses it, chunking nothing."""
     import replug_jax as rj
     from replug_jax.data.wiki import load_wiki_articles, write_jsonl
-    from replug_jax.workspace import build_datastore
+    from replug_jax.jobs.prepare import build_datastore
     from tests.test_retrieval import EDGE_TEXTS
 
     documents = load_wiki_articles()[:12] + [Document(f"edge{i}", "", t) for i, t in enumerate(EDGE_TEXTS)]

@@ -74,7 +74,7 @@ def test_mmlu_job_scores_option_texts(files, smollm2, tmp_path):  # noqa: F811
 
 
 def test_unknown_scoring_is_refused(files, smollm2, tmp_path):  # noqa: F811
-    from replug_jax.input_checks import InputError, check_job_inputs
+    from replug_jax.jobs.input_checks import InputError, check_job_inputs
 
     with pytest.raises(InputError, match="scoring must be one of"):  # before any model loads
         check_job_inputs(mmlu_config(files, scoring="letter"))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax.passages import DOC_TEMPLATE, passage_text
+from replug_jax.method.passages import DOC_TEMPLATE, passage_text
 
 DOCS = ["Velmora is a small town in the hills. Its mayor is Tobias Grint, elected in 2019.",
         "The river Oster flows through Karsk, a city known for its glass factories.",
@@ -178,7 +178,7 @@ def test_bad_settings_and_a_bare_string_are_refused_before_any_model_loads():
 
 
 def test_documents_may_be_texts_dicts_documents_or_a_path(smollm2, minilm, tmp_path):
-    from replug_jax.pipeline import as_documents
+    from replug_jax.replug import as_documents
     from replug_jax.retrieval.datastore import Document
 
     given = [DOCS[1], {"title": "Velmora", "text": DOCS[0]}, {"id": "k2", "text": DOCS[2]},
@@ -205,7 +205,7 @@ def test_pieces_in_the_wrong_order_are_refused_at_once(rag, minilm):
 def test_posterior_score_mixes_through_the_shared_mixture(rag, monkeypatch):
     """weights="posterior": the kept passes' token log-probs are mixed by `mixture.ensemble_logprobs` with their
     weights, as the LM evaluation mixes (no second hand-written mixture)."""
-    from replug_jax import mixture
+    from replug_jax.method import mixture
 
     post = rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, temperature=0.5, weights="posterior",
                      posterior_alpha=0.5, rerank_depth=4)

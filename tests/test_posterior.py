@@ -1,4 +1,4 @@
-"""REPLUG weighted by the LM's posterior over passages (replug_jax/posterior.py, evaluate/qa_posterior.py, the
+"""REPLUG weighted by the LM's posterior over passages (replug_jax/method/posterior.py, evaluate/qa_posterior.py, the
 contract's `score_with_query`): the weights against a float64 hand computation from the LM's own log-probs, one
 pass per passage (counted), α = 0 is REPLUG through the whole QA job, the cache and re-ranking."""
 import json
@@ -7,12 +7,12 @@ import os
 import numpy as np
 import pytest
 
-from replug_jax import mixture, posterior
+from replug_jax.method import mixture, posterior
 from replug_jax.data.records import MCExample, QAExample
 from replug_jax.evaluate import mmlu, option_text, qa_posterior
 from replug_jax.lm.blackbox import query_token_count
 from replug_jax.lm.cache import CachedLM
-from replug_jax.passages import QA_DOC_TEMPLATE, question_block
+from replug_jax.method.passages import QA_DOC_TEMPLATE, question_block
 
 from tests.test_downstream import RecordingLM, files, qa_config, run_job  # noqa: F401 (files: a fixture)
 

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
-from replug_jax.evaluate import report
-from replug_jax import workspace
+from replug_jax.jobs import report
+from replug_jax.jobs import prepare
 from replug_jax.data import downstream as downstream_data
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa
 from replug_jax.evaluate.answer_nll import answer_nll
-from replug_jax.input_checks import InputError, check_job_inputs
+from replug_jax.jobs.input_checks import InputError, check_job_inputs
 from replug_jax.jobs import downstream, lsr
-from replug_jax.lsr import lm_log_likelihood
-from replug_jax.passages import DOC_TEMPLATE, QA_DOC_TEMPLATE, passage_text, question_block
+from replug_jax.method.lsr_loss import lm_log_likelihood
+from replug_jax.method.passages import DOC_TEMPLATE, QA_DOC_TEMPLATE, passage_text, question_block
 from replug_jax.retrieval.datastore import Datastore, read_jsonl
 from replug_jax.retrieval.retriever import excluded_rows
 from replug_jax.train.batch import supervise, supervise_targets
@@ -271,8 +271,8 @@ def test_qa_lsr_job_then_qa_job(tiny_qa, tmp_path, monkeypatch):
     assert trained["lsr"]["cache_misses"] > 0
     recorded = json.load(open(os.path.join(workdir, lsr.TRAIN_QUESTIONS)))
     assert sorted(recorded["ids"]) == sorted(f"q{i}" for i in range(4, 20))
-    encoder, train_documents = workspace.load_trained_encoder(
-        workspace.load_job_encoder(_config(tiny_qa), np.float32), workdir)
+    encoder, train_documents = prepare.load_trained_encoder(
+        prepare.load_job_encoder(_config(tiny_qa), np.float32), workdir)
     assert train_documents is False
 
     results = downstream.run_downstream(_qa_config(tiny_qa, tiny_qa["eval"], workdir), str(tmp_path / "qa"))
@@ -380,13 +380,13 @@ def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):
     import jax
 
     config = _config(tiny_qa)
-    encoder = workspace.load_job_encoder(config, np.float32)
+    encoder = prepare.load_job_encoder(config, np.float32)
     trained = jax.tree.map(lambda x: x * 1.5, encoder.params)  # any parameters other than the initial ones
     examples = qa_training_examples(downstream_data.load_qa(tiny_qa["train"], "validation"))
     _pools_experiment().save_retriever(str(tmp_path / "saved"), trained, config, examples, {"gamma": 0.1})
     saved = json.load(open(tmp_path / "saved" / "results.json"))  # qa_lsr.py --trained reads γ there
     assert saved["lsr"]["gamma"] == 0.1 and saved["training_questions"] == len(examples) == 16
-    loaded, train_documents = workspace.load_trained_encoder(encoder, str(tmp_path / "saved"))
+    loaded, train_documents = prepare.load_trained_encoder(encoder, str(tmp_path / "saved"))
     assert train_documents is False and loaded.name.endswith("+lsr")
     for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(trained)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -408,7 +408,7 @@ def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):
 def test_a_users_question_file_trains_on_all_its_rows(tmp_path):
     """qa_lsr.py skips SciQ's first 300 rows (sciq.py evaluates them), not a user's: a 400-question file trains on
     400 questions unless --config.train_offset is set."""
-    from replug_jax.config_files import sibling_config
+    from replug_jax.jobs.config_files import sibling_config
     from replug_jax.train.data import SCIQ_TRAIN_OFFSET
 
     configs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "configs")

@@ -11,7 +11,7 @@ import pytest
 import jax
 
 import replug_jax as rj
-from replug_jax import sharding
+from replug_jax.parallel import sharding
 from replug_jax.models import registry, split_gguf
 
 PARTS = [b"GGUF" + bytes(range(256)) * 3, b"second part " * 50, b"the end"]
@@ -175,7 +175,7 @@ def test_an_assembled_reader_needs_its_parts_no_more(tmp_path, monkeypatch):
     registry use the file in the cache alone, so the model is kept once."""
     import shutil
 
-    from replug_jax import input_checks
+    from replug_jax.jobs import input_checks
 
     monkeypatch.setenv("REPLUG_JAX_CACHE", str(tmp_path / "cache_root"))
     spec = fake_parts(tmp_path, monkeypatch)

@@ -71,7 +71,7 @@ def test_chunks_with_a_real_wordpiece_tokenizer(minilm):
 
 
 class EncodeOnly:
-    """What a server's /tokenize gives a client (lm/http_tokenize.py): ids, no character offsets, no decode."""
+    """What a server's /tokenize gives a client (lm/http/tokenization.py): ids, no character offsets, no decode."""
 
     def __init__(self, tokenizer):
         self.encode = tokenizer.encode
@@ -443,7 +443,7 @@ def test_a_text_embeds_the_same_alone_as_among_others(minilm):
     for bit alone, among 40 texts of mixed lengths (batches of 8) and in another order: a query ranks near-tied
     passages the same in a job's batch as in the REPLUG object's single question (XLA's CPU programs round
     differently at another padded length, and did swap such a pair)."""
-    from replug_jax import sharding
+    from replug_jax.parallel import sharding
 
     words = "rivers stars bread violins snow gold mountain desert oven song".split()
     rng = np.random.default_rng(0)

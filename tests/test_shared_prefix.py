@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax import sharding
+from replug_jax.parallel import sharding
 from replug_jax.data.records import MCExample
 from replug_jax.evaluate import mmlu
 from replug_jax.lm.local import LocalLM

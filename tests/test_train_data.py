@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax.lm.blackbox import PrefillPosterior
+from replug_jax.method.posterior import PrefillPosterior
 from replug_jax.lm.cache import CachedLM
 from replug_jax.retrieval.datastore import Document, chunk_documents
 from replug_jax.train.data import check_disjoint, training_examples
@@ -40,8 +40,8 @@ def test_examples_are_query_and_continuation_windows(tiny_lm):
 def test_question_target_windows_need_no_continuation(tiny_lm):
     """continuation_tokens 0 (LSR's question target on text): windows of x alone, y empty, one every
     query_tokens tokens; the answer target, which scores y, is refused that setting before any model loads."""
-    from replug_jax.config_files import sibling_config
-    from replug_jax.input_checks import check_job_inputs
+    from replug_jax.jobs.config_files import sibling_config
+    from replug_jax.jobs.input_checks import check_job_inputs
 
     tok = tiny_lm.tokenizer
     examples = training_examples([Document("a", "", TEXT)], tok, query_tokens=40, continuation_tokens=0, seed=3)

@@ -5,10 +5,10 @@ import numpy as np
 import optax
 import pytest
 
-from replug_jax import lsr
+from replug_jax.method import lsr_loss
 from replug_jax.models import encoder
 from replug_jax.models.weights import load_bert_dir
-from replug_jax.sharding import data_mesh
+from replug_jax.parallel.sharding import data_mesh
 from replug_jax.train import step as ts
 from tests import hf_tiny
 from tests.hf_tiny import compiled_programs
@@ -130,7 +130,7 @@ def test_gradient_reaches_both_sides(bert):
         d = encoder.embed(p_docs, config, batch["doc_ids"].reshape(B * K, LD),
                           batch["doc_mask_tokens"].reshape(B * K, LD), normalize=True).reshape(B, K, -1)
         scores = jnp.sum(d * q[:, None, :], -1)  # [B, K]
-        return lsr.lsr_loss(scores, batch["lm_scores"], batch["doc_valid"], GAMMA, BETA)[0]
+        return lsr_loss.lsr_loss(scores, batch["lm_scores"], batch["doc_valid"], GAMMA, BETA)[0]
 
     g_query, g_docs = jax.jit(jax.grad(two_sided, argnums=(0, 1)))(params, params)
     loss_fn = ts.make_loss_fn(config, gamma=GAMMA, beta=BETA)

@@ -7,7 +7,7 @@ import os
 import pytest
 from ml_collections import config_dict
 
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 from replug_jax.data.evaluation_sets import fewer_shots
 from replug_jax.data.records import MCExample, QAExample
 from replug_jax.evaluate.qa import empty_answers_warning

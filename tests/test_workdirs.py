@@ -12,7 +12,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from ml_collections import config_dict
 
-from replug_jax import dispatch, workdirs
+from replug_jax.jobs import dispatch, bucket_workdirs
 from replug_jax.retrieval.datastore import atomic_open
 from replug_jax.retrieval.index import atomic_directory
 
@@ -58,7 +58,7 @@ def test_staging_pulls_pushes_changes_only(bucket, tmp_path):
     remote = epath.Path("gs://bucket/run")
     (remote / "sub").mkdir(parents=True, exist_ok=True)
     (remote / "sub" / "old.txt").write_text("from an earlier VM")
-    staging = workdirs.Staging("gs://bucket/run", local=str(tmp_path / "stage"))
+    staging = bucket_workdirs.Staging("gs://bucket/run", local=str(tmp_path / "stage"))
     staging.check()
     assert staging.pull() == 1 and open(tmp_path / "stage" / "sub" / "old.txt").read() == "from an earlier VM"
     (tmp_path / "stage" / "new.json").write_text("{}")
@@ -85,14 +85,14 @@ def test_an_lm_eval_job_in_a_bucket_workdir_leaves_its_files_there_and_resumes(b
         lm_batch_size=8, lm_max_length=0, encoder_batch_size=8, seed=0, dtype="float32"))
     first = None
     for vm in ("first", "second"):  # the second VM starts with an empty staging directory
-        monkeypatch.setenv(workdirs.ENV_STAGING, str(tmp_path / vm))
-        staging = workdirs.staged("gs://bucket/runs/demo")
+        monkeypatch.setenv(bucket_workdirs.ENV_STAGING, str(tmp_path / vm))
+        staging = bucket_workdirs.staged("gs://bucket/runs/demo")
         if vm == "second":  # pulled before any work: the first VM's index, embeddings and results
             assert {"index_dense", "datastore.jsonl", "results.json"} <= set(os.listdir(staging.local))
         try:
             results = dispatch.run_job(config, staging.local)
         finally:
-            workdirs.finish(staging)
+            bucket_workdirs.finish(staging)
         remote = epath.Path("gs://bucket/runs/demo")
         saved = json.loads((remote / "results.json").read_text())
         assert saved["perplexity"] == pytest.approx(results["perplexity"])
@@ -106,7 +106,7 @@ def test_an_unreachable_bucket_is_refused_at_start_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "replug_jax.main", "--config", "experiments/configs/demo.py",
                            "--workdir", "gs://no-such-bucket/run"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu", workdirs.ENV_STAGING: str(tmp_path / "s")})
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", bucket_workdirs.ENV_STAGING: str(tmp_path / "s")})
     assert done.returncode == 2 and "error: --workdir gs://no-such-bucket/run: cannot write there" in done.stderr
     assert "Traceback" not in done.stderr and not os.path.exists(os.path.join(ROOT, "gs:"))
 
@@ -115,15 +115,15 @@ def test_sync_pushes_the_active_staging_mid_job(bucket, tmp_path, monkeypatch):
     """What the LSR loop calls after each checkpoint: the bucket has the checkpoint before the job ends."""
     from etils import epath
 
-    monkeypatch.setenv(workdirs.ENV_STAGING, str(tmp_path))
-    staging = workdirs.staged("gs://bucket/lsr")
+    monkeypatch.setenv(bucket_workdirs.ENV_STAGING, str(tmp_path))
+    staging = bucket_workdirs.staged("gs://bucket/lsr")
     os.makedirs(os.path.join(staging.local, "lsr", "checkpoints", "20"))
     with open(os.path.join(staging.local, "lsr", "checkpoints", "20", "state"), "w") as f:
         f.write("step 20")
-    workdirs.sync()
+    bucket_workdirs.sync()
     assert epath.Path("gs://bucket/lsr/lsr/checkpoints/20/state").read_text() == "step 20"
-    workdirs.finish(staging)
-    workdirs.sync()  # no active staging: nothing to do
+    bucket_workdirs.finish(staging)
+    bucket_workdirs.sync()  # no active staging: nothing to do
 
 
 def test_pull_mirrors_the_bucket_by_checksum(bucket, tmp_path):
@@ -141,7 +141,7 @@ def test_pull_mirrors_the_bucket_by_checksum(bucket, tmp_path):
     (stage / "checkpoints" / "40").mkdir(parents=True)
     (stage / "checkpoints" / "40" / "state").write_text("a stale checkpoint of an earlier run")
     (stage / "cache.sqlite-journal").write_text("stale")
-    staging = workdirs.Staging("gs://bucket/run", local=str(stage))
+    staging = bucket_workdirs.Staging("gs://bucket/run", local=str(stage))
     assert staging.pull() == 1
     assert (stage / "index" / "meta.json").read_text() == '{"v": 2}'
     assert sorted(os.listdir(stage)) == ["index"]  # no checkpoint, journal or WAL
@@ -160,7 +160,7 @@ def test_push_mirrors_the_local_copy_and_skips_unfinished_files(bucket, tmp_path
     (remote / "checkpoints" / "20").mkdir(parents=True, exist_ok=True)
     (remote / "checkpoints" / "20" / "state").write_text("an old checkpoint")
     stage = tmp_path / "stage"
-    staging = workdirs.Staging("gs://bucket/run", local=str(stage))
+    staging = bucket_workdirs.Staging("gs://bucket/run", local=str(stage))
     staging.pull()
     os.remove(stage / "checkpoints" / "20" / "state")  # pruned locally: the bucket must lose it too
     (stage / "results.json").write_text("{}")
@@ -202,7 +202,7 @@ def test_an_upload_that_fails_deletes_nothing(bucket, tmp_path, monkeypatch):
         (epath.Path("gs://bucket/run/checkpoints") / str(step)).mkdir(parents=True, exist_ok=True)
         (epath.Path("gs://bucket/run/checkpoints") / str(step) / "state").write_text(f"step {step}")
     stage = tmp_path / "stage"
-    staging = workdirs.Staging("gs://bucket/run", local=str(stage))
+    staging = bucket_workdirs.Staging("gs://bucket/run", local=str(stage))
     staging.pull()
     shutil.rmtree(stage / "checkpoints" / "20")
     (stage / "checkpoints" / "60").mkdir()
@@ -225,7 +225,7 @@ def test_user_files_named_like_temporaries_are_mirrored(bucket, tmp_path):
     remote.mkdir(parents=True, exist_ok=True)
     (remote / "notes.part").write_text("the user's")
     stage = tmp_path / "stage"
-    staging = workdirs.Staging("gs://bucket/run", local=str(stage))
+    staging = bucket_workdirs.Staging("gs://bucket/run", local=str(stage))
     assert staging.pull() == 1 and (stage / "notes.part").read_text() == "the user's"
     (stage / "draft.tmp").write_text("mine")
     (stage / ".hidden.tmp").write_text("mine too")
@@ -241,10 +241,10 @@ def test_a_bucket_retriever_workdir_is_checked_and_staged(bucket, tmp_path, monk
     (and refuses one that does not), and the job reads the retriever files from a local copy (not the rest)."""
     from etils import epath
 
-    from replug_jax import input_checks, workspace
-    from replug_jax.config_files import sibling_config
+    from replug_jax.jobs import input_checks, prepare
+    from replug_jax.jobs.config_files import sibling_config
 
-    monkeypatch.setenv(workdirs.ENV_STAGING, str(tmp_path / "staging"))
+    monkeypatch.setenv(bucket_workdirs.ENV_STAGING, str(tmp_path / "staging"))
     remote = epath.Path("gs://bucket/lsr")
     (remote / "checkpoints" / "2").mkdir(parents=True, exist_ok=True)
     (remote / "checkpoints" / "2" / "state").write_text("not needed to evaluate")
@@ -253,7 +253,7 @@ def test_a_bucket_retriever_workdir_is_checked_and_staged(bucket, tmp_path, monk
     qa = sibling_config(os.path.join(ROOT, "experiments", "configs", "sciq.py"), "sciq.py")
     qa.lm, qa.methods, qa.retriever_workdir = "smollm2", ("replug", "replug_lsr"), "gs://bucket/lsr"
     input_checks.check_job_inputs(qa)
-    folder = workspace.retriever_folder("gs://bucket/lsr")
+    folder = prepare.retriever_folder("gs://bucket/lsr")
     assert sorted(os.listdir(folder)) == ["retriever.safetensors", "train_questions.json"]
     assert open(os.path.join(folder, "retriever.safetensors"), "rb").read() == b"trained parameters"
     qa.retriever_workdir = "gs://bucket/empty"

@@ -1,4 +1,4 @@
-"""Per-program XLA options on CPU (replug_jax.xla_cpu): the encoder compiles without YNNPACK fusions below jaxlib
+"""Per-program XLA options on CPU (replug_jax.parallel.xla_cpu): the encoder compiles without YNNPACK fusions below jaxlib
 0.12 (with XLA's defaults from 0.12 on), its embeddings are the same either way, and an option this jaxlib does not
 know is dropped, not fatal."""
 import platform
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax import sharding, xla_cpu
+from replug_jax.parallel import sharding, xla_cpu
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 

@@ -7,7 +7,7 @@ retrieval datastore and held-out evaluation articles (and training articles for 
 no held-out passage is in the datastore: REPLUG must not retrieve the text it is scored on.
 Scores 6 of the 10 held-out articles, 5 windows each: about 5 minutes on 2 CPU cores, the install included.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

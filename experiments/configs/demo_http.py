@@ -13,7 +13,7 @@ them, docs/http.md). Any OpenAI-compatible server that returns prompt
 log-probabilities works: `--config.lm=http://HOST:PORT/v1` (the key, if any, from
 $OPENAI_API_KEY); the client probes it first and refuses one whose log-probs are missing or misaligned.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

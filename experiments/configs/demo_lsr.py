@@ -9,7 +9,7 @@ is scored (the same article's other sections) but never the scored text itself. 
 (128 tokens, continuation 32) come from the training articles' second halves. About 25 minutes
 on 2 CPU cores, most of it asking the LM; settings and the diagnosis grid: experiments/README.md.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

@@ -5,7 +5,7 @@
 SmolLM2-135M is close to chance on MMLU, so this demo shows the pipeline (prompts, option mixture, per
 category accuracy, macro and micro), not the paper's gains.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

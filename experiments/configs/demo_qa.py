@@ -9,7 +9,7 @@ Wikipedia article's title occurs in the question and a gold answer occurs in tha
 `shots` covered questions, each with its own top-1 passage, removed from the scored set (results say how
 many). Sized for about 10 minutes on 2 CPU cores (3 of them embedding the corpus; a rerun reuses it).
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

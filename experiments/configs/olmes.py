@@ -12,7 +12,7 @@ Datastore: SciQ's 887 support paragraphs plus gensim's Wikipedia articles (sciq.
 no official corpus here: this one is science text, not theirs. SciQ's requests are its validation questions,
 whose own support paragraphs are in this datastore.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

@@ -9,7 +9,7 @@ The Pile's own JSONL shards ({"text", "meta"} per line, after `zstd -d`) are rea
 The paper samples 367M 128-token passages of Pile training data as the datastore and
 retrieves with the previous 128 tokens, ensembling the top 10. Report `bits_per_byte`.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

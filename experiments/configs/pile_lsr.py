@@ -11,7 +11,7 @@ retrieval, γ = β = 0.1, Adam lr 2e-5 with 10% warmup, batch 64, index refresh 
 25k steps. The paper's supervising LM was GPT-3 Curie behind an API: serve a large LM with
 `python -m replug_jax.serve` (or any server with prompt log-probabilities) and point `lm` at it.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

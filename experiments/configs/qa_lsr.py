@@ -16,7 +16,7 @@ settings are the ones its table in experiments/README.md used.
 """
 from ml_collections import config_dict
 
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 LSR_KEYS = ("learning_rate", "warmup_fraction", "clip_norm", "direction", "swap_after", "query_max_tokens",
             "doc_max_tokens", "keep_checkpoints", "lsr_temperature", "max_train_examples")

@@ -11,7 +11,7 @@ exact match and answer recall@k for none / REPLUG (per-token mixture) / replug_p
 the LM's posterior over the top 16, the k = 4 best kept: this config's default beyond the paper) / concat / vote
 (the official code's weighted vote over the same passes). `make readers` installs the Qwen2 reader LMs.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

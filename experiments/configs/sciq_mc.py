@@ -6,7 +6,7 @@ fixed seed, the option-probability mixture of §3.2; datastore as in sciq.py.
 
 none (closed book) / REPLUG / concat accuracy; the first `shots` questions are the demos and are not scored.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

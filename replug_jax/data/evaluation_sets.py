@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import collections
 
-from replug_jax.data import downstream as data
-from replug_jax.data import olmes, wiki
+from replug_jax.data import downstream as data, olmes, wiki
 
 DEMO = "demo"  # the offline QA demo: NQ-open and TriviaQA questions that gensim's Wikipedia articles answer
 

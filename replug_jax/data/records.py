@@ -12,7 +12,7 @@ from typing import Sequence
 
 import pyarrow.ipc
 
-from replug_jax.errors import InputError, MissingInput
+from replug_jax.base.errors import InputError, MissingInput
 
 ARROW = "data-00000-of-00001.arrow"
 

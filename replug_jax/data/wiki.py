@@ -27,7 +27,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from typing import Iterable, Sequence
 
-from replug_jax.errors import InputError, MissingInput
+from replug_jax.base.errors import InputError, MissingInput
 from replug_jax.retrieval.datastore import Document
 
 WIKI_DUMP = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"

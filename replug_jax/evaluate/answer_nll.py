@@ -15,7 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax.lm.blackbox import progress_keyword
+from replug_jax.base.progress import progress_keyword
+from replug_jax.method.mixture import mixture_loglik
 
 
 def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
@@ -43,15 +44,6 @@ def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Seq
             at += k
         out.append(row)
     return out
-
-
-def mixture_loglik(log_weights, per_pass) -> float:
-    """Σ_t logsumexp_i(log λ_i + log p_i(y_t | ...)): one continuation under the per-token mixture of its passes.
-
-    log_weights: [K] log λ; per_pass: K arrays [T] (one continuation's token log-probs in each pass)."""
-    log_w = np.asarray(log_weights, np.float64)  # [K]
-    stacked = np.stack([np.asarray(s, np.float64) for s in per_pass])  # [K, T]
-    return float(np.sum(np.logaddexp.reduce(log_w[:, None] + stacked, axis=0)))
 
 
 def query_and_continuation_scores(lm, doc_contexts: Sequence[Sequence[str]], queries: Sequence[str],

@@ -15,18 +15,27 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from replug_jax.passages import knowledge_line, question_block
+from replug_jax.method.passages import knowledge_line, question_block
+from replug_jax.models.tokenizer import token_starts
 
 
 def passages_kept(lm, context: str, passages: Sequence[str], room: int | None) -> int:
-    """How many of `passages` (best first) the last `room` tokens of `context` hold, at least in part (to a token
-    at the edge); `context` holds their Knowledge line (its last occurrence). All where nothing is cut or room is
-    None."""
+    """How many of `passages` (best first) the last `room` tokens of `context` hold, at least in part; `context`
+    holds their Knowledge line (its last occurrence). All where nothing is cut or room is None. A tokenizer with
+    character offsets gives the whole context's token starts: exact. Otherwise (a server's /tokenize with ids alone,
+    a user's black box) each passage's suffix is counted apart, exact where no token merges across a passage's end
+    (byte-level BPE pre-tokenizers split there) and within a passage of it elsewhere."""
     if room is None or lm.count_tokens(context) <= room:
         return len(passages)
-    start, kept = context.rindex(knowledge_line(passages)), 0
-    # passage i ends where the better ones begin; some of it is kept while what follows it takes fewer than `room`
-    while kept < len(passages) and lm.count_tokens(context[start + len(knowledge_line(passages[kept:])):]) < room:
+    start = context.rindex(knowledge_line(passages))
+    ends = [start + len(knowledge_line(passages[i:])) for i in range(len(passages))]  # where passage i ends [n]
+    tokenizer = getattr(lm, "tokenizer", None)
+    if hasattr(tokenizer, "encode_with_offsets"):
+        starts = token_starts(tokenizer, context)  # [tokens + 1]
+        first_kept = starts[len(starts) - 1 - room]  # the first character the last `room` tokens hold
+        return next((i for i, end in enumerate(ends) if end <= first_kept), len(passages))
+    kept = 0  # passage i is kept in part while what follows it takes fewer than `room` tokens
+    while kept < len(passages) and lm.count_tokens(context[ends[kept]:]) < room:
         kept += 1
     return kept
 

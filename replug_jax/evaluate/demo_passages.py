@@ -3,8 +3,7 @@ choice: the demo's own top-1), or the best-ranked passage that holds its gold an
 from __future__ import annotations
 
 from replug_jax.evaluate import qa_metrics
-from replug_jax.passages import passages_of
-
+from replug_jax.method.passages import passages_of
 
 DEMO_PASSAGES = ("top1", "answer")
 

@@ -23,15 +23,17 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import console, distributed, mixture, posterior
+from replug_jax.base import console
+from replug_jax.base.progress import progress_keyword
 from replug_jax.evaluate.windows import Window
-from replug_jax.lm.blackbox import progress_keyword
-from replug_jax.passages import DOC_TEMPLATE, document_passes, format_docs
+from replug_jax.method import mixture, posterior
+from replug_jax.method.passages import DOC_TEMPLATE, document_passes, format_docs
+from replug_jax.parallel import distributed
 
 # what the LM-evaluation job's --config.methods may name ("none" and "replug" always run; the LSR job adds
 # "replug_lsr"): add a method here
 METHODS = ("none", "replug", "random", "concat", "bm25", "replug_posterior")
-POSTERIOR = "replug_posterior"  # REPLUG's dense passes weighted by the LM's posterior (posterior.py), no extra pass
+POSTERIOR = "replug_posterior"  # REPLUG's dense passes weighted by the LM's posterior (method/posterior.py), no extra pass
 
 
 @dataclasses.dataclass
@@ -74,7 +76,7 @@ def posterior_ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scor
                        query_logliks: np.ndarray, k: int, depth: int, temperature: float,
                        alpha: float) -> dict[int, np.ndarray]:
     """`ensemble` with the posterior's weights: of each window's first `depth` documents, the k highest by
-    softmax(s/τ + α·query_logliks) mixed with those weights renormalised (posterior.py); depth k: REPLUG's own
+    softmax(s/τ + α·query_logliks) mixed with those weights renormalised (method/posterior.py); depth k: REPLUG's own
     passes and mixture with the scores shifted by τ·α·ℓ (α 0: REPLUG bit for bit)."""
     valid = rows[:, :depth] >= 0  # [W, D]
     combined = posterior.combined_scores(scores[:, :depth], valid, query_logliks[:, :depth], temperature, alpha)

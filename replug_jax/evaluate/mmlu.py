@@ -22,10 +22,10 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import mixture
+from replug_jax.base.progress import progress_keyword
 from replug_jax.data.downstream import MMLU_CATEGORIES
-from replug_jax.lm.blackbox import progress_keyword
-from replug_jax.passages import knowledge_line
+from replug_jax.method import mixture
+from replug_jax.method.passages import knowledge_line
 
 LETTERS = ("A", "B", "C", "D", "E", "F")
 # what the mmlu job's --config.methods may name; "replug_posterior" needs scoring="options" (option_text.py)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from replug_jax import console
+from replug_jax.base import console
 from replug_jax.data.olmes import split_question_block
 from replug_jax.evaluate import concat_cuts, option_text
-from replug_jax.passages import passages_of
+from replug_jax.method.passages import passages_of
 
 
 def predictions(lm, questions, methods, retrieve, store, metric: str, temperature: float, label: str = "", *,

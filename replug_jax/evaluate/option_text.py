@@ -17,9 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import mixture, posterior
-from replug_jax.evaluate.answer_nll import continuation_logliks, mixture_loglik, query_and_continuation_scores
-from replug_jax.passages import QA_DOC_TEMPLATE, knowledge_line, passage_ids
+from replug_jax.evaluate.answer_nll import continuation_logliks, query_and_continuation_scores
+from replug_jax.method import mixture, posterior
+from replug_jax.method.mixture import mixture_loglik
+from replug_jax.method.passages import QA_DOC_TEMPLATE, knowledge_line, passage_ids
 
 SCORINGS = ("letters", "options")
 PASSAGE_BEFORE_CONTEXT = "{passage}\n\n"  # a passage before a fixed prompt (OLMES's request contexts)
@@ -66,7 +67,7 @@ def posterior_option_predictions(lm, doc_contexts: Sequence[Sequence[str]], quer
     """`option_predictions` for "replug_posterior": pass i of question q is doc_contexts[q][i] ∘ queries[q] ∘
     option,
     scored once (`lm.score_with_query`); λ ∝ exp(s/τ + α log p(query | doc)) over the retrieved passes (scores
-    [Q, D]), the k highest kept (posterior.py). Adds "kept" (positions) and "log_weights" per question."""
+    [Q, D]), the k highest kept (method/posterior.py). Adds "kept" (positions) and "log_weights" per question."""
     query_ll, cont_scores = query_and_continuation_scores(lm, doc_contexts, queries, conts, progress)
     order, log_w = posterior.kept_passes(scores, query_ll, temperature, alpha, k)  # [Q, k]
     logliks = []

@@ -25,10 +25,10 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import mixture
-from replug_jax.passages import knowledge_line, passage_text, question_block  # noqa: F401 (passage_text re-exported)
+from replug_jax.base.progress import progress_keyword
 from replug_jax.evaluate.qa_metrics import answer_recall, exact_match, normalize_answer
-from replug_jax.lm.blackbox import progress_keyword
+from replug_jax.method import mixture
+from replug_jax.method.passages import knowledge_line, passage_text, question_block  # noqa: F401 (passage_text re-exported)
 
 ENSEMBLES = ("replug", "vote")
 # "vote": REPLUG's passes with the "vote" ensemble; "replug_posterior": λ ∝ exp(s/τ + α log p(x | d)) (qa_posterior.py)

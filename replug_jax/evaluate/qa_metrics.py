@@ -4,14 +4,14 @@
     exact_match("beatles", ["The Beatles"])   # True: max over the gold answers
     answer_recall(["art"], ["a party"])       # False: gold answers match at word boundaries only
 
-The normalisation is SQuAD's (`replug_jax/answers.py`, shared with the data readers). A gold answer that normalises to "" (e.g. "A" or "The") never matches anything: DPR's and the
+The normalisation is SQuAD's (`replug_jax/data/answers.py`, shared with the data readers). A gold answer that normalises to "" (e.g. "A" or "The") never matches anything: DPR's and the
 official REPLUG code's EM would score an empty prediction as correct against it.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
-from replug_jax.answers import normalize_answer  # re-exported: the metrics' normalisation
+from replug_jax.data.answers import normalize_answer  # re-exported: the metrics' normalisation
 
 __all__ = ["normalize_answer", "exact_match", "answer_recall"]
 

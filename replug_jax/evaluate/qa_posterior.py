@@ -1,4 +1,4 @@
-"""The QA method "replug_posterior": REPLUG's passes weighted by the LM's posterior over passages (posterior.py).
+"""The QA method "replug_posterior": REPLUG's passes weighted by the LM's posterior over passages (method/posterior.py).
 
 For each question the top `depth` passages are retrieved; each zero-shot pass `Knowledge: d_i\\n` ∘
 `Question: q\\nAnswer:` is scored (`lm.score_with_query`) for log p(x | d_i) (x: the question block, as it follows
@@ -17,10 +17,11 @@ import dataclasses
 
 import numpy as np
 
-from replug_jax import posterior
-from replug_jax.evaluate.answer_nll import answer_nll, mixture_loglik, query_and_continuation_scores
+from replug_jax.evaluate.answer_nll import answer_nll, query_and_continuation_scores
 from replug_jax.evaluate.qa import generate_answers, method_passes
-from replug_jax.passages import QA_DOC_TEMPLATE, question_block
+from replug_jax.method import posterior
+from replug_jax.method.mixture import mixture_loglik
+from replug_jax.method.passages import QA_DOC_TEMPLATE, question_block
 
 
 @dataclasses.dataclass

@@ -21,17 +21,17 @@ import time
 import jax
 import numpy as np
 
-from replug_jax.errors import InputError
-from replug_jax import console, distributed, posterior, results_file, workspace
+from replug_jax.base import console
+from replug_jax.base.errors import InputError
 from replug_jax.data import evaluation_sets
-from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, downstream_report, qa, qa_posterior
-from replug_jax.input_checks import read_methods
-from replug_jax.jobs import multiple_choice
-from replug_jax.passages import passage_ids, passages_of
-from replug_jax.posterior_settings import retrieval_depth
+from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, qa, qa_posterior
+from replug_jax.jobs import downstream_report, multiple_choice, prepare, results_file
+from replug_jax.jobs.input_checks import read_methods, retrieval_depth, unused_settings
+from replug_jax.method import posterior
+from replug_jax.method.passages import passage_ids, passages_of
+from replug_jax.parallel import distributed
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
-from replug_jax.unused_settings import unused_settings
 
 
 def load_sets(config, kind: str):
@@ -46,9 +46,9 @@ def retrievers_for(config, encoder, store, index, workdir):
     """{"replug": dense retriever over `index`, "replug_lsr": the LSR-trained one (config.retriever_workdir)}."""
     out = {"replug": DenseRetriever(encoder, index, store)}
     if "replug_lsr" in config.methods:
-        trained, train_documents = workspace.load_trained_encoder(
-            encoder, workspace.retriever_folder(config.retriever_workdir))
-        out["replug_lsr"] = workspace.trained_retriever(encoder, trained, train_documents, store, index, workdir,
+        trained, train_documents = prepare.load_trained_encoder(
+            encoder, prepare.retriever_folder(config.retriever_workdir))
+        out["replug_lsr"] = prepare.trained_retriever(encoder, trained, train_documents, store, index, workdir,
                                                         metric=config.metric, factory=config.index_factory,
                                                         embedding_dtype=config.embedding_dtype)
     return out
@@ -59,7 +59,7 @@ def check_not_trained_on(config, questions) -> None:
     WORKDIR/train_questions.json; a retriever trained on documents has none)."""
     if "replug_lsr" not in config.methods:
         return
-    path = os.path.join(workspace.retriever_folder(config.get("retriever_workdir")), workspace.TRAIN_QUESTIONS)
+    path = os.path.join(prepare.retriever_folder(config.get("retriever_workdir")), prepare.TRAIN_QUESTIONS)
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             check_disjoint_questions(json.load(f), questions)
@@ -83,9 +83,9 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
         console.phase(f"warning: {warning}")
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
                   f"{len(demos)} demo candidates")
-    prepared = workspace.prepare_downstream(config, workdir, lm)  # models (the LM behind lm_cache), datastore, index
+    prepared = prepare.prepare_downstream(config, workdir, lm)  # models (the LM behind lm_cache), datastore, index
     lm, store = prepared.lm, prepared.store
-    for warning in workspace.cut_warnings(prepared):  # also in results.json and under the table
+    for warning in prepare.cut_warnings(prepared):  # also in results.json and under the table
         console.phase(f"warning: {warning}")
     retrievers = retrievers_for(config, prepared.encoder, store, prepared.index, prepared.paths["shared"])
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
@@ -107,12 +107,12 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
             early_warnings.append(said)
     results = {"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
                "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
-               "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(lm),
+               "lm": config.lm, "lm_mesh": prepare.lm_mesh_record(lm),
                "lm_backend": results_file.lm_backend(lm), "k": config.k,
                "shots": len(demos) if kind == "qa" else config.shots, "config": results_file.config_record(config),
                "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
                "processes": jax.process_count(),
-               "warnings": workspace.cut_warnings(prepared) + early_warnings, **_lsr_direction(config),
+               "warnings": prepare.cut_warnings(prepared) + early_warnings, **_lsr_direction(config),
                **results}  # the run's own settings win (OLMES: the file's shots)
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())

@@ -5,8 +5,8 @@ still valid (fingerprints of encoder and datastore are checked on load).
 """
 from __future__ import annotations
 
-from replug_jax import workspace
-from replug_jax.input_checks import read_methods
+from replug_jax.jobs import prepare
+from replug_jax.jobs.input_checks import read_methods
 from replug_jax.jobs.window_report import evaluate_and_report, warn_early
 
 
@@ -14,7 +14,7 @@ def run_lm_eval(config, workdir: str) -> dict:
     """Build or reuse the retrieval side, score every method, write and print the results."""
     methods = read_methods(config)  # unknown names refused before any work
     warn_early(config)  # a k sweep beyond k, said before the models load
-    prepared = workspace.prepare(config, workdir)
-    retrievers = workspace.make_retrievers(methods, prepared.encoder, prepared.store, prepared.index,
+    prepared = prepare.prepare(config, workdir)
+    retrievers = prepare.make_retrievers(methods, prepared.encoder, prepared.store, prepared.index,
                                            config.seed)
     return evaluate_and_report(config, workdir, prepared, retrievers)

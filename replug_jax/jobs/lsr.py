@@ -16,17 +16,25 @@ import time
 
 from absl import logging
 
-from replug_jax.errors import InputError
-from replug_jax import console, distributed, results_file, sharding, trained_retriever, workspace
+from replug_jax.base import console
+from replug_jax.base.errors import InputError
 from replug_jax.data import downstream as downstream_data
-from replug_jax.input_checks import read_methods
+from replug_jax.jobs import bucket_workdirs, prepare, results_file, trained_retriever
+from replug_jax.jobs.input_checks import read_methods
 from replug_jax.jobs.window_report import evaluate_and_report, warn_early
-from replug_jax.passages import QA_DOC_TEMPLATE
-from replug_jax.train.data import (check_disjoint, first_training_row, qa_training_examples, trained_questions_record,
-                                   trains_on_questions, training_examples)
+from replug_jax.method.passages import QA_DOC_TEMPLATE
+from replug_jax.parallel import distributed, sharding
+from replug_jax.train.data import (
+    check_disjoint,
+    first_training_row,
+    qa_training_examples,
+    trained_questions_record,
+    training_examples,
+    trains_on_questions,
+)
 from replug_jax.train.loop import LSRSettings, train_lsr
 
-TRAIN_QUESTIONS = workspace.TRAIN_QUESTIONS
+TRAIN_QUESTIONS = prepare.TRAIN_QUESTIONS
 
 
 def _train_and_save(config, workdir: str, prepared_encoder, lm, store, examples, settings: LSRSettings, index,
@@ -35,7 +43,7 @@ def _train_and_save(config, workdir: str, prepared_encoder, lm, store, examples,
     pairs: with the training `questions` record)."""
     logging.info("LSR: %d training examples, %s", len(examples), settings)
     trained = train_lsr(prepared_encoder, lm, store, examples, os.path.join(workdir, "lsr"), settings,
-                        initial_index=index)
+                        initial_index=index, on_checkpoint=bucket_workdirs.sync)  # a bucket gets each checkpoint
     if distributed.is_lead():
         trained_retriever.save(workdir, trained["params"], encoder=config.encoder,
                                train_documents=settings.train_documents, questions=questions)
@@ -52,10 +60,10 @@ def run_lsr(config, workdir: str) -> dict:
         return run_lsr_on_questions(config, workdir)
     methods = read_methods(config)
     warn_early(config)  # a k sweep beyond k, said before the models load
-    prepared = workspace.prepare(config, workdir)  # models, datastore, index
-    train_docs = workspace.read_documents(prepared.paths["train"])
+    prepared = prepare.prepare(config, workdir)  # models, datastore, index
+    train_docs = prepare.read_documents(prepared.paths["train"])
     check_disjoint(train_docs, prepared.store)
-    eval_ids = {d.id for d in workspace.read_documents(prepared.paths["eval"])}
+    eval_ids = {d.id for d in prepare.read_documents(prepared.paths["eval"])}
     if eval_ids & {d.id for d in train_docs}:
         raise InputError("training and evaluation documents overlap")
     examples = training_examples(train_docs, prepared.tokenizer, query_tokens=config.train_query_tokens,
@@ -65,9 +73,9 @@ def run_lsr(config, workdir: str) -> dict:
     trained = _train_and_save(config, workdir, prepared.encoder, prepared.lm, prepared.store, examples, settings,
                               prepared.index)
     encoder_lsr = prepared.encoder.with_params(trained["params"], name=f"{config.encoder}+lsr")
-    retrievers = workspace.make_retrievers(methods, prepared.encoder, prepared.store, prepared.index,
+    retrievers = prepare.make_retrievers(methods, prepared.encoder, prepared.store, prepared.index,
                                            config.seed)
-    retrievers["replug_lsr"] = workspace.trained_retriever(
+    retrievers["replug_lsr"] = prepare.trained_retriever(
         prepared.encoder, encoder_lsr, settings.train_documents, prepared.store, prepared.index, workdir,
         metric=config.metric, factory=config.index_factory, embedding_dtype=config.embedding_dtype)
     extra = {"lsr": {**dataclasses.asdict(settings), "training_examples": len(examples), **trained["stats"]}}
@@ -103,7 +111,7 @@ def run_lsr_on_questions(config, workdir: str) -> dict:
     what = "question-answer pairs" if target == "answer" else "questions (ℓ = log p(question | passage))"
     console.phase(f"training: {len(examples)} {what} from {config.train_data!r} "
                   f"(rows {first_training_row(config.train_data, config.get('train_offset'))} on)")
-    prepared = workspace.prepare_downstream(config, workdir)  # models (the LM behind lm_cache), datastore, index
+    prepared = prepare.prepare_downstream(config, workdir)  # models (the LM behind lm_cache), datastore, index
     encoder, lm, store, index = prepared.encoder, prepared.lm, prepared.store, prepared.index
     settings = dataclasses.replace(LSRSettings.from_mapping(config), doc_template=QA_DOC_TEMPLATE)
     trained = _train_and_save(config, workdir, encoder, lm, store, examples, settings, index,
@@ -114,6 +122,6 @@ def run_lsr_on_questions(config, workdir: str) -> dict:
     results["config"] = results_file.config_record(config)
     if distributed.is_lead():
         results_file.save(results, workdir)
-        console.phase(f"trained retriever in {os.path.join(workdir, workspace.TRAINED_RETRIEVER)}; evaluate it with "
+        console.phase(f"trained retriever in {os.path.join(workdir, prepare.TRAINED_RETRIEVER)}; evaluate it with "
                       f"the QA job: --config.methods=...,replug_lsr --config.retriever_workdir={workdir}")
     return results

@@ -6,11 +6,11 @@ import functools
 
 import numpy as np
 
-from replug_jax import console
+from replug_jax.base import console
 from replug_jax.data import olmes
 from replug_jax.evaluate import concat_cuts, demo_passages, mmlu, olmes_tasks, option_text
-from replug_jax.passages import passages_of
-from replug_jax.posterior_settings import retrieval_depth
+from replug_jax.jobs.input_checks import retrieval_depth
+from replug_jax.method.passages import passages_of
 
 
 def metrics(config, questions, demos, predictions: list[dict]) -> dict:

@@ -9,25 +9,25 @@ import time
 import jax
 from absl import logging
 
-from replug_jax import distributed, results_file, workspace
 from replug_jax.evaluate import lm as lm_eval
-from replug_jax.evaluate import report
 from replug_jax.evaluate.windows import retrieval_shortfall, small_evaluation
-from replug_jax.unused_settings import unused_settings
+from replug_jax.jobs import prepare, report, results_file
+from replug_jax.jobs.input_checks import unused_settings
+from replug_jax.parallel import distributed
 
 SWEEPING = ("replug", "replug_lsr", "random")  # the methods a k sweep re-mixes (evaluate_lm's sweep_retrievers)
 
 
-def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, retrievers: dict,
+def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retrievers: dict,
                         extra: dict | None = None, temperatures: dict | None = None, temperature_sweep=()) -> dict:
     """Score every method on the held-out windows; write results.json, results.md and the plot.
 
     temperatures: per-retriever τ overriding config.temperature (bm25: config.bm25_temperature);
     temperature_sweep: τ values reported besides config.temperature_sweep."""
-    windows = workspace.make_windows(prepared.paths["eval"], prepared.tokenizer, config)
+    windows = prepare.make_windows(prepared.paths["eval"], prepared.tokenizer, config)
     logging.info("datastore %d chunks; %d evaluation windows", len(prepared.store), len(windows))
     said = [w for w in (retrieval_shortfall(windows), small_evaluation(windows)) if w]
-    said += workspace.cut_warnings(prepared) + unused_settings(config)
+    said += prepare.cut_warnings(prepared) + unused_settings(config)
     for warning in said if distributed.is_lead() else ():
         logging.warning(warning)  # the console and WORKDIR/log.txt
     warnings = said + [w for w in (sweep_depth(config),) if w]  # said before the models loaded (`warn_early`)
@@ -39,7 +39,7 @@ def evaluate_and_report(config, workdir: str, prepared: workspace.Workspace, ret
         temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})),
         posterior_alpha=config.get("posterior_alpha", 1.0) if lm_eval.POSTERIOR in config.methods else None,
         rerank_depth=config.get("rerank_depth", 0))
-    results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": workspace.lm_mesh_record(prepared.lm),
+    results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": prepare.lm_mesh_record(prepared.lm),
                     "lm_backend": results_file.lm_backend(prepared.lm),
                     "datastore_chunks": len(prepared.store),
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,

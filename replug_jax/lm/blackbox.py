@@ -35,11 +35,11 @@ says `"prompt_format": "text ..."`, since a split inside a word can then tokenis
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from replug_jax.method.posterior import PrefillPosterior, check_ends_with_query  # noqa: F401 (the contract's generate(posterior=...))
 from replug_jax.models.tokenizer import TextTokenizer
 
 
@@ -83,29 +83,6 @@ class Generation:
     # with a `PrefillPosterior`: the weights decoded with, per pass [K] (-inf: dropped), and log p(x | prefix, d) [K]
     log_weights: list[float] | None = None
     query_logliks: list[float] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefillPosterior:
-    """Weights fixed at prefill from the LM's posterior over passages (posterior.py), for `generate`: every pass
-    context of question b ends with `queries[b]` (x); the generator adds α · log p(x | shared prefix, passage),
-    read from the prefill's own logits, to the given log λ (the retrieval weights), keeps each question's `keep`
-    highest, renormalises them and decodes with those: no pass beyond the generation's own."""
-
-    queries: Sequence[str]
-    alpha: float
-    keep: int
-
-def progress_keyword(method, progress) -> dict:
-    """The keyword that asks an LM's `method` (its `score`, `score_with_query` or `generate`) for its progress
-    (True: its own bar; a callable: told of the work done), given only where wanted and taken: the contract above
-    has no `progress`, which the project's own LMs (local, HTTP, cached) all take; a user's black box is called
-    without it."""
-    if not progress:
-        return {}
-    params = inspect.signature(method).parameters.values()
-    takes = any(p.name == "progress" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-    return {"progress": progress} if takes else {}
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
@@ -213,12 +190,6 @@ def query_boundary(tokenizer: TextTokenizer, context: str, query: str) -> tuple[
     ids, alone = tokenizer.encode(context + query), tokenizer.encode(context)
     shared = next((i for i, (a, b) in enumerate(zip(ids, alone)) if a != b), min(len(ids), len(alone)))
     return list(ids), shared if shared == len(alone) else min(shared + 1, len(ids))
-
-
-def check_ends_with_query(context: str, query: str, where: str = "a pass context") -> None:
-    """The posterior reads x at the end of each pass: refuse a pass that does not end with its (non-empty) query."""
-    if not query or not context.endswith(query):
-        raise ValueError(f"{where} does not end with its query {query[:40]!r}: the posterior needs x last")
 
 
 def query_token_count(tokenizer: TextTokenizer, context: str, query: str) -> int:

@@ -32,10 +32,14 @@ import threading
 from typing import Sequence
 
 import numpy as np
-from replug_jax.progress import tqdm
 
-from replug_jax.lm.blackbox import (Generation, PrefillPosterior, check_generation_inputs, check_query_triples,
-                                    progress_keyword)
+from replug_jax.base.progress import progress_keyword, tqdm
+from replug_jax.lm.blackbox import (
+    Generation,
+    check_generation_inputs,
+    check_query_triples,
+)
+from replug_jax.method.posterior import PrefillPosterior
 
 
 class CachedLM:
@@ -166,7 +170,7 @@ class CachedLM:
         mesh = getattr(self.lm, "mesh", None)
         if mesh is None:
             return False
-        from replug_jax import sharding
+        from replug_jax.parallel import sharding
 
         return sharding.spans_processes(mesh)
 
@@ -174,7 +178,7 @@ class CachedLM:
     def _agreed_misses(keys: list[str], missing: list[int]) -> list[int]:
         """The union of every process's misses (positions in `keys`), after checking that every process was
         asked the same pairs (a divergence would feed different inputs to one collective program)."""
-        from replug_jax import distributed
+        from replug_jax.parallel import distributed
 
         digest = hashlib.sha256("".join(keys).encode()).hexdigest()
         reports = distributed.allgather_json({"pairs": digest, "missing": missing})

@@ -13,15 +13,22 @@ import functools
 from typing import Sequence
 
 import numpy as np
-from replug_jax.progress import tqdm
 
-from replug_jax import sharding, xla_cpu
+from replug_jax.base.progress import tqdm
 from replug_jax.lm import shared_prefix
-from replug_jax.lm.blackbox import (check_pairs, check_query_triples, generation_room, pair_token_ids, query_token_ids,
-                                     scoring_room, split_query_scores)
+from replug_jax.lm.blackbox import (
+    check_pairs,
+    check_query_triples,
+    generation_room,
+    pair_token_ids,
+    query_token_ids,
+    scoring_room,
+    split_query_scores,
+)
 from replug_jax.models import causal_lm, partition, precision
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, tokenizer_fingerprint
 from replug_jax.models.weights import weights_fingerprint
+from replug_jax.parallel import sharding, xla_cpu
 
 CONTINUATION_MULTIPLE = 32  # scored positions per row are padded to a multiple of this
 # rows are padded to a multiple of `length_multiple` or of 1/8 of their length's power of two, whichever is larger
@@ -99,7 +106,7 @@ class LocalLM:
                  progress: bool = False, posterior=None):
         """REPLUG's ensembled greedy decoding (the contract in lm/blackbox.py), with a KV cache per pass and
         the shared prefix computed once (lm/local_generate.py): one `Generation` per question. `posterior` (a
-        `blackbox.PrefillPosterior`): the weights are fixed at prefill from the LM's posterior over the passes."""
+        `method.posterior.PrefillPosterior`): the weights are fixed at prefill from the LM's posterior over the passes."""
         if self._generator is None:
             from replug_jax.lm.local_generate import LocalGenerator
 

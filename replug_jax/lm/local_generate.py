@@ -23,11 +23,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from replug_jax import mixture, sharding
-from replug_jax import posterior as posterior_module
-from replug_jax.lm.blackbox import (Generation, PrefillPosterior, check_generation_inputs, cut_at_stop,
-                                   generation_prompt_ids, query_token_count, tokens_through_stop)
+from replug_jax.lm.blackbox import (
+    Generation,
+    check_generation_inputs,
+    cut_at_stop,
+    generation_prompt_ids,
+    query_token_count,
+    tokens_through_stop,
+)
+from replug_jax.method import mixture, posterior as posterior_module
+from replug_jax.method.posterior import PrefillPosterior
 from replug_jax.models import kv_cache, partition
+from replug_jax.parallel import sharding
 
 NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
 CONTEXT_MULTIPLE = 16  # each pass's own tokens are padded to a multiple of this (the prefix: LocalLM's multiple)
@@ -75,20 +82,6 @@ def split_rows(cache: dict, config, mesh) -> dict:
     return {**cache, **{name: jax.lax.with_sharding_constraint(cache[name], split) for name in ("k", "v")}}
 
 
-def posterior_weights(log_weights, query_logliks, alpha, keep: int):
-    """log λ = log softmax(log_weights + α · log p(x | d)) over each row's `keep` highest (the rest -inf), in the jit:
-    posterior.py's `kept_passes` (τ 1) with the passes left in place, in jnp so that the prefill needs no host round
-    trip (tests/test_generate.py holds the two equal, ties included). [B, K] each -> [B, K]."""
-    valid = log_weights > -jnp.inf
-    combined = jnp.where(valid, log_weights + alpha * query_logliks, -jnp.inf)
-    if keep < combined.shape[1]:
-        _, top = jax.lax.top_k(combined, keep)  # [B, keep]; ties: the lower position first, as posterior.rerank
-        chosen = jnp.zeros(combined.shape, bool).at[jnp.arange(combined.shape[0])[:, None], top].set(True)
-        combined = jnp.where(chosen, combined, -jnp.inf)
-    norm = jax.nn.logsumexp(combined, axis=1, keepdims=True)  # [B, 1]; -inf for a row without passes
-    return jnp.where(combined > -jnp.inf, combined - norm, -jnp.inf)
-
-
 def gather_kept_rows(cache: dict, logits, log_weights, keep: int, config, mesh):
     """Each question's `keep` passes of highest weight, in pass order, as the only rows that go on decoding (the
     others weigh nothing after re-ranking): cache rows and next-token logits [B·K, ...] -> [B·keep, ...], log λ
@@ -114,7 +107,7 @@ def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets,
     query_ll = query_lps.sum(axis=1).reshape(log_weights.shape)  # [B, K]
     decode_weights = log_weights
     if query_targets.shape[1]:
-        log_weights = decode_weights = posterior_weights(log_weights, query_ll, alpha, keep)
+        log_weights = decode_weights = posterior_module.prefill_log_weights(log_weights, query_ll, alpha, keep)
         if keep < log_weights.shape[1]:  # re-ranked: only the kept passes decode
             cache, logits, decode_weights = gather_kept_rows(cache, logits, log_weights, keep, config, mesh)
     out = mixture_decode(params, config, cache, logits, decode_weights, stop_mask, limit, steps=steps, dtype=dtype)
@@ -146,7 +139,7 @@ class LocalGenerator:
         prefix_ids, prefix_mask = sharding.pad_rows([prefix], p_len, lm.pad_id, 1)
         order = np.argsort([max(len(r) for r in q) for q in rows], kind="stable")
         out: list[Generation | None] = [None] * len(rows)
-        from replug_jax.progress import tqdm
+        from replug_jax.base.progress import tqdm
 
         # questions per call: a power of two (at least the device count, at most questions_per_batch), so a
         # small call does not pay for filler questions and the shapes stay few

@@ -15,9 +15,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from replug_jax import sharding, xla_cpu
 from replug_jax.lm.local_generate import split_rows
 from replug_jax.models import causal_lm, kv_cache
+from replug_jax.parallel import sharding, xla_cpu
 
 MIN_SHARED_PREFIX = 128  # tokens: rows sharing at least this long a prefix read it from one cache
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from replug_jax.models import layers, precision
-
 
 STACKED_LAYERS = "layers"  # the params key of the blocks' stacked weights: {"layers": {"q_proj": {"kernel": [L, D, HDh]}}}
 

@@ -12,9 +12,9 @@ import os
 
 import numpy as np
 
+from replug_jax.models import streamed
 from replug_jax.models.causal_lm import CausalLMConfig
 from replug_jax.models.tokenizer import TextTokenizer, from_gguf_metadata
-from replug_jax.models import streamed
 from replug_jax.models.weights import WeightsError, llama_params
 
 

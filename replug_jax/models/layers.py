@@ -6,9 +6,9 @@ accelerator changes matmul precision only.
 """
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 # A large finite negative number for masked attention logits: a fully masked row (a left
 # pad position) then gives a finite, ignorable output instead of NaN.

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, PartitionSpec
 
 from replug_jax.models import causal_lm, partition
-from replug_jax.sharding import DATA_AXIS, MODEL_AXIS
+from replug_jax.parallel.sharding import DATA_AXIS, MODEL_AXIS
 
 
 def abstract_mesh(data: int, model: int) -> AbstractMesh:

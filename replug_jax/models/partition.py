@@ -21,7 +21,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from replug_jax.models.causal_lm import STACKED_LAYERS
-from replug_jax.sharding import DATA_AXIS, MODEL_AXIS
+from replug_jax.parallel.sharding import DATA_AXIS, MODEL_AXIS
 
 log = logging.getLogger(__name__)
 

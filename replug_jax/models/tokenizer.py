@@ -47,7 +47,7 @@ class TextTokenizer:
 
 def tokenizer_fingerprint(tokenizer: TextTokenizer | None) -> str:
     """A short hash of everything that maps text to ids (vocabulary, merges, pre-tokenizer, special ids); a
-    server's tokenizer (`lm/http_tokenize.py`) says its own."""
+    server's tokenizer (`lm/http/tokenization.py`) says its own."""
     import hashlib
 
     if tokenizer is None:

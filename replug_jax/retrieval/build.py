@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from replug_jax import distributed
+from replug_jax.parallel import distributed
 from replug_jax.retrieval.datastore import Datastore
 from replug_jax.retrieval.device_index import DeviceIndex
 from replug_jax.retrieval.embeddings import embed_corpus_split, sidecar_path

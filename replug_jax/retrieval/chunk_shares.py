@@ -16,8 +16,9 @@ import os
 import shutil
 from typing import Callable, Sequence
 
-from replug_jax import console, distributed
+from replug_jax.base import console
 from replug_jax.models.tokenizer import TextTokenizer
+from replug_jax.parallel import distributed
 from replug_jax.retrieval.datastore import Datastore, Document, atomic_open, chunk_documents, chunk_rows, save_rows
 
 

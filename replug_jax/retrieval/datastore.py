@@ -22,7 +22,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from replug_jax.errors import InputError, invalid_json
+from replug_jax.base.errors import InputError, invalid_json
 from replug_jax.models.tokenizer import TextTokenizer, token_starts_batch
 
 

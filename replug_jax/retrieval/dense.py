@@ -11,11 +11,10 @@ import warnings
 
 import numpy as np
 
-from replug_jax import sharding, xla_cpu
-from replug_jax.models.weights import weights_fingerprint
-from replug_jax.models import encoder as encoder_model
-from replug_jax.models import precision
+from replug_jax.models import encoder as encoder_model, precision
 from replug_jax.models.tokenizer import TextTokenizer
+from replug_jax.models.weights import weights_fingerprint
+from replug_jax.parallel import sharding, xla_cpu
 
 
 class DenseEncoder:

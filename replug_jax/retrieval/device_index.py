@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from replug_jax import distributed, sharding
+from replug_jax.parallel import distributed, sharding
 from replug_jax.retrieval.index import METRICS, Exclude, exclusion_rule, prepare_rows, search_excluding
 
 DTYPES = ("float32", "bfloat16", "float16")

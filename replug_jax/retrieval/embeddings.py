@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import distributed
+from replug_jax.parallel import distributed
 from replug_jax.retrieval.datastore import atomic_open, hash_strings
 
 DTYPES = ("float32", "float16")
@@ -37,7 +37,7 @@ def embed_corpus(encoder, texts: Sequence[str], path: str, dtype: str = "float32
 
     `encoder` needs `embed(list[str]) -> [n, D]`, `fingerprint()` and `dim` (a DenseEncoder).
     """
-    from replug_jax.progress import tqdm
+    from replug_jax.base.progress import tqdm
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")

@@ -42,7 +42,7 @@ import time
 import jax
 import numpy as np
 
-from replug_jax import distributed
+from replug_jax.parallel import distributed
 from replug_jax.retrieval.build import build_dense_index
 from replug_jax.retrieval.datastore import Datastore
 from replug_jax.retrieval.index import DenseIndex, IndexRefused

@@ -9,8 +9,15 @@ import threading
 import time
 
 from replug_jax.models.tokenizer import token_pieces
-from replug_jax.server.completions import (MAX_PROMPT_TOKENS, MAX_PROMPTS, MAX_RESPONSE_BYTES, Limits, check_model,
-                                           complete, too_large)
+from replug_jax.server.completions import (
+    MAX_PROMPT_TOKENS,
+    MAX_PROMPTS,
+    MAX_RESPONSE_BYTES,
+    Limits,
+    check_model,
+    complete,
+    too_large,  # noqa: F401 (a function; `_app`'s body-size message below is a local string of that name)
+)
 from replug_jax.server.engine import MAX_TOP_LOGPROBS, RequestError, ScoringEngine
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this gets 413 before it is read

@@ -11,8 +11,8 @@ from concurrent.futures import Future
 import jax
 import numpy as np
 
-from replug_jax import sharding
 from replug_jax.models import causal_lm
+from replug_jax.parallel import sharding
 
 MAX_NEW_TOKENS = 16
 MAX_TOP_LOGPROBS = 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replug_jax.passages import DOC_TEMPLATE, document_passes
+from replug_jax.method.passages import DOC_TEMPLATE, document_passes
 from replug_jax.train.lm_cache import LMScoreCache
 
 LM_SCORES = ("sum", "mean")

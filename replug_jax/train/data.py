@@ -23,10 +23,10 @@ import os
 
 import numpy as np
 
-from replug_jax.errors import InputError
-from replug_jax.answers import normalize_answer
+from replug_jax.base.errors import InputError
+from replug_jax.data.answers import normalize_answer
+from replug_jax.method.passages import question_block
 from replug_jax.models.tokenizer import TextTokenizer, token_starts
-from replug_jax.passages import question_block
 
 
 @dataclasses.dataclass(frozen=True)

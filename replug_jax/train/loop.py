@@ -38,19 +38,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
-from replug_jax.progress import tqdm
 
-from replug_jax import console, distributed, lsr, sharding, workdirs
+from replug_jax.base import console
+from replug_jax.base.progress import tqdm
+from replug_jax.method import lsr_loss
+from replug_jax.method.passages import DOC_TEMPLATE
 from replug_jax.models import precision
-from replug_jax.passages import DOC_TEMPLATE
+from replug_jax.parallel import distributed, sharding
 from replug_jax.retrieval.refresh import IndexRefresher
 from replug_jax.retrieval.retriever import excluded_rows
 from replug_jax.train import step as train_step_lib
-from replug_jax.train.checkpoint import Checkpointer
 from replug_jax.train.batch import LM_SCORES, LSR_TARGETS, FrozenDocumentVectors, make_batch, supervise
+from replug_jax.train.checkpoint import Checkpointer
 from replug_jax.train.lm_cache import LMScoreCache
 from replug_jax.train.metrics import MetricsLogger, plot_loss
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +92,7 @@ class LSRSettings:
                 if not getattr(self, name) > 0]
         if bad:
             raise ValueError(f"LSRSettings: {', '.join(bad)} must be positive (token lengths: >= 0)")
-        choices = {"direction": lsr.DIRECTIONS, "lm_score": LM_SCORES, "lsr_target": LSR_TARGETS,
+        choices = {"direction": lsr_loss.DIRECTIONS, "lm_score": LM_SCORES, "lsr_target": LSR_TARGETS,
                    "metric": ("cosine", "ip"), "embedding_dtype": ("float32", "float16")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -134,11 +135,12 @@ class Prepared:
 
 
 def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSettings, initial_index=None,
-              mesh=None, progress: bool = True) -> dict:
+              mesh=None, progress: bool = True, on_checkpoint=None) -> dict:
     """Train the retriever; returns {"params", "index_version", "steps", "stats"}.
 
     `initial_index`: a DenseIndex of the datastore under the initial parameters (index version 0),
-    so the first retrieval need not re-embed the corpus.
+    so the first retrieval need not re-embed the corpus. `on_checkpoint()`: called after each checkpoint is saved
+    (the LSR job pushes a bucket workdir to its bucket then, not only at the end).
     """
     s = settings
     if not examples:
@@ -249,7 +251,8 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
                 if upcoming is not None:  # the next step's rows came from this step's input parameters: keep them
                     meta["next_rows"] = sum(distributed.allgather_json(upcoming.result().rows.tolist()), [])
                 checkpoints.save(step, state, meta)
-                workdirs.sync()  # a bucket workdir gets the checkpoint now, not only at the end
+                if on_checkpoint is not None:
+                    on_checkpoint()
                 pending_checkpoint = False
         final_params = jax.device_get(state["params"])
         if lead and os.path.isfile(logger.path):

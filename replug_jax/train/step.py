@@ -31,10 +31,10 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from replug_jax import lsr
+from replug_jax.method import lsr_loss
 from replug_jax.models import encoder
 from replug_jax.models.encoder import BertConfig
-from replug_jax.sharding import batch_sharding, global_mesh, replicated
+from replug_jax.parallel.sharding import batch_sharding, global_mesh, replicated
 
 __all__ = ["TrainBatch", "BATCH_KEYS", "QUERY_SIDE_KEYS", "make_schedule", "make_optimizer", "current_learning_rate", "init_train_state",
            "place_state", "shard_batch", "retrieval_scores", "make_loss_fn", "make_train_step"]
@@ -46,7 +46,7 @@ class TrainBatch(TypedDict):
     query_ids [B, Lq] int32, query_mask [B, Lq] (1 = token), doc_ids [B, K, Ld] int32,
     doc_mask_tokens [B, K, Ld], doc_valid [B, K] bool (False: a padding slot, whose ids
     may be anything), lm_scores [B, K] float32: ℓ = log P_LM(y | d ∘ x), summed over the
-    continuation's tokens or their mean (the caller's choice; see `replug_jax.lsr`).
+    continuation's tokens or their mean (the caller's choice; see `replug_jax.method.lsr_loss`).
     B must be a multiple of the number of devices in the mesh. A query or document with
     no tokens is treated as invalid (a row without a query has no loss).
     """
@@ -171,12 +171,12 @@ def retrieval_scores(params, config: BertConfig, batch, normalize: bool = True, 
 def make_loss_fn(config: BertConfig, *, gamma: float, beta: float, direction: str = "pr_q", normalize: bool = True,
                  dtype=jnp.float32) -> Callable:
     """loss_fn(params, batch) -> (loss, metrics): the LSR loss of freshly encoded scores (no jit, no sharding)."""
-    if direction not in lsr.DIRECTIONS:
-        raise ValueError(f"direction must be one of {lsr.DIRECTIONS}, got {direction!r}")
+    if direction not in lsr_loss.DIRECTIONS:
+        raise ValueError(f"direction must be one of {lsr_loss.DIRECTIONS}, got {direction!r}")
 
     def loss_fn(params, batch):
         scores, valid = retrieval_scores(params, config, batch, normalize, dtype)  # [B, K]
-        return lsr.lsr_loss(scores, batch["lm_scores"], valid, gamma, beta, direction)
+        return lsr_loss.lsr_loss(scores, batch["lm_scores"], valid, gamma, beta, direction)
 
     return loss_fn
 

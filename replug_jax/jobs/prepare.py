@@ -13,22 +13,23 @@ import glob
 import os
 import time
 
-
 import replug_jax as rj
-from replug_jax.trained_retriever import (TRAIN_QUESTIONS, TRAINED_RETRIEVER, load_trained_encoder,  # noqa: F401
-                                         retriever_folder)  # (re-exported: the jobs' one module of what they prepare)
-from replug_jax.errors import InputError
-from replug_jax import console, distributed, sharding
-from replug_jax.input_checks import check_depth_fits
-from replug_jax.data import downstream as downstream_data
-from replug_jax.data import wiki
+from replug_jax.base import console
+from replug_jax.base.errors import InputError
+from replug_jax.data import downstream as downstream_data, wiki
 from replug_jax.evaluate.windows import document_windows
+from replug_jax.jobs.input_checks import check_depth_fits
+from replug_jax.jobs.trained_retriever import (  # noqa: F401
+    TRAIN_QUESTIONS,
+    TRAINED_RETRIEVER,
+    load_trained_encoder,
+    retriever_folder,  # (re-exported: the jobs' one module of what they prepare)
+)
 from replug_jax.lm.cache import CachedLM
 from replug_jax.models import precision
 from replug_jax.models.tokenizer import tokenizer_fingerprint
-from replug_jax.retrieval import build
-from replug_jax.retrieval import chunk_shares
-from replug_jax.retrieval import datastore as ds
+from replug_jax.parallel import distributed, sharding
+from replug_jax.retrieval import build, chunk_shares, datastore as ds
 from replug_jax.retrieval.bm25 import BM25Index
 from replug_jax.retrieval.device_index import DeviceIndex
 from replug_jax.retrieval.index import DenseIndex

@@ -11,7 +11,7 @@ len(continuation ids) echoed log-probs are the answer, equal to LocalLM's for an
 `echo=True, logprobs=0` (1 where the probe sees the server need it; vLLM's `prompt_logprobs` form with
 `prompt_logprobs=True`) and `max_tokens=0`, or 1 where the server refuses 0 (the generated token is dropped).
 
-Without a local tokenizer the server's own `/tokenize` builds the token-id prompts (`lm/http_tokenize.py`;
+Without a local tokenizer the server's own `/tokenize` builds the token-id prompts (`tokenization.py`;
 `stats()["tokenizer"]` says which), so exact scores are the default. Fallback, stated in `stats()["prompt_format"]`:
 for a server with neither `/tokenize` nor token prompts, the text `context + continuation` is sent, and the
 continuation's tokens are the server's tokens that end after the boundary (a token straddling it counts as a
@@ -19,8 +19,8 @@ continuation token); the context is then cut by the local tokenizer when there i
 over-long prompt is the server's 4xx, raised as `BlackBoxServerError`).
 
 Empty contexts: the document-start token (LocalLM's choice), or the server's own start token when
-it conditions the first prompt token on one. Every response is validated (`http_echo`); requests
-are retried and counted (`http_transport`). No JAX is imported here.
+it conditions the first prompt token on one. Every response is validated (`echo`); requests
+are retried and counted (`transport`). No JAX is imported here.
 """
 from __future__ import annotations
 
@@ -32,14 +32,26 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax.lm.blackbox import (check_pairs, check_query_triples, continuation_ids, pair_token_ids, query_token_ids,
-                                   split_query_scores)
-from replug_jax.lm.http_echo import (Echo, continuation_array, id_prompt_values, parse_prompt_logprobs,
-                                     parse_text_echo, select_continuation)
-from replug_jax.lm.http_generate import http_generate
-from replug_jax.lm.http_request_probes import BATCH_PROMPTS, probe_batching, probe_logprobs
-from replug_jax.lm.http_transport import BlackBoxServerError, Transport
-from replug_jax.lm.http_windows import cut_text_context, generation_room, score_window, scoring_room
+from replug_jax.lm.blackbox import (
+    check_pairs,
+    check_query_triples,
+    continuation_ids,
+    pair_token_ids,
+    query_token_ids,
+    split_query_scores,
+)
+from replug_jax.lm.http.echo import (
+    Echo,
+    continuation_array,
+    id_prompt_values,
+    parse_prompt_logprobs,
+    parse_text_echo,
+    select_continuation,
+)
+from replug_jax.lm.http.generation import http_generate
+from replug_jax.lm.http.probe import BATCH_PROMPTS, probe_batching, probe_logprobs  # noqa: F401 (BATCH_PROMPTS: re-exported)
+from replug_jax.lm.http.transport import BlackBoxServerError, Transport
+from replug_jax.lm.http.windows import cut_text_context, generation_room, score_window, scoring_room
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, document_start_text, tokenizer_fingerprint
 
 __all__ = ["HTTPLM", "BlackBoxServerError"]
@@ -121,7 +133,7 @@ class HTTPLM:
         chunks = [list(range(i, min(i + self.prompts_per_request, len(items))))
                   for i in range(0, len(items), self.prompts_per_request)]
         out: list[np.ndarray | None] = [None] * len(items)
-        from replug_jax.progress import tqdm
+        from replug_jax.base.progress import tqdm
 
         pool = ThreadPoolExecutor(max(1, self.concurrency))
         try:
@@ -136,18 +148,18 @@ class HTTPLM:
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
                  top_n: int | None = None, progress: bool = False):
-        """REPLUG's ensembled greedy decoding through the server (lm/http_generate.py): a per-token mixture over each
+        """REPLUG's ensembled greedy decoding through the server (generation.py): a per-token mixture over each
         pass's top-n next tokens (at most the probe's `top_logprobs`: 20, or OpenAI's 5), or one pass in one request."""
         top = self.top_logprobs if top_n is None else min(top_n, self.top_logprobs)
         return http_generate(self, contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
                              shared_prefix=shared_prefix, top_n=top)
 
     def generation_room(self, prefix: str, max_new_tokens: int) -> int | None:
-        """Context tokens `generate` keeps after `prefix` (None with text prompts): lm/http_windows.py."""
+        """Context tokens `generate` keeps after `prefix` (None with text prompts): windows.py."""
         return generation_room(self, prefix, max_new_tokens)
 
     def scoring_room(self, continuation: str) -> int | None:
-        """Context tokens `score` keeps before `continuation` (None with text prompts): lm/http_windows.py."""
+        """Context tokens `score` keeps before `continuation` (None with text prompts): windows.py."""
         return scoring_room(self, continuation)
 
     @property
@@ -174,12 +186,12 @@ class HTTPLM:
         return tokenizer_fingerprint(tok) if tok is None or isinstance(tok, TextTokenizer) else tok.fingerprint()
 
     def probe(self) -> dict:
-        """Probe the server (`replug_jax.lm.http_probe`) and apply what it found; returns the findings."""
-        from replug_jax.lm.http_probe import probe
+        """Probe the server (`replug_jax.lm.http.probe`) and apply what it found; returns the findings."""
+        from replug_jax.lm.http.probe import probe
 
         self.transport.check_listening()  # a dead address fails in about a second, named
         if self.tokenizer is None and self.token_prompts is not False:  # exact scores need no local tokenizer
-            from replug_jax.lm.http_tokenize import ServerTokenizer
+            from replug_jax.lm.http.tokenization import ServerTokenizer
 
             self.tokenizer = ServerTokenizer.connect(self)
             if self.tokenizer is not None and self.start_id is None:

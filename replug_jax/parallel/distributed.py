@@ -110,7 +110,7 @@ def _open_host_store(lead_host) -> None:
     global _store_client, _store
     from jax.experimental import multihost_utils
 
-    from replug_jax import host_store
+    from replug_jax.parallel import host_store
 
     record = {"host": "", "port": 0, "secret": ""}
     if is_lead():
@@ -184,7 +184,7 @@ def lm_work_split(lm) -> WorkSplit:
     """Each process its own share of the items, unless `lm`'s mesh spans processes: then its jitted calls are
     collective, so every process steps through all items in lockstep (the same batches, in the same order)
     and holds the whole result: one share."""
-    from replug_jax import sharding
+    from replug_jax.parallel import sharding
 
     mesh = getattr(lm, "mesh", None)
     if mesh is not None and sharding.spans_processes(mesh):

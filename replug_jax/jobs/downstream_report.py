@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 
-from replug_jax import results_file
 from replug_jax.data.downstream import MMLU_CATEGORIES
-from replug_jax.evaluate.report import METHOD_ORDER, method_label
+from replug_jax.jobs import results_file
+from replug_jax.jobs.report import METHOD_ORDER, method_label
 
 CATEGORIES = ("Humanities", "Social Sciences", "STEM", "Other")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from replug_jax.lm.http_transport import BlackBoxServerError, Refused
+from replug_jax.lm.http.transport import BlackBoxServerError, Refused
 from replug_jax.models.tokenizer import piece_token_starts
 
 

@@ -5,7 +5,7 @@ All batch work (corpus embedding, LM scoring, the ensemble) splits the batch ove
 ("data", "model": `lm_mesh`), its weights split over "model" by the rules in models/partition.py.
 Shapes are padded to buckets so a function compiles once per bucket, not once per call.
 
-With several processes (`replug_jax.distributed`) each process embeds and scores its own share
+With several processes (`replug_jax.parallel.distributed`) each process embeds and scores its own share
 on its own devices (`data_mesh()`: the local ones, no collective); the LSR train step and the
 on-device search use `global_mesh()`, every device of every process.
 """
@@ -130,7 +130,7 @@ def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int, multiple: i
     round differently at other lengths): the encoder's choice, so that a query ranks passages the same alone as
     among others (a few more, partly empty batches).
     """
-    from replug_jax.progress import tqdm
+    from replug_jax.base.progress import tqdm
 
     lengths = np.array([len(r) for r in rows], np.int64)
     order = np.argsort(lengths, kind="stable")

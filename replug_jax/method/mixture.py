@@ -1,4 +1,6 @@
-"""The REPLUG ensemble (Shi et al., 2023, §3.2) as pure JAX functions.
+"""The REPLUG ensemble (Shi et al., 2023, §3.2) as pure functions: one mixture, in a JAX form for jitted code
+(`ensemble_log_weights`, `ensemble_logprobs`, float32) and a numpy form for the host (`mixture_logprobs`,
+`mixture_loglik`, float64), held equal by tests/test_mixture.py.
 
 Each of the K retrieved documents d_k is prepended to the input x and scored by the
 black-box LM separately; the K predictions are mixed in probability space with weights
@@ -23,20 +25,52 @@ Masking and infinities (no NaN is ever produced by the functions here from maske
     upstream, and hiding it would be worse. Scores of +inf are not supported.
 
 Shapes: B queries, K documents per query, T continuation tokens, V vocabulary.
-Computation is done in at least float32 (bf16 inputs are promoted).
+The JAX form computes in at least float32 (bf16 inputs are promoted); the numpy form in float64.
+The JAX form imports jax on its first call (`_jax`): the numpy form serves the HTTP client (lm/http/), which
+imports no JAX.
 """
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # annotations only
+    import jax
 
 __all__ = [
     "ensemble_log_weights",
     "ensemble_logprobs",
+    "mixture_loglik",
+    "mixture_logprobs",
 ]
 
 
-def _as_float(x) -> jax.Array:
+def mixture_logprobs(log_weights, per_pass) -> np.ndarray:
+    """The mixture on the host, float64: logsumexp_k(log λ_k + per_pass[k, ...]) for any trailing shape, [K] and
+    [K, *S] -> [*S]. A pass of weight 0 (log λ -inf) or a value of -inf (a token a pass does not offer: probability
+    0 there) adds nothing; where nothing is left the result is -inf."""
+    log_w = np.asarray(log_weights, np.float64)  # [K]
+    stacked = np.stack([np.asarray(p, np.float64) for p in per_pass])  # [K, *S]
+    return np.logaddexp.reduce(log_w.reshape(log_w.shape + (1,) * (stacked.ndim - 1)) + stacked, axis=0)  # [*S]
+
+
+def mixture_loglik(log_weights, per_pass) -> float:
+    """Σ_t logsumexp_k(log λ_k + log p_k(y_t | ...)): one continuation under the per-token mixture of its passes.
+    log_weights: [K] log λ; per_pass: K arrays [T] (one continuation's token log-probs in each pass)."""
+    return float(np.sum(mixture_logprobs(log_weights, per_pass)))
+
+
+def _jax():
+    """(jax, jax.numpy), imported at the JAX form's first call."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax, jnp
+
+
+def _as_float(x):
+    _, jnp = _jax()
     x = jnp.asarray(x)
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
@@ -53,6 +87,7 @@ def _masked_logsumexp(x: jax.Array, valid: jax.Array, axis: int) -> jax.Array:
     `stop_gradient`, and both the log and the shift use the double-`where` trick so that
     empty sums give neither NaN values nor NaN gradients.
     """
+    jax, jnp = _jax()
     x = jnp.where(valid, x, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
     m = jnp.where(jnp.isfinite(m), m, 0.0)
@@ -68,6 +103,7 @@ def ensemble_log_weights(scores, doc_mask, temperature=1.0) -> jax.Array:
     Returns [B, K]: -inf for masked or -inf-scored documents; a row with no valid
     document is all -inf (its weights sum to 0, not 1).
     """
+    jax, jnp = _jax()
     _check_temperature(temperature)
     s = _as_float(scores)  # [B, K]
     valid = jnp.asarray(doc_mask, bool) & (s != -jnp.inf)  # [B, K]; a NaN score stays valid and propagates
@@ -89,6 +125,7 @@ def ensemble_logprobs(doc_logprobs, scores, doc_mask, temperature=1.0) -> jax.Ar
     out[b, ...] = logsumexp_k(log λ[b, k] + doc_logprobs[b, k, ...]); documents with
     zero weight are skipped entirely (their log-probabilities may be NaN).
     """
+    _, jnp = _jax()
     lp = _as_float(doc_logprobs)  # [B, K, *S]
     log_w = ensemble_log_weights(scores, doc_mask, temperature)  # [B, K]
     extra = (1,) * (lp.ndim - 2)

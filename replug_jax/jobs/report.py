@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 
-from replug_jax import results_file
+from replug_jax.jobs import results_file
 
 METHOD_ORDER = ("none", "replug", "replug_posterior", "replug_lsr", "random", "concat", "bm25")
 
 
-KL_NAMES = {"pr_q": "KL(P_R ‖ Q)", "q_pr": "KL(Q ‖ P_R)"}  # LSR's directions (lsr.py)
+KL_NAMES = {"pr_q": "KL(P_R ‖ Q)", "q_pr": "KL(Q ‖ P_R)"}  # LSR's directions (method/lsr_loss.py)
 
 
 def method_label(method: str, results: dict) -> str:

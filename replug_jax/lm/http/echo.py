@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from replug_jax.lm.http_transport import BlackBoxServerError
+from replug_jax.lm.http.transport import BlackBoxServerError
 
 
 @dataclasses.dataclass

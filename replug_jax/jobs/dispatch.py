@@ -6,7 +6,7 @@ from replug_jax.jobs import JOBS  # noqa: F401 (re-exported)
 
 def run_job(config, workdir: str, **options) -> dict:
     """Run the job `config.job` names in `workdir`; options go to the job (the downstream jobs take `lm`)."""
-    from replug_jax.input_checks import check_job_inputs
+    from replug_jax.jobs.input_checks import check_job_inputs
 
     check_job_inputs(config)  # in the first second: nothing loaded or embedded yet
     if config.job == "lm_eval":

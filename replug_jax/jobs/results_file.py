@@ -49,7 +49,7 @@ def git_commit() -> dict:
     installed copy, or git cannot say)."""
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
     unknown = {"git_commit": None, "git_dirty": None}
     if not os.path.exists(os.path.join(root, ".git")):
         return unknown

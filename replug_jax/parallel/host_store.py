@@ -31,7 +31,7 @@ import socketserver
 import threading
 import time
 
-from replug_jax.host_store_client import MAX_LINE, HostStoreClient, RequestError  # noqa: F401 (the client, here too)
+from replug_jax.parallel.host_store_client import MAX_LINE, HostStoreClient, RequestError  # noqa: F401 (the client, here too)
 
 FIRST_LINE = 4096  # bytes of a connection's first line, sent before it is known to come from the job
 FIRST_LINE_TIMEOUT_S = 5.0

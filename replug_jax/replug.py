@@ -9,7 +9,7 @@
 
 Each of the top-k passages is prepended to the input separately and the LM's per-token probabilities are
 mixed with λ = softmax(s / τ) (§3.2), or (`weights="posterior"`) with the LM's posterior over the passages
-(posterior.py). The calls go through the very functions the jobs use (`passages.document_passes` and
+(method/posterior.py). The calls go through the very functions the jobs use (`passages.document_passes` and
 `evaluate.lm.ensemble` for scoring, `evaluate.qa.method_passes` and `evaluate.qa_posterior` for QA), so the
 numbers are the jobs' numbers (tests/test_pipeline.py).
 """
@@ -21,15 +21,13 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax import mixture, posterior
 from replug_jax.data.records import QAExample
-from replug_jax.evaluate import qa
+from replug_jax.evaluate import qa, qa_posterior
 from replug_jax.evaluate.demo_passages import few_shot_prefix
 from replug_jax.evaluate.lm import ensemble
-from replug_jax.evaluate import qa_posterior
-from replug_jax.passages import DOC_TEMPLATE, document_passes, passage_text
+from replug_jax.method import mixture, posterior
+from replug_jax.method.passages import DOC_TEMPLATE, document_passes, passage_text
 from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, document_from_record
-
 
 WEIGHTS = ("retrieval", "posterior")
 
@@ -52,7 +50,7 @@ class REPLUG:
     """A retriever (anything with `retrieve(queries, k) -> (scores [Q, K], rows [Q, K])`) over `datastore`,
     and a black-box LM; `k` passages per input, mixed with λ = softmax(s / `temperature`) (`weights="retrieval"`,
     the paper) or with the LM's posterior λ ∝ exp(s/τ + α log p(input | passage)) (`weights="posterior"`, α =
-    `posterior_alpha`, posterior.py), which may score the input after the top `rerank_depth` passages and keep
+    `posterior_alpha`, method/posterior.py), which may score the input after the top `rerank_depth` passages and keep
     the k best."""
 
     def __init__(self, lm, retriever, datastore: Datastore, *, k: int = 4, temperature: float = 1.0,
@@ -254,9 +252,9 @@ def as_documents(documents) -> list[Document]:
         if not os.path.exists(documents):
             raise ValueError(f"documents={str(documents)[:60]!r} is not a file or folder: pass a list of texts "
                              "(or of {\"text\", \"title\"} dicts), even for one document")
-        from replug_jax import workspace
+        from replug_jax.jobs import prepare
 
-        return workspace.read_documents(os.fspath(documents))
+        return prepare.read_documents(os.fspath(documents))
     docs = []
     for i, d in enumerate(documents):
         if isinstance(d, (str, dict)):

@@ -11,10 +11,10 @@ DEBUG_ENV = "REPLUG_JAX_DEBUG"
 
 
 def user_errors() -> tuple:
-    """What a user's input causes (replug_jax/errors.py): a value, file or data set a job refuses on purpose
+    """What a user's input causes (replug_jax/base/errors.py): a value, file or data set a job refuses on purpose
     (`InputError`), an unknown model, an index built for something else. Any other exception is a fault.
     (Imported when needed: FAISS must load after the job's log file is set up, which records its loader.)"""
-    from replug_jax.errors import InputError
+    from replug_jax.base.errors import InputError
     from replug_jax.models.registry import ModelNotFound
     from replug_jax.retrieval.index import IndexRefused
 
@@ -55,7 +55,7 @@ def job_failures_reported(debug: bool = False):
     `console.log_failure`): a user error prints `error: <message>` and exits 2; any other exception prints
     `error: <Type>: <message>` and where its traceback is, and exits 1. With `debug` or $REPLUG_JAX_DEBUG, or
     before the log file exists, the exception propagates with its traceback (a user error before it: one line)."""
-    from replug_jax import console
+    from replug_jax.base import console
 
     try:
         yield
@@ -80,7 +80,8 @@ def config_dir() -> str:
     here = os.path.join("experiments", "configs")
     if os.path.isdir(here):
         return here
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments",
+                        "configs")  # replug_jax/jobs/ -> the checkout
 
 
 def config_argument(argv: list[str]) -> str | None:
@@ -128,7 +129,7 @@ def help_text(argv: list[str], usage: str) -> str:
     chosen = config_argument(argv)
     if chosen:
         check_config_file(chosen)
-        from replug_jax.config_files import sibling_config
+        from replug_jax.jobs.config_files import sibling_config
 
         path = os.path.abspath(config_path(chosen))
         config = sibling_config(path, os.path.basename(path))

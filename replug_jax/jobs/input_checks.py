@@ -5,16 +5,15 @@ would work: files that do not exist, unknown model names, unknown methods or dat
 retriever, k below 1 or beyond a datastore whose size is known, a temperature that is not positive. Every job
 reads `--config.methods` through `read_methods` (a comma-separated string or a tuple). What can only be known
 later (a hub id without a network, a malformed line deep in a file, k beyond a large corpus's passages) is
-still reported where it is found. main.py prints an InputError as one line and exits 2 (replug_jax/errors.py).
+still reported where it is found. main.py prints an InputError as one line and exits 2 (replug_jax/base/errors.py).
 """
 from __future__ import annotations
 
 import math
 import os
 
-from replug_jax.errors import InputError  # noqa: F401 (the jobs' input errors; re-exported)
+from replug_jax.base.errors import InputError  # noqa: F401 (the jobs' input errors; re-exported)
 from replug_jax.models import registry, split_gguf
-from replug_jax.posterior_settings import check_posterior_settings
 
 DOCUMENT_NAMES = ("gensim_wiki",)  # offline corpora known by name
 CORPUS_NAMES = DOCUMENT_NAMES + ("sciq",)
@@ -125,16 +124,16 @@ def check_job_inputs(config) -> None:
         if "replug_posterior" in job_methods(config):
             check_posterior_settings(config)
         if "replug_lsr" in job_methods(config):
-            from replug_jax import workdirs
+            from replug_jax.jobs import bucket_workdirs
 
             given = config.get("retriever_workdir") or ""
             try:  # a bucket folder (gs://): its trained retriever staged locally, as the job reads it
-                folder = workdirs.local_folder(given, ("retriever.safetensors", "train_questions.json"))
+                folder = bucket_workdirs.local_folder(given, ("retriever.safetensors", "train_questions.json"))
             except ValueError as e:
                 raise InputError(f"--config.retriever_workdir={e}") from None
             path = os.path.join(folder, "retriever.safetensors")
             if not os.path.isfile(path):
-                where = f"{given.rstrip('/')}/retriever.safetensors" if workdirs.is_remote(given) else path
+                where = f"{given.rstrip('/')}/retriever.safetensors" if bucket_workdirs.is_remote(given) else path
                 raise InputError(f"--config.methods has replug_lsr but {where} does not exist: set "
                                  "--config.retriever_workdir to an LSR job's workdir")
     bound = passages_at_most(config)
@@ -295,3 +294,56 @@ def passages_at_most(config) -> int | None:
 
     sizes = [len(d.text.encode("utf-8")) for d in ds.read_document_file(corpus)]
     return sum(math.ceil((b + 2) / config.doc_tokens) for b in sizes if b)
+
+
+# replug_posterior's settings (the method itself: method/posterior.py)
+
+def check_posterior_settings(config) -> None:
+    """replug_posterior: α a finite number >= 0, rerank_depth 0 or a whole number >= k, a known ℓ (QA), and (mmlu)
+    the options scored by their text, since the letter prompt lists the options between the question and the answer."""
+    from replug_jax.method.posterior import EVIDENCE, EVIDENCES, check_alpha  # jax: imported when the method runs
+
+    try:
+        check_alpha(config.get("posterior_alpha", 1.0))
+    except ValueError as e:
+        raise InputError(f"--config.{e}") from None
+    if config.get("posterior_evidence", EVIDENCE) not in EVIDENCES:
+        raise InputError(f"--config.posterior_evidence={config.posterior_evidence!r}: one of "
+                         f"{', '.join(EVIDENCES)}")
+    depth, k = config.get("rerank_depth", 0), config.get("eval_k") or config.k  # the k the job evaluates with
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0 or 0 < depth < k:
+        key = "eval_k" if config.get("eval_k") else "k"
+        raise InputError(f"--config.rerank_depth={depth!r}: passages scored before keeping {key}={k}: 0 ({key}) or a "
+                         f"whole number >= {key}")
+    olmes = str(config.get("questions")).startswith("olmes:")
+    olmes_mc = olmes and "mc" in config.questions.split(":")[-1].split("_")  # (val_)mc_*: the block lists the options
+    if config.job == "mmlu" and (olmes_mc or not olmes and config.get("scoring") != "options"):
+        fix = (f"{config.questions} lists the options in the question block, use an rc form" if olmes_mc else
+               "set --config.scoring=options (the letter prompt puts the options after the question)")
+        raise InputError(f"--config.methods has replug_posterior, which weighs each passage by log p(question | "
+                         f"passage): {fix}")
+
+
+def retrieval_depth(config, method: str) -> int:
+    """Passages a downstream job retrieves per question for `method`: k, or for "replug_posterior" its re-ranking
+    depth (at least k)."""
+    return max(config.k, config.get("rerank_depth", 0) or 0) if method == "replug_posterior" else config.k
+
+
+# settings a run was given but none of its methods reads: said as warnings, never dropped in silence (a config
+# file may set them for its default methods); the jobs print them first and keep them in results.json's warnings
+
+POSTERIOR_KEYS = {"posterior_alpha": 1.0, "rerank_depth": 0, "posterior_evidence": "question"}  # key: its default; replug_posterior alone reads them
+
+
+def unused_settings(config) -> list[str]:
+    """Warnings (not errors: a config file may set them for its default methods) for settings no chosen method
+    reads: posterior_alpha / rerank_depth away from their defaults while --config.methods has no replug_posterior,
+    a run that would look re-ranked but is plain REPLUG."""
+    methods = job_methods(config)
+    given = [f"--config.{key}={config.get(key)!r}" for key, default in POSTERIOR_KEYS.items()
+             if "replug_posterior" not in methods and config.get(key, default) != default]
+    if not given:
+        return []
+    return [f"{' and '.join(given)} unused: only replug_posterior reads {'them' if len(given) > 1 else 'it'}, and "
+            f"--config.methods={','.join(methods)} does not run it"]

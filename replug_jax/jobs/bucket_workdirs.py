@@ -274,7 +274,7 @@ def staged(workdir: str) -> Staging | None:
     global _active
     if not is_remote(workdir):
         return None
-    from replug_jax import distributed
+    from replug_jax.parallel import distributed
 
     if distributed.process_count() > 1:
         raise ValueError(f"--workdir {workdir}: several processes cannot share a bucket workdir through local "

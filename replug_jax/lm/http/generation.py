@@ -22,10 +22,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from replug_jax.lm.blackbox import (Generation, check_generation_inputs, cut_at_stop, generation_prompt_ids,
-                                   tokens_through_stop)
-from replug_jax.lm.http_transport import BlackBoxServerError
-from replug_jax.lm.http_windows import generation_window
+from replug_jax.lm.blackbox import (
+    Generation,
+    check_generation_inputs,
+    cut_at_stop,
+    generation_prompt_ids,
+    tokens_through_stop,
+)
+from replug_jax.lm.http.transport import BlackBoxServerError
+from replug_jax.lm.http.windows import generation_window
+from replug_jax.method import mixture
 
 
 def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
@@ -103,16 +109,13 @@ def _next_top(client, prompt, top_n: int) -> dict[str, float]:
 
 
 def _mixture_argmax(tops: list[dict[str, float]], log_weights: np.ndarray) -> tuple[str, float]:
-    """The union's best token under Σ_i λ_i p_i(t), p_i = 0 outside pass i's top-n; (token, log p)."""
-    best, best_lp = None, -math.inf
-    for token in sorted(set().union(*tops)):
-        terms = [w + top[token] for w, top in zip(log_weights, tops) if token in top and w > -math.inf]
-        if terms:
-            m = max(terms)
-            lp = m + math.log(sum(math.exp(x - m) for x in terms))
-            if lp > best_lp:
-                best, best_lp = token, lp
-    return best, best_lp
+    """The union's best token under Σ_i λ_i p_i(t), p_i = 0 outside pass i's top-n (`mixture.mixture_logprobs`);
+    (token, log p), the first in sorted order among equals."""
+    tokens = sorted(set().union(*tops))  # [N]
+    per_pass = [[top.get(t, -math.inf) for t in tokens] for top in tops]  # [K, N]; -inf: not offered by that pass
+    mixed = mixture.mixture_logprobs(np.asarray(log_weights)[: len(tops)], per_pass)  # [N]; weights past the passes: padding
+    best = int(np.argmax(mixed))
+    return (tokens[best], float(mixed[best])) if mixed[best] > -math.inf else (None, -math.inf)
 
 
 def _sequence(client, prompt, max_new: int, stop) -> Generation:

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from replug_jax.errors import InputError
+from replug_jax.base.errors import InputError
 
 MAX_DELAY = 60.0  # seconds, cap on backoff and Retry-After
 LISTEN_TRIES, LISTEN_BACKOFF = 3, 0.25  # a refused first connection: tried again after 0.25 s and 0.5 s, then refused

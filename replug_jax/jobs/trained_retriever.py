@@ -12,7 +12,7 @@ import os
 
 import jax
 
-from replug_jax.errors import InputError, MissingInput
+from replug_jax.base.errors import InputError, MissingInput
 
 TRAINED_RETRIEVER = "retriever.safetensors"  # in an LSR workdir: the trained retriever's parameters
 TRAIN_QUESTIONS = "train_questions.json"  # in a QA-LSR workdir: the training questions' texts and given ids
@@ -36,9 +36,9 @@ def save(folder: str, params, *, encoder: str, train_documents: bool, questions:
 
 def retriever_folder(lsr_workdir: str) -> str:
     """An LSR job's workdir as a local folder: from a bucket (gs://), its trained retriever files staged."""
-    from replug_jax import workdirs
+    from replug_jax.jobs import bucket_workdirs
 
-    return workdirs.local_folder(lsr_workdir or "", (TRAINED_RETRIEVER, TRAIN_QUESTIONS))
+    return bucket_workdirs.local_folder(lsr_workdir or "", (TRAINED_RETRIEVER, TRAIN_QUESTIONS))
 
 
 def load_trained_encoder(encoder, lsr_workdir: str):

@@ -12,13 +12,22 @@ very pass that scores the continuation (`BlackBoxLM.score_with_query`: LM evalua
 generates (`generate`); the QA job's default reads it from zero-shot passes of its own (`EVIDENCE`). Re-ranking
 (`rerank`): of the top `depth` passages, the k with the highest posterior weight are kept and their weights
 renormalised.
+
+Here, in one module: the weights and the re-ranking (numpy, float64 where it counts), their JAX form for a jitted
+prefill (`prefill_log_weights`, held equal to `kept_passes`), the request a generation carries (`PrefillPosterior`)
+and ensembled generation with the posterior's weights through any black box (`generate`). The QA method on top of
+it is evaluate/qa_posterior.py; its settings are checked in jobs/input_checks.py. JAX is imported at the JAX form's
+first call: the HTTP client reads `PrefillPosterior` from here and imports no JAX.
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Sequence
+
 import numpy as np
 
-from replug_jax import mixture
-
+from replug_jax.base.progress import progress_keyword
+from replug_jax.method import mixture
 
 EVIDENCES = ("question", "demos")  # the QA posterior's ℓ: log p(x | d) zero-shot, or log p(x | demos, d)
 EVIDENCE = "question"  # the dev sweep's (posterior_sweep.py) and every table's (docs/posterior.md)
@@ -82,6 +91,41 @@ def kept_passes(scores: np.ndarray, query_logliks, temperature: float, alpha: fl
     return rerank(posterior_log_weights(scores, valid, evidence, temperature, alpha), k)
 
 
+def prefill_log_weights(log_weights, query_logliks, alpha, keep: int):
+    """log λ = log softmax(log_weights + α · log p(x | d)) over each row's `keep` highest (the rest -inf), in the jit:
+    `kept_passes` (τ 1) with the passes left in place, in jnp so that LocalLM's jitted prefill
+    (lm/local_generate.py) needs no host round trip (tests/test_generate.py holds the two equal, ties included).
+    [B, K] each -> [B, K]."""
+    import jax  # at the first call: the rest of the module serves the HTTP client, which imports no JAX
+    import jax.numpy as jnp
+    valid = log_weights > -jnp.inf
+    combined = jnp.where(valid, log_weights + alpha * query_logliks, -jnp.inf)
+    if keep < combined.shape[1]:
+        _, top = jax.lax.top_k(combined, keep)  # [B, keep]; ties: the lower position first, as `rerank`
+        chosen = jnp.zeros(combined.shape, bool).at[jnp.arange(combined.shape[0])[:, None], top].set(True)
+        combined = jnp.where(chosen, combined, -jnp.inf)
+    norm = jax.nn.logsumexp(combined, axis=1, keepdims=True)  # [B, 1]; -inf for a row without passes
+    return jnp.where(combined > -jnp.inf, combined - norm, -jnp.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillPosterior:
+    """Weights fixed at prefill from the LM's posterior over passages (method/posterior.py), for `generate`: every pass
+    context of question b ends with `queries[b]` (x); the generator adds α · log p(x | shared prefix, passage),
+    read from the prefill's own logits, to the given log λ (the retrieval weights), keeps each question's `keep`
+    highest, renormalises them and decodes with those: no pass beyond the generation's own."""
+
+    queries: Sequence[str]
+    alpha: float
+    keep: int
+
+
+def check_ends_with_query(context: str, query: str, where: str = "a pass context") -> None:
+    """The posterior reads x at the end of each pass: refuse a pass that does not end with its (non-empty) query."""
+    if not query or not context.endswith(query):
+        raise ValueError(f"{where} does not end with its query {query[:40]!r}: the posterior needs x last")
+
+
 def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max_new_tokens: int, stop=("\n",),
              shared_prefix: str = "", progress: bool = False) -> list:
     """Ensembled generation with the weights fixed at prefill by the posterior: question b's passes `contexts[b]`
@@ -90,8 +134,6 @@ def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max
     does it in the generation's pass; any other black box (HTTP) first scores x in each pass's own prompt tokens
     with `score_with_query` (one echoed request per pass), then generates with the kept passes. -> `Generation`s with
     `.log_weights` [K] (-inf: dropped) and `.query_logliks` [K], in the passes' given order."""
-    from replug_jax.lm.blackbox import PrefillPosterior, check_ends_with_query, progress_keyword
-
     check_alpha(alpha)
     if getattr(lm, "weights_at_prefill", False):
         return lm.generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop, shared_prefix=shared_prefix,

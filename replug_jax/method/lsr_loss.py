@@ -38,7 +38,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from replug_jax.mixture import ensemble_log_weights
+from replug_jax.method.mixture import ensemble_log_weights
 
 __all__ = ["DIRECTIONS", "retrieval_log_likelihood", "lm_log_likelihood", "kl_loss", "lsr_loss"]
 
