@@ -96,8 +96,12 @@ def run(command: list[str], processes: int, devices: int | None = None, port: in
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m replug_jax.launch --processes N [--devices D] [--port P] -- COMMAND ..."
+    if "--" not in argv and ({"-h", "--help"} & set(argv)):
+        print(usage)  # asked for: exit 0
+        return 0
     if "--" not in argv:
-        sys.exit("usage: python -m replug_jax.launch --processes N [--devices D] [--port P] -- COMMAND ...")
+        sys.exit(usage)
     split = argv.index("--")
     ap = argparse.ArgumentParser(prog="python -m replug_jax.launch", description=__doc__.split("\n")[0])
     ap.add_argument("--processes", type=int, required=True, help="how many processes to start")

@@ -45,6 +45,8 @@ def run_job(config):
     except ValueError as e:  # the --workdir flag refused, before any log file exists: one line, as a flag error
         raise InputError(str(e)) from e
     workdir = staging.local if staging else _WORKDIR.value
+    if lead and not staging:
+        command_line.check_workdir(workdir)  # a file, or a folder that cannot be made: one line, exit 2
     try:
         log_path = console.setup(workdir, verbosity, enabled=lead)
         staged = f", staged in {workdir}" if staging else ""

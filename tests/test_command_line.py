@@ -30,6 +30,8 @@ def run_main(*args, env=None):
     (["--config.encoder=smollm2"], "error: --config.encoder='smollm2' is an LM, not an encoder; encoders: minilm,"),
     (["--config.job=train"], "error: --config.job='train': unknown job; use one of lm_eval, lsr, qa, mmlu"),
     (["--config.methods=replug,bm52"], "error: --config.methods='replug,bm52': unknown method 'bm52'; the lm_eval job"),
+    (["--workdir", "README.md"], "error: --workdir='README.md' is a file, not a folder"),  # was a traceback, exit 1
+    (["--workdir", "/dev/null/run"], "error: --workdir='/dev/null/run' cannot be made: Not a directory"),
 ])
 def test_mistakes_get_one_line_and_exit_2_before_any_model_loads(args, message, tmp_path):
     done, seconds = run_main("--config", DEMO, "--workdir", str(tmp_path / "w"), *args)
@@ -268,7 +270,13 @@ def test_k_and_temperatures_are_refused_in_the_first_second(tmp_path):
              ("sciq.py", dict(qa, methods=("replug_posterior",), k=2, rerank_depth=1), r"--config.rerank_depth=1: "),
              ("sciq.py", dict(qa, rerank_depth=16), r"--config.rerank_depth=16 is larger than the datastore \(3 "),
              ("sciq_mc.py", dict(qa, methods=("replug_posterior",), scoring="letters"),
-              r"set --config.scoring=options")]
+              r"set --config.scoring=options"),
+             ("sciq.py", dict(qa, shots=-1), r"--config.shots=-1: a whole number, at least 0"),  # was 1-shot, silently
+             ("qa.py", dict(qa, max_questions=-2), r"--config.max_questions=-2: a whole number, at least 0"),
+             ("qa.py", dict(qa, question_offset=-1), r"--config.question_offset=-1: a whole number, at least 0"),
+             ("lm_eval.py", dict(lm_eval, stride_tokens=0), r"--config.stride_tokens=0: a whole number, at least 1"),
+             ("lm_eval.py", dict(lm_eval, doc_tokens=-5), r"--config.doc_tokens=-5: a whole number, at least 1"),
+             ("qa.py", dict(qa, doc_tokens=0), r"--config.doc_tokens=0: a whole number, at least 1")]
     started = time.time()
     for name, overrides, message in cases:
         with pytest.raises(input_checks.InputError, match=message):

@@ -53,6 +53,9 @@ def test_child_environment_and_bad_usage():
         launch.run([], 2)
     with pytest.raises(SystemExit, match="usage"):
         launch.main(["--processes", "2", "python"])
+    for asked in (["--help"], ["-h"]):  # asked for, the usage is an answer: exit 0 (it was exit 1)
+        done = subprocess.run([sys.executable, "-m", "replug_jax.launch", *asked], capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout.startswith("usage: python -m replug_jax.launch"), done
 
 
 @pytest.mark.parametrize("victim", [0, 1], ids=["coordinator-killed", "worker-killed"])

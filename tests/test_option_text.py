@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from replug_jax.evaluate import mmlu, option_text
+from replug_jax.evaluate import mmlu, multiple_choice, option_text
 from tests.test_downstream import (MC, MC_PASSAGES, SHOT, SHOT_PASSAGE, RecordingLM, files, log_softmax64,  # noqa: F401
                                    mmlu_config, run_job, tiny_gpt2)
 
@@ -96,7 +96,7 @@ def test_record_passages_names_the_mixed_passages_by_datastore_id():
     store = Datastore([f"d{i}#0" for i in range(5)], [""] * 5, [f"text {i}" for i in range(5)], [f"d{i}" for i in range(5)])
     retrieved = np.array([[3, 1, -1], [0, 4, 2]])
     rows = [{}, {}]
-    option_text.record_passages(rows, "replug", store, retrieved)
+    multiple_choice.record_passages(rows, "replug", store, retrieved)
     assert [r["replug_passage_ids"] for r in rows] == [["d3#0", "d1#0"], ["d0#0", "d4#0", "d2#0"]]
-    option_text.record_passages(rows, "replug_posterior", store, retrieved, kept=[[1], [2, 0]])
+    multiple_choice.record_passages(rows, "replug_posterior", store, retrieved, kept=[[1], [2, 0]])
     assert [r["replug_posterior_passage_ids"] for r in rows] == [["d1#0"], ["d2#0", "d0#0"]]

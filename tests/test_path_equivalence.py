@@ -42,7 +42,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 import replug_jax as rj
 from replug_jax.data.olmes import load_olmes, split_question_block
 from replug_jax.data.records import MCExample, QAExample
-from replug_jax.evaluate import answer_nll, concat_cuts, mmlu, olmes_tasks, option_text, qa, qa_posterior
+from replug_jax.evaluate import answer_nll, concat_cuts, mmlu, multiple_choice, option_text, qa, qa_posterior
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate.windows import Window, document_windows
 from replug_jax.lm import blackbox
@@ -129,7 +129,7 @@ def cell_boundaries(tokenizer) -> dict[str, list[tuple[str, str]]]:
                    for t, x in rows],
             "qa": [(QA_DOC_TEMPLATE.format(passage=passage_text(t, x)), f"Question: {q.question}\nAnswer:")
                    for q in QUESTIONS for t, x in rows],
-            "olmes": [(option_text.PASSAGE_BEFORE_CONTEXT.format(passage=passage_text(t, x)) + shots, block)
+            "olmes": [(multiple_choice.PASSAGE_BEFORE_CONTEXT.format(passage=passage_text(t, x)) + shots, block)
                       for q in olmes_requests() for shots, block in [split_question_block(q.context, q.query)]
                       for t, x in rows]}
 
@@ -287,8 +287,8 @@ def mc_logliks(lm, encoder, tmp_path, weighting, olmes: bool):
         method = "replug" if weighting == "replug" else "replug_posterior"
         questions = olmes_requests()
         retrieve = lambda _, queries: retriever.retrieve(queries, max(K, depth))
-        rows = olmes_tasks.predictions(lm, questions, [method], retrieve, store, "acc", TAU, posterior_alpha=alpha,
-                                       k=K)
+        rows = multiple_choice.predictions(lm, multiple_choice.olmes_requests(questions), [method], retrieve, store,
+                                           metric="acc", temperature=TAU, posterior_alpha=alpha, k=K)
         return [r[f"{method}_options"]["loglik"] for r in rows]
     questions = [QAExample(q.id, q.question, q.answers) for q in QUESTIONS]
     choices = [[" to the sea", " to the desert"], [" 79", " 47"], [" Mount Elbrus", " Mont Blanc"]]
@@ -352,8 +352,9 @@ def test_olmes_posterior_scores_the_question_block_after_the_passage_and_shots(p
     lm = RecordingLM(paths[0]["local"])
     store, retriever = datastore(lm.lm, paths[1], tmp_path)
     questions = olmes_requests()
-    olmes_tasks.predictions(lm, questions, ["replug_posterior"], lambda _, qs: retriever.retrieve(qs, K), store,
-                            "acc", TAU, posterior_alpha=1.0, k=K)
+    multiple_choice.predictions(lm, multiple_choice.olmes_requests(questions), ["replug_posterior"],
+                                lambda _, qs: retriever.retrieve(qs, K), store, metric="acc", temperature=TAU,
+                                posterior_alpha=1.0, k=K)
     blocks = {split_question_block(q.context, q.query)[1] for q in questions}
     assert set(lm.queries) == blocks and all(b.startswith("Question:") and b.count("\n") == 1 for b in blocks)
 
@@ -530,7 +531,7 @@ def test_concat_passages_kept_before_every_option_are_one_number_on_every_path(p
     local = lms["local"]
     passages = TOPICS[:4]  # best first: the Knowledge line puts the best last
     if form == "olmes":
-        context = option_text.prepended_prompts("concat", [olmes_requests()[0].context], [passages])[0][0]
+        context = multiple_choice.prepended_prompts("concat", [olmes_requests()[0].context], [passages])[0][0]
     else:
         question = MCExample("m0", QUESTIONS[0].question, ("to the sea", "to the desert"), 0, "geography")
         context = mmlu.method_prompts("concat", [question], [passages], {"geography": DEMOS * 3},

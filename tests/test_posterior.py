@@ -9,7 +9,7 @@ import pytest
 
 from replug_jax.method import mixture, posterior
 from replug_jax.data.records import MCExample, QAExample
-from replug_jax.evaluate import mmlu, option_text, qa_posterior
+from replug_jax.evaluate import mmlu, multiple_choice, option_text, qa_posterior
 from replug_jax.lm.blackbox import query_token_count
 from replug_jax.lm.cache import CachedLM
 from replug_jax.method.passages import QA_DOC_TEMPLATE, question_block
@@ -249,8 +249,8 @@ def test_multiple_choice_posterior_at_alpha_zero_is_replug_and_weighs_by_the_que
     docs, blocks = option_text.cloze_passes(MC, PASSAGES, MC_PREFIX)
     prompts = mmlu.method_prompts("replug", MC, PASSAGES, MC_PREFIX, block=option_text.cloze_block)
     assert [[d + b for d in ds] for ds, b in zip(docs, blocks)] == prompts  # the job's prompts, split where x begins
-    olmes_docs = [[option_text.PASSAGE_BEFORE_CONTEXT.format(passage=p) for p in ps] for ps in PASSAGES]
-    olmes_prompts = option_text.prepended_prompts("replug", blocks, PASSAGES)
+    olmes_docs = [[multiple_choice.PASSAGE_BEFORE_CONTEXT.format(passage=p) for p in ps] for ps in PASSAGES]
+    olmes_prompts = multiple_choice.prepended_prompts("replug", blocks, PASSAGES)
     for d, b, p in ((docs, blocks, prompts), (olmes_docs, blocks, olmes_prompts)):
         got = option_text.posterior_option_predictions(smollm2, d, b, SCORES, conts, temperature=0.1, alpha=0.0, k=3)
         np.testing.assert_allclose(got["loglik"], _replug_option_logliks(smollm2, p, 3), atol=2e-4)

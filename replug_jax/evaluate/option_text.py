@@ -20,10 +20,9 @@ import numpy as np
 from replug_jax.evaluate.answer_nll import continuation_logliks, query_and_continuation_scores
 from replug_jax.method import mixture, posterior
 from replug_jax.method.mixture import mixture_loglik
-from replug_jax.method.passages import QA_DOC_TEMPLATE, knowledge_line, passage_ids
+from replug_jax.method.passages import QA_DOC_TEMPLATE
 
 SCORINGS = ("letters", "options")
-PASSAGE_BEFORE_CONTEXT = "{passage}\n\n"  # a passage before a fixed prompt (OLMES's request contexts)
 OPTION_METRICS = ("acc", "acc_per_char", "acc_per_token")
 
 
@@ -97,32 +96,7 @@ def predictions_by_metric(logliks: Sequence[Sequence[tuple[float, int]]], conts:
     return out
 
 
-def record(rows: list[dict], method: str, by_metric: dict, metric: str) -> None:
-    """Into each question's prediction row: `method`'s prediction by `metric`, and under "<method>_options" every
-    metric's prediction and the options' log-likelihoods."""
-    for i, row in enumerate(rows):
-        row[method] = by_metric[metric][i]
-        row[f"{method}_options"] = {m: by_metric[m][i] for m in (*OPTION_METRICS, "loglik")}
-
-
-def record_passages(rows: list[dict], method: str, store, retrieved: np.ndarray, kept=None) -> None:
-    """Into each question's row: "<method>_passage_ids", the datastore ids of the passages its passes mixed, best
-    first (`kept`: per question the positions among the passages found, best posterior first: replug_posterior)."""
-    for row, ids in zip(rows, passage_ids(store, retrieved, kept)):
-        row[f"{method}_passage_ids"] = ids
-
-
 def log_lambda(scores: np.ndarray, passes: int, temperature: float) -> np.ndarray:
     """log softmax(scores[:passes] / τ): REPLUG's normalised log weights of one question's passes."""
     s = np.asarray(scores[:passes], np.float32)[None]  # [1, passes]
     return np.asarray(mixture.ensemble_log_weights(s, np.ones_like(s, bool), temperature))[0]
-
-
-def prepended_prompts(method: str, contexts: Sequence[str], passages: Sequence[Sequence[str]]) -> list[list[str]]:
-    """Passes over fixed prompts (OLMES's request contexts, few-shot block included): the context alone ("none"),
-    every passage joined best last before it ("concat"), or one pass per passage before it (REPLUG)."""
-    if method == "none":
-        return [[c] for c in contexts]
-    if method == "concat":
-        return [[knowledge_line(ps) + "\n\n" + c] for c, ps in zip(contexts, passages)]
-    return [[PASSAGE_BEFORE_CONTEXT.format(passage=p) + c for p in ps] for c, ps in zip(contexts, passages)]

@@ -166,3 +166,16 @@ def key_comments(path: str) -> dict[str, str]:
     for key, comment in re.findall(r"^\s*c\.(\w+) = .*?  # (.+)$", text, flags=re.MULTILINE):
         comments[key] = comment.strip()
     return comments
+
+
+def check_workdir(path: str) -> None:
+    """A local --workdir is a folder or can be made one: an existing file, or a path under a file or where nothing
+    may be written, is the user's input, said in one line before any log file exists."""
+    from replug_jax.base.errors import InputError
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"--workdir={path!r} is a file, not a folder: give a folder (it is made if it is missing)")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--workdir={path!r} cannot be made: {e.strerror or e}") from None

@@ -92,6 +92,7 @@ def check_job_inputs(config) -> None:
     _check_lm_tokenizer(config)
     check_model("encoder", config.encoder)
     _check_k_and_temperatures(config)
+    _check_counts(config)
     if config.job == "lsr":
         from replug_jax.train.data import QA_SOURCES, first_training_row
 
@@ -254,6 +255,20 @@ def _check_k_and_temperatures(config) -> None:
     for key, tau in taus + [("temperature_sweep", t) for t in config.get("temperature_sweep", ())]:
         if not tau > 0:  # NaN too
             raise InputError(f"--config.{key}={tau!r}: a temperature must be positive (λ = softmax(s / τ))")
+
+
+COUNTS = {"shots": 0, "max_questions": 0, "question_offset": 0, "stride_tokens": 1, "doc_tokens": 1,
+          "max_windows_per_doc": 0}
+# key: the least whole number it may be (max_questions 0: all questions; max_windows_per_doc 0: all windows)
+
+
+def _check_counts(config) -> None:
+    """Counts a config holds are whole numbers of at least their least value (`COUNTS`): a negative shots or
+    max_questions would slice from the end in silence, a stride of 0 tokens never ends."""
+    for key, least in COUNTS.items():
+        value = config.get(key, least)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InputError(f"--config.{key}={value!r}: a whole number, at least {least}")
 
 
 def check_depth_fits(config, passages: int, at_most: bool = False) -> None:
