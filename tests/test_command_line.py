@@ -48,9 +48,13 @@ def _own_data(tmp_path) -> dict[str, str]:
              "no_answers.jsonl": '{"question": "Who is the mayor of Velmora?"}\n',
              "empty.jsonl": "\n",
              "malformed.jsonl": '{"text": "fine"}\n{"text": "a\tb"}\n'}
+    files["shared_ids.jsonl"] = '{"id": "a", "text": "One."}\n{"id": "b", "text": "Two."}\n{"id": "a", "text": "Three."}\n'
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    return {name.split(".")[0]: str(tmp_path / name) for name in files}
+    (tmp_path / "latin1.jsonl").write_bytes('{"text": "Caf\u00e9 au lait."}\n'.encode("latin-1"))  # not UTF-8
+    (tmp_path / "no_txt").mkdir()
+    (tmp_path / "no_txt" / "notes.md").write_text("Not a .txt file.")
+    return {name.split(".")[0]: str(tmp_path / name) for name in [*files, "latin1.jsonl", "no_txt"]}
 
 
 @pytest.mark.parametrize("config, args, message", [
@@ -63,6 +67,12 @@ def _own_data(tmp_path) -> dict[str, str]:
     ("experiments/configs/lm_eval.py", ["--config.eval_data={malformed}"],
      "error: {malformed}, line 2, column 12: not valid JSON (Invalid control character)"),
     ("experiments/configs/lm_eval.py", ["--config.eval_data={empty}"], "error: --config.eval_data='{empty}' is empty"),
+    ("experiments/configs/qa.py", ["--config.corpus={latin1}"], "error: {latin1}: not UTF-8 text"),  # was exit 1
+    ("experiments/configs/lm_eval.py", ["--config.eval_data={latin1}"], "error: {latin1}: not UTF-8 text"),
+    ("experiments/configs/qa.py", ["--config.corpus={shared_ids}"],  # was exit 2 after the models loaded
+     "error: --config.corpus='{shared_ids}': two documents share the id 'a'"),
+    ("experiments/configs/lm_eval.py", ["--config.corpus={no_txt}"],  # was exit 2 after the models loaded
+     "error: --config.corpus='{no_txt}': a folder without .txt files"),
 ])
 def test_a_newcomers_mistakes_on_their_own_data_get_one_line_and_exit_2(config, args, message, tmp_path):
     """Issue 51's error contract: a misspelt config file, a question file without answers, an empty corpus and a

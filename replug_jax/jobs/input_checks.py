@@ -9,6 +9,7 @@ still reported where it is found. main.py prints an InputError as one line and e
 """
 from __future__ import annotations
 
+import glob
 import math
 import os
 
@@ -32,6 +33,11 @@ def _check_path_or_name(key: str, value: str, names: tuple[str, ...]) -> None:
                          "tfds:NAME:SPLIT with $TFDS_DATA_DIR on a bucket); copy it to a local path")
     if not os.path.exists(os.path.expanduser(value)):
         raise InputError(f"--config.{key}={value!r}: no such file or directory (or give one of {', '.join(names)})")
+    folder = os.path.expanduser(value)
+    if key in ("corpus", "eval_data", "train_data") and os.path.isdir(folder) and not glob.glob(
+            os.path.join(folder, "*.txt")):
+        raise InputError(f"--config.{key}={value!r}: a folder without .txt files (a folder's documents are its .txt "
+                         "files; or give a JSONL file)")
 
 
 ROLES = {"lm": "an LM", "encoder": "an encoder"}
@@ -285,13 +291,26 @@ def check_depth_fits(config, passages: int, at_most: bool = False) -> None:
                          f"lower --config.{key} or add documents")
 
 
-def _check_small_documents(key: str, path: str) -> None:
-    """A small JSONL / .txt file of documents read in the first second: every line parses, some document has text."""
+def _small_documents(key: str, path: str) -> list | None:
+    """The documents of a small JSONL / .txt file, read in the first second (None for any other source): every line
+    parses, the text is UTF-8 and no two documents share an id (their passages' ids would collide)."""
     if not (path.endswith((".jsonl", ".txt")) and os.path.isfile(path) and os.path.getsize(path) <= COUNTED_CORPUS_BYTES):
-        return
+        return None
     from replug_jax.retrieval import datastore as ds
 
-    if not any([d.text.strip() for d in ds.read_document_file(path)]):  # every line read (a list, not a generator)
+    documents = list(ds.read_document_file(path))
+    seen: set[str] = set()
+    shared = next((d.id for d in documents if d.id in seen or seen.add(d.id)), None)
+    if shared is not None:
+        raise InputError(f"--config.{key}={path!r}: two documents share the id {shared!r} (give each its own, or "
+                         "leave ids out: a line's number is its id)")
+    return documents
+
+
+def _check_small_documents(key: str, path: str) -> None:
+    """A small JSONL / .txt file of documents (`_small_documents`) has some document with text."""
+    documents = _small_documents(key, path)
+    if documents is not None and not any(d.text.strip() for d in documents):
         raise InputError(f"--config.{key}={path!r} is empty: no document with any text")
 
 
@@ -302,12 +321,10 @@ def passages_at_most(config) -> int | None:
     corpus = config.corpus
     if corpus.endswith(".tsv"):
         return config.get("max_passages") or None
-    if not (corpus.endswith((".jsonl", ".txt")) and os.path.isfile(corpus)
-            and os.path.getsize(corpus) <= COUNTED_CORPUS_BYTES and config.get("doc_tokens", 0) >= 1):
+    documents = _small_documents("corpus", corpus)
+    if documents is None or config.get("doc_tokens", 0) < 1:
         return None
-    from replug_jax.retrieval import datastore as ds
-
-    sizes = [len(d.text.encode("utf-8")) for d in ds.read_document_file(corpus)]
+    sizes = [len(d.text.encode("utf-8")) for d in documents]
     return sum(math.ceil((b + 2) / config.doc_tokens) for b in sizes if b)
 
 

@@ -43,7 +43,14 @@ def document_from_record(record, default_id: str) -> Document:
 def read_jsonl(path: str) -> Iterator[Document]:
     """Documents from a JSONL file of {"text": ..., "title"?: ..., "id"?: ...}; id defaults to the 1-based line number."""
     with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+        lines = enumerate(f, start=1)
+        while True:
+            try:
+                line_no, line = next(lines)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as e:
+                raise not_utf8(path, e) from None
             if not line.strip():
                 continue
             try:
@@ -55,6 +62,11 @@ def read_jsonl(path: str) -> Iterator[Document]:
             yield document
 
 
+def not_utf8(path: str, error: UnicodeDecodeError) -> InputError:
+    """A file of documents that is not UTF-8 text, said as the user's input."""
+    return InputError(f"{path}: not UTF-8 text ({error.reason}); save it as UTF-8")
+
+
 def read_document_file(path: str) -> Iterator[Document]:
     """Documents from one file: a UTF-8 .txt file (one document) or a JSONL file (`read_jsonl`)."""
     return read_text_files([path]) if path.endswith(".txt") else read_jsonl(path)
@@ -64,7 +76,11 @@ def read_text_files(paths: Iterable[str]) -> Iterator[Document]:
     """One document per UTF-8 text file; id = the file name without extension, empty title."""
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            yield Document(os.path.splitext(os.path.basename(path))[0], "", f.read())
+            try:
+                text = f.read()
+            except UnicodeDecodeError as e:
+                raise not_utf8(path, e) from None
+        yield Document(os.path.splitext(os.path.basename(path))[0], "", text)
 
 
 def read_tfds(name: str, split: str, text_key: str = "text", title_key: str | None = None,
