@@ -32,7 +32,7 @@ import numpy as np
 from replug_jax.base import console
 from replug_jax.jobs import results_file
 from replug_jax.jobs.config_files import sibling_config
-from replug_jax.jobs.dispatch import run_job
+from replug_jax.main import run_job
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 RUNS = {  # name: (τ, methods, α, rerank depth[, LSR target: the retriever --lsr_retrievers/TARGET])

@@ -23,7 +23,7 @@ import os
 import time
 
 from replug_jax.base import console
-from replug_jax.jobs.dispatch import run_job
+from replug_jax.main import run_job
 from replug_jax.jobs.config_files import sibling_config
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")

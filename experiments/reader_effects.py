@@ -57,7 +57,7 @@ def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, load
         if results.get("count") is not None and results.get("max_questions", questions) == questions:
             return results
     from replug_jax.base import console
-    from replug_jax.jobs.dispatch import run_job
+    from replug_jax.main import run_job
 
     console.setup(workdir, -1)
     console.phase(f"{lm} on {task}: up to {questions} questions in {workdir}")

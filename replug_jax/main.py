@@ -18,8 +18,7 @@ from ml_collections import config_flags
 
 from replug_jax.base import console
 from replug_jax.base.errors import InputError
-from replug_jax.jobs import bucket_workdirs, command_line
-from replug_jax.jobs.dispatch import run_job as run_named_job
+from replug_jax.jobs import JOBS, bucket_workdirs, command_line
 from replug_jax.parallel import distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (a get_config() module)")
@@ -31,10 +30,11 @@ USAGE = "usage: python -m replug_jax.main --config CONFIG.py --workdir DIR [--co
 def main(argv):
     del argv
     with command_line.job_failures_reported(debug=flags.FLAGS.debug):
-        distributed.fail_fast(run_job, _CONFIG.value)
+        distributed.fail_fast(run_from_flags, _CONFIG.value)
 
 
-def run_job(config):
+def run_from_flags(config):
+    """The job the --config flag names, in the --workdir flag's folder (staged first where it is a bucket)."""
     lead = True
     # several processes (TPU VM hosts with multihost=True, or replug_jax.launch): only process 0 prints and writes
     if distributed.initialize(config.get("multihost", False)):
@@ -53,7 +53,7 @@ def run_job(config):
         console.phase(f"{config.job} job, workdir {_WORKDIR.value}{staged} (library log: {log_path}; "
                       "--verbosity=0 shows it here)")
         logging.info("config:\n%s", config)
-        run_named_job(config, workdir)
+        run_job(config, workdir)
         distributed.barrier(f"{config.job} job done")  # several processes leave together
     except BaseException as e:
         if not isinstance(e, SystemExit):
@@ -61,6 +61,24 @@ def run_job(config):
         raise
     finally:
         bucket_workdirs.finish(staging)  # pushed back to the bucket, failed or not
+
+
+def run_job(config, workdir: str, **options) -> dict:
+    """Run the job `config.job` names in `workdir` (what this entry point and the experiment scripts call); options
+    go to the job (the downstream jobs take `lm`). The jobs are imported once the inputs are checked, so a mistake
+    is refused before JAX and the models load."""
+    from replug_jax.jobs.input_checks import check_job_inputs
+
+    check_job_inputs(config)  # in the first second: nothing loaded or embedded yet
+    if config.job == "lm_eval":
+        from replug_jax.jobs.lm_eval import run_lm_eval as job
+    elif config.job == "lsr":
+        from replug_jax.jobs.lsr import run_lsr as job
+    elif config.job in ("qa", "mmlu"):
+        from replug_jax.jobs.downstream import run_downstream as job
+    else:
+        raise ValueError(f"unknown job {config.job!r} (known: {', '.join(JOBS)})")  # (check_job_inputs says so first)
+    return job(config, workdir, **options)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from replug_jax.base import console  # noqa: E402
 from replug_jax.parallel import distributed
 from replug_jax.jobs.config_files import sibling_config  # noqa: E402
-from replug_jax.jobs.dispatch import run_job  # noqa: E402
+from replug_jax.main import run_job  # noqa: E402
 
 assert distributed.initialize(), "not started by replug_jax.launch"
 

@@ -403,11 +403,11 @@ def test_replug_object_gives_the_jobs_numbers(paths, tmp_path):
 
 
 def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighting: str, **overrides) -> dict:
-    """results.json of the lm_eval or qa job run through `dispatch.run_job` on the tiny LM (a directory or a URL),
+    """results.json of the lm_eval or qa job run through `main.run_job` on the tiny LM (a directory or a URL),
     `overrides` set in its config last."""
     from ml_collections import config_dict
 
-    from replug_jax.jobs.dispatch import run_job
+    from replug_jax.main import run_job
 
     corpus, held_out, questions = (tmp_path / "corpus.jsonl", tmp_path / "eval.jsonl", tmp_path / "questions.jsonl")
     for path, docs in ((corpus, documents("c", 8)), (held_out, documents("h", 2))):
@@ -566,7 +566,7 @@ def mc_job_rows(lm_path_or_url, paths, tmp_path, questions: str, max_length: int
     """(results.json, prediction rows) of the mmlu job (none and concat, k = 4, option texts scored) on the tiny LM
     cut to `max_length` tokens: the questions a JSONL file ("mmlu") or an OLMES request file."""
     from replug_jax.jobs.config_files import sibling_config
-    from replug_jax.jobs.dispatch import run_job
+    from replug_jax.main import run_job
 
     corpus, mc = tmp_path / "corpus.jsonl", tmp_path / "mc.jsonl"
     corpus.write_text("".join(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n"

@@ -12,7 +12,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from ml_collections import config_dict
 
-from replug_jax.jobs import dispatch, bucket_workdirs
+from replug_jax import main as entry
+from replug_jax.jobs import bucket_workdirs
 from replug_jax.retrieval.datastore import atomic_open
 from replug_jax.retrieval.index import atomic_directory
 
@@ -90,7 +91,7 @@ def test_an_lm_eval_job_in_a_bucket_workdir_leaves_its_files_there_and_resumes(b
         if vm == "second":  # pulled before any work: the first VM's index, embeddings and results
             assert {"index_dense", "datastore.jsonl", "results.json"} <= set(os.listdir(staging.local))
         try:
-            results = dispatch.run_job(config, staging.local)
+            results = entry.run_job(config, staging.local)
         finally:
             bucket_workdirs.finish(staging)
         remote = epath.Path("gs://bucket/runs/demo")
