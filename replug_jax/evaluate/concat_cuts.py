@@ -25,13 +25,15 @@ def passages_kept(lm, context: str, passages: Sequence[str], room: int | None) -
     character offsets gives the whole context's token starts: exact. Otherwise (a server's /tokenize with ids alone,
     a user's black box) each passage's suffix is counted apart, exact where no token merges across a passage's end
     (byte-level BPE pre-tokenizers split there) and within a passage of it elsewhere."""
-    if room is None or lm.count_tokens(context) <= room:
+    if room is None:
+        return len(passages)
+    tokenizer = getattr(lm, "tokenizer", None)
+    starts = token_starts(tokenizer, context) if hasattr(tokenizer, "encode_with_offsets") else None  # [tokens + 1]
+    if (len(starts) - 1 if starts is not None else lm.count_tokens(context)) <= room:
         return len(passages)
     start = context.rindex(knowledge_line(passages))
     ends = [start + len(knowledge_line(passages[i:])) for i in range(len(passages))]  # where passage i ends [n]
-    tokenizer = getattr(lm, "tokenizer", None)
-    if hasattr(tokenizer, "encode_with_offsets"):
-        starts = token_starts(tokenizer, context)  # [tokens + 1]
+    if starts is not None:  # the context encoded once, with its offsets
         first_kept = starts[len(starts) - 1 - room]  # the first character the last `room` tokens hold
         return next((i for i, end in enumerate(ends) if end <= first_kept), len(passages))
     kept = 0  # passage i is kept in part while what follows it takes fewer than `room` tokens

@@ -330,6 +330,7 @@ def passages_at_most(config) -> int | None:
 
 # replug_posterior's settings (the method itself: method/posterior.py)
 
+
 def check_posterior_settings(config) -> None:
     """replug_posterior: α a finite number >= 0, rerank_depth 0 or a whole number >= k, a known ℓ (QA), and (mmlu)
     the options scored by their text, since the letter prompt lists the options between the question and the answer."""
@@ -365,7 +366,8 @@ def retrieval_depth(config, method: str) -> int:
 # settings a run was given but none of its methods reads: said as warnings, never dropped in silence (a config
 # file may set them for its default methods); the jobs print them first and keep them in results.json's warnings
 
-POSTERIOR_KEYS = {"posterior_alpha": 1.0, "rerank_depth": 0, "posterior_evidence": "question"}  # key: its default; replug_posterior alone reads them
+POSTERIOR_KEYS = {"posterior_alpha": 1.0, "rerank_depth": 0, "posterior_evidence": "question"}
+# key: its default; replug_posterior alone reads them
 
 
 def unused_settings(config) -> list[str]:

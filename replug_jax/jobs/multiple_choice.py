@@ -29,8 +29,9 @@ def run(config, lm, store, retrievers, questions, dev):
     one multiple-choice flow (evaluate/multiple_choice.py): MMLU's prompts by option letters (scoring "letters",
     the paper's Table 4 prompt) or option texts ("options"), or OLMES's request files when config.questions names
     one (the file's primary metric decides unless config.option_metric names another)."""
-    retrieve = lambda method, queries: retrievers["replug_lsr" if method == "replug_lsr" else "replug"].retrieve(
-        queries, min(retrieval_depth(config, method), len(store)))
+    retriever_for = lambda method: retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
+    retrieve = lambda method, queries: retriever_for(method).retrieve(queries, min(retrieval_depth(config, method),
+                                                                                    len(store)))
     common = dict(temperature=config.temperature, posterior_alpha=config.get("posterior_alpha", 1.0), k=config.k)
     task = olmes.parse_source(config.questions)
     if task:
@@ -55,8 +56,7 @@ def run(config, lm, store, retrievers, questions, dev):
 
     @functools.cache
     def prefixes(method: str) -> dict[str, str]:  # each subject's few-shot block, the shots' passages by `method`
-        retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
-        return {s: demo_passages.few_shot_prefix(retriever, store, shots[: config.shots], method != "none",
+        return {s: demo_passages.few_shot_prefix(retriever_for(method), store, shots[: config.shots], method != "none",
                                                  shots_block) for s, shots in shots_by_subject.items()}
 
     requests = flow.mmlu_requests(questions, prefixes, scoring=scoring, query_with_options=config.query_with_options,

@@ -39,7 +39,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from replug_jax.method.posterior import PrefillPosterior, check_ends_with_query  # noqa: F401 (the contract's generate(posterior=...))
+from replug_jax.method.posterior import check_ends_with_query
 from replug_jax.models.tokenizer import TextTokenizer
 
 
@@ -80,7 +80,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
-    # with a `PrefillPosterior`: the weights decoded with, per pass [K] (-inf: dropped), and log p(x | prefix, d) [K]
+    # with a `PrefillPosterior` (method/posterior.py): the weights decoded with, per pass [K] (-inf: dropped), and log p(x | prefix, d) [K]
     log_weights: list[float] | None = None
     query_logliks: list[float] | None = None
 
