@@ -18,7 +18,8 @@ import sys
 ROOT = os.path.join("runs", "lsr_grid")
 # every cell: the related split (the datastore holds the opening half of each held-out article), 75 held-out
 # windows, k = 4, encoder lengths as retrieval's, 128-token training queries; cells differ in what follows
-COMMON = dict(wiki_split="related", eval_fraction=0.1, max_eval_docs=12, max_windows_per_doc=8, k_sweep="(4,)", query_max_tokens=0,
+COMMON = dict(wiki_split="related", eval_fraction=0.1, max_eval_docs=12, max_windows_per_doc=8, k_sweep=(4,),
+              query_max_tokens=0,
               doc_max_tokens=0, train_query_tokens=128, batch_size=8, gamma=0.1, learning_rate=1e-4, direction="pr_q",
               lm_cache=f"{ROOT}/lm_cache.sqlite")
 T10 = dict(cache_dir=f"{ROOT}/shared_t10", train_fraction=0.1, train_continuation_tokens=64)  # 10 articles
@@ -49,9 +50,20 @@ def command(name: str) -> list[str]:
             "--workdir", os.path.join(ROOT, name), *overrides]
 
 
+def cell_config(name: str):
+    """The config `command(name)` runs: demo_lsr.py with the grid's and the cell's settings."""
+    from replug_jax.jobs.config_files import sibling_config
+
+    config = sibling_config(os.path.join("experiments", "configs", "demo_lsr.py"), "demo_lsr.py")
+    config.update({**COMMON, **CELLS[name][1]})
+    return config
+
+
 def run(names: list[str]) -> None:
+    from replug_jax.jobs.results_file import finished_run
+
     for name in names or list(CELLS):
-        if os.path.isfile(os.path.join(ROOT, name, "results.json")):
+        if finished_run(os.path.join(ROOT, name), cell_config(name)):  # another config's run: refused
             print(f"{name}: done, skipped")
             continue
         print(" ".join(command(name)), flush=True)

@@ -58,9 +58,6 @@ ROWS = [("none", "tau1", "none"), ("concat", "tau1", "concat"), ("REPLUG τ 1", 
 BASELINE = "tau0.1:replug"
 
 
-RUN_KEYS = ("lm", "max_questions", "methods", "temperature", "posterior_alpha", "rerank_depth", "retriever_workdir")
-
-
 def run_config(args, name: str):
     """The sciq.py config of one run."""
     tau, methods, alpha, depth, *lsr_target = RUNS[name]
@@ -74,27 +71,15 @@ def run_config(args, name: str):
     return config
 
 
-def check_reused(results: dict, config, workdir: str) -> None:
-    """A finished run is reused only where its results.json config is this run's (RUN_KEYS); else SystemExit."""
-    ran = results.get("config") or {}
-    wanted = results_file.config_record(config)
-    differ = [f"{key} {ran.get(key, 'unrecorded')!r} (wanted {wanted.get(key)!r})" for key in RUN_KEYS
-              if json.dumps(ran.get(key), sort_keys=True) != json.dumps(wanted.get(key), sort_keys=True)]
-    if differ:
-        raise SystemExit(f"{workdir} holds a finished run of another config: {'; '.join(differ)}. Give another "
-                         "--workdir, or delete that run to measure it again")
-
-
 def run(args, name: str) -> tuple[dict, list[dict]]:
     """(results.json, predictions rows) of one run, running it when absent; a finished run of another config is
-    refused (`check_reused`)."""
+    refused (`results_file.finished_run`: the whole config compared)."""
     workdir, config = os.path.join(args.workdir, name), run_config(args, name)
-    if not os.path.isfile(os.path.join(workdir, "results.json")):
+    results = results_file.finished_run(workdir, config)
+    if results is None:
         console.setup(workdir, -1)
         run_job(config, workdir)
-    with open(os.path.join(workdir, "results.json")) as f:
-        results = json.load(f)
-    check_reused(results, config, workdir)
+        results = results_file.finished_run(workdir, config)  # as written (JSON's keys and lists)
     with open(os.path.join(workdir, "predictions.jsonl")) as f:
         return results, [json.loads(line) for line in f if line.strip()]
 

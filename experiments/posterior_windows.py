@@ -20,6 +20,7 @@ import os
 import time
 
 from replug_jax.base import console
+from replug_jax.jobs import results_file
 from replug_jax.jobs.config_files import sibling_config
 from replug_jax.main import run_job
 
@@ -37,18 +38,20 @@ ROWS = [("none", "tau1", "none"), ("REPLUG τ 1", "tau1", "replug"), ("REPLUG τ
 
 
 def run(args, name: str) -> dict:
-    """results.json of one run, running it when absent."""
+    """results.json of one run, running it when absent (a finished run of another config is refused:
+    `results_file.finished_run`)."""
     tau, methods, alpha, depth = RUNS[name]
     workdir = os.path.join(args.workdir, name)
-    if not os.path.isfile(os.path.join(workdir, "results.json")):
-        config = sibling_config(os.path.join(CONFIGS, "demo.py"), "demo.py")
-        config.update(dict(methods=methods, temperature=tau, posterior_alpha=alpha, rerank_depth=depth, k_sweep=(4,),
-                           max_eval_docs=args.eval_docs, cache_dir=os.path.join(args.workdir, "shared"),
-                           lm_cache=os.path.join(args.workdir, "lm_cache.sqlite")))
+    config = sibling_config(os.path.join(CONFIGS, "demo.py"), "demo.py")
+    config.update(dict(methods=methods, temperature=tau, posterior_alpha=alpha, rerank_depth=depth, k_sweep=(4,),
+                       max_eval_docs=args.eval_docs, cache_dir=os.path.join(args.workdir, "shared"),
+                       lm_cache=os.path.join(args.workdir, "lm_cache.sqlite")))
+    results = results_file.finished_run(workdir, config)
+    if results is None:
         console.setup(workdir, -1)
         run_job(config, workdir)
-    with open(os.path.join(workdir, "results.json")) as f:
-        return json.load(f)
+        results = results_file.finished_run(workdir, config)  # as written (JSON's keys and lists)
+    return results
 
 
 def main():

@@ -23,8 +23,9 @@ import os
 import time
 
 from replug_jax.base import console
-from replug_jax.main import run_job
+from replug_jax.jobs import results_file
 from replug_jax.jobs.config_files import sibling_config
+from replug_jax.main import run_job
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
@@ -38,13 +39,14 @@ def config_for(name: str, args, workdir: str):
 
 
 def run_once(config, workdir: str) -> dict:
-    """results.json of a job run in `workdir`, running it when absent."""
-    path = os.path.join(workdir, "results.json")
-    if not os.path.isfile(path):
+    """results.json of a job run in `workdir`, running it when absent (a finished run of another config is refused:
+    `results_file.finished_run`)."""
+    results = results_file.finished_run(workdir, config)
+    if results is None:
         console.setup(workdir, -1)
         run_job(config, workdir)
-    with open(path) as f:
-        return json.load(f)
+        results = results_file.finished_run(workdir, config)  # as written (JSON's keys and lists)
+    return results
 
 
 def evaluate(args, trained: str, temperature: float, methods: tuple) -> dict:

@@ -50,20 +50,19 @@ def task_config(task: str, lm: str, questions: int, root: str):
 
 def run_task(task: str, lm: str, questions: int, workdir: str, rerun: bool, loaded: dict, methods: str = "") -> dict:
     """results.json of one (LM, task) run, running it when absent (or asked to); `loaded` keeps the LM."""
-    path = os.path.join(workdir, "results.json")
-    if not rerun and os.path.isfile(path):
-        with open(path) as f:
-            results = json.load(f)
-        if results.get("count") is not None and results.get("max_questions", questions) == questions:
-            return results
     from replug_jax.base import console
+    from replug_jax.jobs import results_file
     from replug_jax.main import run_job
 
-    console.setup(workdir, -1)
-    console.phase(f"{lm} on {task}: up to {questions} questions in {workdir}")
+    path = os.path.join(workdir, "results.json")
     config = task_config(task, lm, questions, os.path.dirname(os.path.dirname(workdir)))
     if methods:
         config.methods = tuple(methods.split(","))
+    results = None if rerun else results_file.finished_run(workdir, config)  # another config's run: refused
+    if results is not None and results.get("count") is not None:
+        return results
+    console.setup(workdir, -1)
+    console.phase(f"{lm} on {task}: up to {questions} questions in {workdir}")
     if lm not in loaded:
         from replug_jax.jobs.prepare import load_job_lm
         from replug_jax.models import precision

@@ -377,6 +377,20 @@ def test_qa_tables_of_finished_runs_against_a_chosen_baseline(tmp_path, monkeypa
     with pytest.raises(SystemExit, match=r"another config: lm 'smollm2' \(wanted 'qwen2.5-coder-0.5b'\)"):
         qa_tables.main(["--workdir", str(tmp_path), "--runs", "concat,dev_posterior", "--baseline", "concat:concat",
                         "--lm", "qwen2.5-coder-0.5b"])  # another LM in the same workdir: refused, not mislabelled
+    # every recorded key counts (a run with other k, shots, evidence, encoder or answer NLL was once reused), but not
+    # where the run cached (results_file.NUMBER_FREE_KEYS)
+    path, alone = tmp_path / "concat" / "results.json", ["--workdir", str(tmp_path), "--runs", "concat", "--baseline",
+                                                         "concat:concat"]
+    recorded = json.loads(path.read_text())
+    ran = recorded["config"]
+    for key, value in (("k", ran["k"] + 1), ("shots", ran["shots"] + 1),
+                       ("answer_nll_demos", not ran["answer_nll_demos"]), ("posterior_evidence", "demos" if ran["posterior_evidence"] != "demos" else "question"),
+                       ("encoder", "contriever" if ran["encoder"] != "contriever" else "minilm")):
+        path.write_text(json.dumps({**recorded, "config": {**ran, key: value}}))
+        with pytest.raises(SystemExit, match=f"another config: {key} "):
+            qa_tables.main(alone)
+    path.write_text(json.dumps({**recorded, "config": {**ran, "cache_dir": "/elsewhere", "lm_cache": "/elsewhere/c"}}))
+    assert qa_tables.main(alone)[0]["exact_match"] == 50.0  # reused
     with pytest.raises(SystemExit, match="another config: max_questions 200"):
         qa_tables.main(["--workdir", str(tmp_path), "--runs", "concat", "--baseline", "concat:concat",
                         "--questions", "50"])

@@ -9,6 +9,8 @@ import faiss
 import numpy as np
 import pytest
 
+import replug_jax as rj
+
 from replug_jax.models.tokenizer import from_hf_dir
 from replug_jax.retrieval import embeddings
 from replug_jax.retrieval.bm25 import BM25Index
@@ -233,6 +235,23 @@ def brute_force(emb, queries, k, cosine=True, exclude=None):
     return np.take_along_axis(sims, rows, 1), rows
 
 
+@pytest.fixture(params=["gemm", "faiss"])
+def search_path(request, monkeypatch):
+    """A flat index's candidates from the blocked GEMMs or from FAISS's own search (forced at any query count)."""
+    from replug_jax.retrieval import exact_search
+
+    class Forced(dict):
+        def __contains__(self, size):
+            return True
+
+        def __getitem__(self, size):
+            return request.param
+
+    monkeypatch.setattr(exact_search, "FAISS_MIN_QUERIES", 1)
+    monkeypatch.setattr(exact_search, "_CHOSEN", Forced())
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def vectors():
     rng = np.random.default_rng(0)
@@ -267,21 +286,15 @@ def test_exclusion_matches_brute_force_and_runs_out(vectors):
     assert rows[0, 3:].tolist() == [-1, -1] and np.isneginf(scores[0, 3:]).all()
 
 
-@pytest.mark.parametrize("path", ["gemm", "faiss"])
-def test_exact_search_by_gemm_ranks_as_faiss_and_brute_force(vectors, path, monkeypatch, tmp_path):
-    """A flat index searched as one blocked GEMM + partial top-k (exact_search.py) or by FAISS: the brute force's
-    rows and scores, exclusion rules unchanged, across GEMM blocks, from a memory-mapped index; ties go to the
-    lower row (duplicated vectors)."""
+def test_exact_search_ranks_as_brute_force(vectors, monkeypatch, tmp_path, search_path):
+    """A flat index searched by blocked GEMMs or FAISS's own search (exact_search.py): the brute force's rows and
+    scores, excluded rows masked, across GEMM blocks, from a memory-mapped index; ties go to the lower row
+    (duplicated vectors)."""
     from replug_jax.retrieval import exact_search
 
-    monkeypatch.setattr(exact_search, "MAX_QUERIES", 10**9 if path == "gemm" else 0)
-    monkeypatch.setattr(exact_search, "BLOCK_ROWS", 64)  # five blocks over 300 rows
-    used = []
-    top_k = exact_search.top_k
-    monkeypatch.setattr(exact_search, "top_k", lambda *a, **kw: used.append(1) or top_k(*a, **kw))
+    monkeypatch.setattr(exact_search, "BLOCK_SCORES", 7 * 64)  # blocks of 64 rows for 7 queries: six over 340 rows
     emb, queries = vectors
-    if path == "gemm":  # rows 300..339 repeat rows 0..39: equal scores (FAISS orders such ties its own way)
-        emb = np.concatenate([emb, emb[:40]])
+    emb = np.concatenate([emb, emb[:40]])  # rows 300..339 repeat rows 0..39: equal scores
     index = DenseIndex.build(emb, metric="cosine")
     index.save(str(tmp_path / "index"))
     for searched in (index, DenseIndex.load(str(tmp_path / "index"), mmap=True)):
@@ -292,26 +305,126 @@ def test_exact_search_by_gemm_ranks_as_faiss_and_brute_force(vectors, path, monk
         exclude = [set(want_rows[q, : 2 * q].tolist()) for q in range(7)]
         scores, rows = searched.search(queries, 6, exclude=exclude)
         np.testing.assert_array_equal(rows, brute_force(emb, queries, 6, exclude=exclude)[1])
-    assert bool(used) == (path == "gemm")
     n = len(emb)
-    got = exact_search.top_k(exact_search.flat_rows(index.index), queries / np.linalg.norm(queries, axis=1)[:, None],
-                             n, block_rows=64)  # every row, in rank order
-    np.testing.assert_array_equal(got[1], brute_force(emb, queries, n)[1])
+    matrix, unit = exact_search.flat_rows(index.index), queries / np.linalg.norm(queries, axis=1)[:, None]
+    got = exact_search.search(matrix, unit, n, block_scores=7 * 64)  # every row, in rank order
+    exact = unit.astype(np.float64) @ matrix.T.astype(np.float64)  # float64: twins tie exactly, the lower row first
+    np.testing.assert_array_equal(got[1], np.stack([np.lexsort((np.arange(n), -e)) for e in exact]))
     with pytest.raises(ValueError, match=f"k={n + 1} must be between 1 and the {n} rows"):
-        exact_search.top_k(exact_search.flat_rows(index.index), queries, n + 1)
+        exact_search.search(matrix, queries, n + 1)
     assert exact_search.flat_rows(DenseIndex.build(emb, factory="SQ8").index) is None
     none = index.search(queries[:0], 3)  # no query at all (a prompt without demos retrieves for none)
     assert none[0].shape == (0, 3) and none[1].shape == (0, 3) and none[1].dtype == np.int64
 
 
-@pytest.mark.parametrize("path", ["gemm", "faiss"])
-def test_a_query_ranks_the_same_alone_as_among_others(vectors, path, monkeypatch):
-    """A flat index's candidates are rescored with float64 sums: a query's scores and rows are the same bit for bit
-    alone, among the others and in another order (BLAS rounds a query's scores by the GEMM's shape otherwise), on
-    the GEMM path and FAISS's, and duplicated rows tie to the lower row on both."""
+def test_an_l2_flat_index_is_refused(vectors):
+    """DenseIndex ranks by inner product: an L2 flat index wrapped in it is refused, never ranked by inner product."""
+    import faiss
+
+    l2 = faiss.IndexFlatL2(16)
+    l2.add(vectors[0])
+    with pytest.raises(IndexRefused, match="ranks by metric 1 .*inner product"):
+        DenseIndex(l2, {"metric": "ip"})
+    assert exact_search_rows(l2) is None
+
+
+def exact_search_rows(index):
     from replug_jax.retrieval import exact_search
 
-    monkeypatch.setattr(exact_search, "MAX_QUERIES", 10**9 if path == "gemm" else 0)
+    return exact_search.flat_rows(index)
+
+
+@pytest.mark.parametrize("queries", [1, 10, 600])
+def test_a_tie_group_of_any_size_goes_to_its_lowest_rows(queries, search_path):
+    """30 identical rows scattered among others, k 4: the four lowest of the group, for one query, ten and 600 at once
+    (argpartition kept arbitrary members of a tie group past the 8 rows the rescoring margin covered)."""
+    rng = np.random.default_rng(3)
+    emb = rng.normal(size=(4000, 32)).astype(np.float32)
+    query = rng.normal(size=32).astype(np.float32)
+    twins = np.sort(rng.choice(4000, 30, replace=False))
+    emb[twins] = query * 5 + rng.normal(size=32).astype(np.float32) * 0.1  # the best rows for `query`, all equal
+    index = DenseIndex.build(emb, metric="cosine")
+    batch = np.concatenate([query[None], rng.normal(size=(queries - 1, 32)).astype(np.float32)])
+    scores, rows = index.search(batch, 4)
+    assert rows[0].tolist() == twins[:4].tolist() and len(set(scores[0].tolist())) == 1
+    _, excluded = index.search(batch, 4, exclude=[twins[:2].tolist()] + [None] * (queries - 1))
+    assert excluded[0].tolist() == twins[2:6].tolist()
+
+
+@pytest.mark.parametrize("queries", [1, 64])
+def test_near_ties_rank_by_their_float64_scores(queries, search_path):
+    """200 rows whose scores lie closer together than float32's rounding: the best 4 by their float64 sums over the
+    stored rows, for a query alone and among 63 others (every row within the GEMM's error bound of the 4th best is a
+    candidate, not just the float32 top 4)."""
+    rng = np.random.default_rng(5)
+    emb = rng.normal(size=(3000, 64)).astype(np.float32)
+    query = rng.normal(size=64).astype(np.float32)
+    emb[1000:1200] = query * 3 + rng.normal(size=(200, 64)).astype(np.float32) * 1e-6
+    index = DenseIndex.build(emb, metric="ip")
+    batch = np.concatenate([query[None], rng.normal(size=(queries - 1, 64)).astype(np.float32)])
+    exact = emb[1000:1200].astype(np.float64) @ query.astype(np.float64)
+    float32 = (emb @ query)[1000:1200]
+    assert not np.array_equal(np.argsort(-float32)[:4], np.argsort(-exact)[:4])  # float32 alone ranks them otherwise
+    assert index.search(batch, 4)[1][0].tolist() == (1000 + np.argsort(-exact, kind="stable")[:4]).tolist()
+
+
+def test_the_faster_path_is_timed_once_per_size_where_it_runs(vectors, monkeypatch):
+    """From FAISS_MIN_QUERIES queries on, the first search of a size class times the GEMM and FAISS paths and keeps the
+    faster for that class (the crossover moves with the host and the corpus); either answers the same."""
+    from replug_jax.retrieval import exact_search
+
+    monkeypatch.setattr(exact_search, "_CHOSEN", {})
+    monkeypatch.setattr(exact_search, "FAISS_MIN_QUERIES", 4)
+    emb, queries = vectors
+    index = DenseIndex.build(emb, metric="cosine")
+    first = index.search(queries[:3], 5)  # below the minimum: the GEMM, nothing timed
+    assert exact_search.chosen_paths() == {}
+    together = index.search(queries, 5)  # 7 queries over 300 rows: size class 4 x 256, timed
+    chosen = exact_search.chosen_paths()
+    assert list(chosen) == ["4x256"] and set(chosen.values()) <= {"gemm", "faiss"}
+    np.testing.assert_array_equal(together[1][:3], first[1])
+    np.testing.assert_array_equal(index.search(queries, 5)[1], together[1])
+    np.testing.assert_array_equal(together[1], brute_force(emb, queries, 5)[1])
+
+
+def test_exclusion_costs_its_own_length_not_depth_times_width():
+    """A query excluding 5,000 rows: the flat index masks them in its GEMM blocks, so the search's peak memory grows
+    by the list (its row numbers) alone, never by [queries, depth, D] gathered vectors; other indexes search each
+    query to k plus its own list's length, not the longest list's."""
+    import tracemalloc
+
+    from replug_jax.retrieval.index import search_excluding
+
+    rng = np.random.default_rng(0)
+    emb, queries = rng.normal(size=(20_000, 256)).astype(np.float32), rng.normal(size=(64, 256)).astype(np.float32)
+    index = DenseIndex.build(emb, metric="cosine")
+
+    def peak(exclude):
+        tracemalloc.start()
+        found = index.search(queries, 8, exclude=exclude)
+        size = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return size, found
+
+    _, want = brute_force(emb, queries, 8, exclude=[range(5000)] + [None] * 63)
+    without, _ = peak(None)
+    with_list, (_, rows) = peak([list(range(5000))] + [None] * 63)
+    np.testing.assert_array_equal(rows, want)
+    assert with_list - without < 1_000_000, (without, with_list)  # [64, 5008, 256] float64 would be 656 MB
+    asked = []
+
+    def search_fn(todo, depth):
+        asked.append((todo.tolist(), depth))
+        return index.search(queries[todo], depth)
+
+    search_excluding(search_fn, len(emb), 3, 4, [list(range(100)), None, [7]])
+    assert sorted(asked) == [([0], 128), ([1], 4), ([2], 8)]
+
+
+def test_a_query_ranks_the_same_alone_as_among_others(vectors, search_path):
+    """A flat index's candidates are ranked by float64 sums: a query's scores and rows are the same bit for bit
+    alone, among the others and in another order (BLAS rounds a query's scores by the GEMM's shape otherwise), on
+    the GEMM path and FAISS's, and duplicated rows tie to the lower row on both."""
     emb, queries = vectors
     index = DenseIndex.build(np.concatenate([emb, emb[:40]]), metric="cosine")  # rows 300..339 repeat 0..39
     together = index.search(queries, 40)
@@ -438,24 +551,36 @@ def test_dense_retriever_end_to_end(tmp_path, minilm):
     assert 0 not in rows[0]
 
 
-def test_a_text_embeds_the_same_alone_as_among_others(minilm):
+@pytest.mark.parametrize("devices,batch_size", [(8, 8), (8, 64), (1, 32)])
+def test_a_text_embeds_the_same_alone_as_among_others(minilm, devices, batch_size):
     """Every row is padded to its own length bucket, never to a longer neighbour's, so its embedding is the same bit
-    for bit alone, among 40 texts of mixed lengths (batches of 8) and in another order: a query ranks near-tied
-    passages the same in a job's batch as in the REPLUG object's single question (XLA's CPU programs round
-    differently at another padded length, and did swap such a pair)."""
+    for bit alone, among 40 texts of mixed lengths and in another order: a query ranks near-tied passages the same in
+    a job's batch as in the REPLUG object's single question (XLA's CPU programs round differently at another padded
+    length, and did swap such a pair). A batch's rows are padded to a power of two, at least two per device: with
+    8 devices and batches of 64, and with one device and batches of 32, a text meets 2 to 64 rows around it (one row
+    per device at 8 tokens rounds differently)."""
+    import jax
+
     from replug_jax.parallel import sharding
 
+    encoder = minilm if batch_size == 8 else rj.load_encoder(
+        "minilm", batch_size=batch_size, mesh=sharding.data_mesh(jax.devices()[:devices]))
     words = "rivers stars bread violins snow gold mountain desert oven song".split()
     rng = np.random.default_rng(0)
-    texts = [" ".join(rng.choice(words, rng.integers(2, 60))) for _ in range(40)]
-    together = minilm.embed(texts)
-    assert np.array_equal(minilm.embed(texts[::-1])[::-1], together)
-    assert np.array_equal(np.stack([minilm.embed([t])[0] for t in texts[:12]]), together[:12])
-    rows = minilm.tokenize(texts)
-    bucket = lambda n: sharding.length_bucket(n, minilm.length_multiple, minilm.max_length)
+    texts = [" ".join(rng.choice(words, rng.integers(1, 60))) for _ in range(40)] + ["snow", "gold oven", "song"]
+    together = encoder.embed(texts)
+    assert np.array_equal(encoder.embed(texts[::-1])[::-1], together)
+    alone = [0, 1, 2, 40, 41, 42] + list(range(3, 12))
+    assert np.array_equal(np.stack([encoder.embed([texts[i]])[0] for i in alone]), together[alone])
+    rows = encoder.tokenize(texts)
+    bucket = lambda n: sharding.length_bucket(n, encoder.length_multiple, encoder.max_length)
+    # a call runs about 256 padded tokens (at most the batch size, a multiple of the devices), not 32 rows of 128
+    assert [encoder.rows_per_call(n) for n in (8, 128)] == {1: [32, 2], 8: [min(batch_size, 32), 8]}[devices]
+    assert sum(bucket(len(r)) == 8 for r in rows) >= 3  # three texts of at most 8 tokens: 2 rows alone, 4 together
     for own in (True, False):  # own_bucket: one bucket per batch, each at most 8 rows; without it, mixed
-        batches = list(sharding.bucketed_batches(rows, 8, minilm.length_multiple, minilm.max_length, 0, own_bucket=own))
-        assert sorted(i for idx, _, _ in batches for i in idx) == list(range(40))
+        batches = list(sharding.bucketed_batches(rows, 8, encoder.length_multiple, encoder.max_length, 0,
+                                                 own_bucket=own))
+        assert sorted(i for idx, _, _ in batches for i in idx) == list(range(len(texts)))
         mixed = [len({bucket(len(rows[i])) for i in idx}) > 1 for idx, _, _ in batches]
         assert max(len(idx) for idx, _, _ in batches) == 8 and any(mixed) != own
 

@@ -14,8 +14,7 @@ from ml_collections import config_dict
 
 from replug_jax import main as entry
 from replug_jax.jobs import bucket_workdirs
-from replug_jax.retrieval.datastore import atomic_open
-from replug_jax.retrieval.index import atomic_directory
+from replug_jax.base.atomic_files import atomic_directory, atomic_open, temporary_path
 
 from tests import hf_tiny
 from tests.lsr_tiny_run import documents
@@ -165,9 +164,10 @@ def test_push_mirrors_the_local_copy_and_skips_unfinished_files(bucket, tmp_path
     staging.pull()
     os.remove(stage / "checkpoints" / "20" / "state")  # pruned locally: the bucket must lose it too
     (stage / "results.json").write_text("{}")
-    (stage / "retriever.safetensors.tmp").write_text("half")  # models.weights.save_params's
-    (stage / "index_v2.old-k3j_9x0a").mkdir()  # atomic_directory's replaced folder, being removed
-    (stage / "index_v2.old-k3j_9x0a" / "index.faiss").write_text("replaced")
+    with open(temporary_path(str(stage / "retriever.safetensors"), "save"), "w") as f:  # weights.save_params's
+        f.write("half")
+    (stage / ".index_v2.old-k3j_9x0a.replug_jax-tmp").mkdir()  # atomic_directory's replaced folder, being removed
+    (stage / ".index_v2.old-k3j_9x0a.replug_jax-tmp" / "index.faiss").write_text("replaced")
     (stage / "7.orbax-checkpoint-tmp").mkdir()
     (stage / "7.orbax-checkpoint-tmp" / "state").write_text("being saved")
     db = sqlite3.connect(str(stage / "lm_cache.sqlite"))
@@ -218,8 +218,10 @@ def test_an_upload_that_fails_deletes_nothing(bucket, tmp_path, monkeypatch):
 
 
 def test_user_files_named_like_temporaries_are_mirrored(bucket, tmp_path):
-    """Only the project's own temporary names stay local: a user's notes.part, draft.tmp, .hidden.tmp and
-    v1.old-copy/ are pulled and pushed like any file, and a bucket copy of one is not deleted."""
+    """Only the project's own temporary names (its mark, base.atomic_files.TEMPORARY_MARK) stay local: a user's
+    notes.part, draft.tmp, .hidden.tmp and v1.old-copy/ are pulled and pushed like any file, and a bucket copy of one
+    is not deleted; so is a user's file named like each temporary name the project wrote before it had a mark (a
+    dated backup `index_dense.old-20251127/` was never pulled, then deleted from the bucket by the next push)."""
     from etils import epath
 
     remote = epath.Path("gs://bucket/run")
@@ -235,6 +237,16 @@ def test_user_files_named_like_temporaries_are_mirrored(bucket, tmp_path):
     assert staging.push() == 3
     assert sorted(p.split("run/")[1] for p in fsspec.filesystem("gs").find("gs://bucket/run")) == [
         ".hidden.tmp", "draft.tmp", "notes.part", "v1.old-copy/a.txt"]
+    former = [".results.json.k3j_9x0a.tmp", "tmpk3j_9x0a.tmp", ".index.tmp-k3j_9x0a/index.faiss",
+              "index_dense.old-20251127/index.faiss", "retriever.safetensors.tmp", ".cache.sqlite.snapshot.tmp",
+              ".notes.txt.pull.tmp"]  # mkstemp's, atomic_directory's, save_params's, the snapshot's, the pull's
+    for name in former:
+        (remote / name).parent.mkdir(parents=True, exist_ok=True)
+        (remote / name).write_text("the user's")
+    assert staging.pull() == len(former) and all((stage / name).read_text() == "the user's" for name in former)
+    assert staging.push() == 0 and all((remote / name).exists() for name in former)
+    assert bucket_workdirs.ignored(os.path.basename(temporary_path("run/index", "pull")))
+    assert bucket_workdirs.ignored("checkpoints/7.orbax-checkpoint-tmp-1732/state")  # orbax's own unfinished step
 
 
 def test_a_bucket_retriever_workdir_is_checked_and_staged(bucket, tmp_path, monkeypatch):

@@ -23,10 +23,10 @@ import itertools
 import json
 import os
 import re
-import tempfile
 import xml.etree.ElementTree as ET
 from typing import Iterable, Sequence
 
+from replug_jax.base.atomic_files import atomic_open
 from replug_jax.base.errors import InputError, MissingInput
 from replug_jax.retrieval.datastore import Document
 
@@ -265,15 +265,6 @@ def write_jsonl(docs: Iterable[Document], path: str) -> int:
         with open(path, "rb") as f:
             if f.read() == data:
                 return len(lines)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    count = len(lines)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return count
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+    return len(lines)

@@ -7,7 +7,8 @@ the job there, and pushes it back after every LSR checkpoint and when the job en
 directions mirror by MD5 checksum: a pull makes the local copy equal the bucket (local files the bucket lacks
 are deleted: a stale staged checkpoint never reaches a fresh bucket), a push makes the bucket equal the local
 copy (uploads first, then bucket files the local copy lacks are deleted: the newest complete checkpoint is
-always there). Never mirrored: the project's own temporary names (`_TEMPORARY`; a user's `notes.part` is) and
+always there). Never mirrored: the project's own temporary names (`base.atomic_files.is_temporary`: the project's
+mark, or orbax's unfinished step; a user's `notes.part`, `draft.tmp` or `index.old-20251127` is mirrored) and
 SQLite's side files (`-wal`, `-shm`, `-journal`); an SQLite database is pushed as a consistent snapshot (SQLite's
 backup API), so a cache written while a push runs is never sent half-written. A resumed run on a new VM pulls the
 checkpoints first. Paths go through `etils.epath` (installed with orbax): gs:// needs `gcsfs` (or TensorFlow's
@@ -23,14 +24,10 @@ import os
 import re
 import sqlite3
 
+from replug_jax.base.atomic_files import is_temporary, temporary_path
+
 ENV_STAGING = "REPLUG_JAX_STAGING_DIR"
 SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's: consistent only with their open database
-_RANDOM = "[a-z0-9_]{8}"  # tempfile's random part; below, the project's own temporary names (a path part whole)
-_TEMPORARY = re.compile("|".join((
-    rf"\..+\.{_RANDOM}\.tmp", rf"tmp{_RANDOM}\.tmp",  # mkstemp's: retrieval.datastore.atomic_open, wiki.write_jsonl
-    rf"\..+\.tmp-{_RANDOM}", rf".+\.old-{_RANDOM}",  # retrieval.index.atomic_directory: the new folder, the old one
-    r".+\.safetensors\.tmp", r".+\.orbax-checkpoint-tmp(-\d+)?",  # models.weights.save_params; orbax's unfinished
-    r"\..+\.(snapshot|pull)\.tmp")))  # this module's: an SQLite snapshot being pushed, a file being pulled
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _active: "Staging | None" = None  # the job's staging, for `sync` from inside a job (LSR checkpoints)
 
@@ -43,7 +40,7 @@ def is_remote(path) -> bool:
 def ignored(rel: str) -> bool:
     """Whether a relative path is never mirrored: a temporary file or folder, or an SQLite side file."""
     parts = rel.replace(os.sep, "/").split("/")
-    return any(_TEMPORARY.fullmatch(p) for p in parts) or parts[-1].endswith(SIDE_FILES)
+    return any(is_temporary(p) for p in parts) or parts[-1].endswith(SIDE_FILES)
 
 
 def _md5(path: str) -> str:
@@ -136,7 +133,7 @@ class Staging:
                 self._bucket[rel] = (want, os.path.getsize(target))
                 continue
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            part = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.pull.tmp")
+            part = temporary_path(target, "pull")
             path.copy(part, overwrite=True)
             got = _md5(part)
             if os.path.isfile(target) and self._digest(target) == got:
@@ -236,7 +233,7 @@ def _is_sqlite(path: str) -> bool:
 
 def _snapshot(path: str) -> str:
     """A consistent copy of the SQLite database `path` (its WAL included), next to it under a temporary name."""
-    target = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.snapshot.tmp")
+    target = temporary_path(path, "snapshot")
     if os.path.exists(target):
         os.remove(target)
     source, copy = sqlite3.connect(path, timeout=60), sqlite3.connect(target)

@@ -75,10 +75,33 @@ def lm_backend(lm) -> dict:
     return {"kind": type(inner).__name__, "cached": inner is not lm}
 
 
+# config keys that cannot change a number of the results: where a run caches, how often it logs or checkpoints
+NUMBER_FREE_KEYS = frozenset({"cache_dir", "lm_cache", "log_every", "checkpoint_every", "keep_checkpoints"})
+
+
+def finished_run(workdir: str, config) -> dict | None:
+    """The results.json of a finished run in `workdir` when it ran `config` (every key recorded equal, the keys of
+    NUMBER_FREE_KEYS aside); None when `workdir` holds no finished run; SystemExit naming every key that differs
+    when it holds another config's run (an experiments script never reuses numbers measured under other settings)."""
+    path = os.path.join(workdir, "results.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        results = json.load(f)
+    ran, wanted = results.get("config") or {}, config_record(config)
+    differ = [f"{key} {ran.get(key, 'unrecorded')!r} (wanted {wanted.get(key, 'absent')!r})"
+              for key in sorted((set(ran) | set(wanted)) - NUMBER_FREE_KEYS)
+              if json.dumps(ran.get(key), sort_keys=True) != json.dumps(wanted.get(key), sort_keys=True)]
+    if differ:
+        raise SystemExit(f"{workdir} holds a finished run of another config: {'; '.join(differ)}. Give another "
+                         "workdir, or delete that run to measure it again")
+    return results
+
+
 def save(results: dict, workdir: str) -> str:
     """results.json (stamped with a `run_id` and the `software` that ran, if it has none) and its copy under
     history/; returns the copy's path."""
-    from replug_jax.retrieval.datastore import atomic_open
+    from replug_jax.base.atomic_files import atomic_open
 
     results.setdefault("run_id", new_run_id())
     results.setdefault("software", software())

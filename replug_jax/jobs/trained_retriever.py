@@ -23,7 +23,7 @@ def save(folder: str, params, *, encoder: str, train_documents: bool, questions:
     """Write the trained parameters (and, for QA pairs, the `questions` record of `train.data.
     trained_questions_record`) into `folder`, atomically; returns the parameters' path."""
     from replug_jax.models.weights import save_params
-    from replug_jax.retrieval.datastore import atomic_open
+    from replug_jax.base.atomic_files import atomic_open
 
     if questions is not None:
         with atomic_open(os.path.join(folder, TRAIN_QUESTIONS)) as f:

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from safetensors import safe_open
 
+from replug_jax.base.atomic_files import temporary_path
 from replug_jax.models import streamed
 from replug_jax.models.causal_lm import STACKED_LAYERS, CausalLMConfig
 from replug_jax.models.encoder import BertConfig
@@ -221,7 +222,7 @@ def save_params(params, path: str, meta: dict | None = None) -> None:
 
     flat = {jax.tree_util.keystr(p): np.ascontiguousarray(np.asarray(x))
             for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    tmp = path + ".tmp"
+    tmp = temporary_path(path, "save")
     save_file(flat, tmp, metadata={k: json.dumps(v) for k, v in (meta or {}).items()})
     os.replace(tmp, path)
 

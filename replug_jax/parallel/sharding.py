@@ -119,26 +119,31 @@ def pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int, num_rows: 
     return ids, mask
 
 
-def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int, multiple: int, cap: int, pad_id: int,
-                     progress: bool = False, desc: str = "batches", per_octave: int | None = None,
+def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int | Callable[[int], int], multiple: int, cap: int,
+                     pad_id: int, progress: bool = False, desc: str = "batches", per_octave: int | None = None,
                      own_bucket: bool = False):
     """Rows sorted by length and yielded as fixed-shape batches: (row indices, ids, mask).
 
     ids and mask are [len(indices), L] with L = length_bucket(longest row, ...); the caller's
-    ShardedBatchFn pads the row count up to its batch size. `own_bucket`: a batch never mixes length buckets, so
-    every row is padded to its own bucket and its result does not depend on the rows beside it (XLA's CPU programs
-    round differently at other lengths): the encoder's choice, so that a query ranks passages the same alone as
-    among others (a few more, partly empty batches).
+    ShardedBatchFn pads the row count up. `own_bucket`: a batch never mixes length buckets, so every row is padded
+    to its own bucket and its result does not depend on the rows beside it (XLA's CPU programs round differently at
+    other lengths): the encoder's choice, so that a query ranks passages the same alone as among others.
+    `batch_size`: rows per batch, or (with `own_bucket`) a function of the bucket's padded length.
     """
     from replug_jax.base.progress import tqdm
 
     lengths = np.array([len(r) for r in rows], np.int64)
     order = np.argsort(lengths, kind="stable")
-    runs = [order]  # rows in length order; with own_bucket, split where the bucket changes
-    if own_bucket and len(rows):
+    if callable(batch_size) and not own_bucket:
+        raise ValueError("rows per batch as a function of the length needs own_bucket")
+    if not len(rows):
+        return
+    runs, sizes = [order], [batch_size]  # rows in length order; with own_bucket, split where the bucket changes
+    if own_bucket:
         size = {n: length_bucket(int(n), multiple, cap, per_octave) for n in np.unique(lengths)}
         runs = np.split(order, np.flatnonzero(np.diff([size[n] for n in lengths[order]])) + 1)
-    groups = [run[at : at + batch_size] for run in runs for at in range(0, len(run), batch_size)]
+        sizes = [batch_size(size[lengths[run[0]]]) if callable(batch_size) else batch_size for run in runs]
+    groups = [run[at : at + n] for run, n in zip(runs, sizes) for at in range(0, len(run), n)]
     for idx in tqdm(groups, disable=not progress, desc=desc, unit="batch"):
         batch = [rows[i] for i in idx]
         length = length_bucket(max(len(r) for r in batch), multiple, cap, per_octave)
@@ -179,17 +184,19 @@ class ShardedBatchFn:
         self.jitted = jax.jit(fn, in_shardings=(self.param_shardings,) + (self._batch,) * num_inputs,
                               out_shardings=out, compiler_options=compiler_options)
 
-    def __call__(self, *arrays: np.ndarray, params=None) -> np.ndarray:
+    def __call__(self, *arrays: np.ndarray, params=None, padded_rows: int | None = None) -> np.ndarray:
         """fn(params, *arrays) for arrays with `rows <= batch_size` leading rows: [rows, ...] numpy.
 
         `params` (same structure and shapes) replaces the stored parameters for this call only,
-        without recompiling: e.g. a retriever's current training parameters.
+        without recompiling: e.g. a retriever's current training parameters. `padded_rows`: the rows the program
+        runs (a multiple of the data axis, default the batch size); one program is compiled per count.
         """
-        rows = arrays[0].shape[0]
-        if rows > self.batch_size:
-            raise ValueError(f"{rows} rows exceed the batch size {self.batch_size}")
-        if rows < self.batch_size:
-            arrays = tuple(np.pad(a, ((0, self.batch_size - rows),) + ((0, 0),) * (a.ndim - 1)) for a in arrays)
+        rows, padded = arrays[0].shape[0], padded_rows or self.batch_size
+        if rows > padded or padded > self.batch_size or padded % data_size(self.mesh):
+            raise ValueError(f"{rows} rows padded to {padded}: at most the batch size {self.batch_size}, "
+                             f"a multiple of the {data_size(self.mesh)}-way data axis")
+        if rows < padded:
+            arrays = tuple(np.pad(a, ((0, padded - rows),) + ((0, 0),) * (a.ndim - 1)) for a in arrays)
         arrays = jax.device_put(tuple(arrays), self._batch)
         params = self.params if params is None else self.place_params(params)
         return np.asarray(local_copy(self.jitted(params, *arrays)))[:rows]

@@ -16,7 +16,8 @@ from typing import Sequence
 import bm25s
 import numpy as np
 
-from replug_jax.retrieval.index import Exclude, atomic_directory, read_meta, search_excluding, write_meta
+from replug_jax.base.atomic_files import atomic_directory
+from replug_jax.retrieval.index import Exclude, read_meta, search_excluding, write_meta
 
 BM25_DIR = "bm25"
 

@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 from replug_jax.base import console
 from replug_jax.models.tokenizer import TextTokenizer
 from replug_jax.parallel import distributed
-from replug_jax.retrieval.datastore import Datastore, Document, atomic_open, chunk_documents, chunk_rows, save_rows
+from replug_jax.base.atomic_files import atomic_open
+from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, chunk_rows, save_rows
 
 
 def part_path(path: str, index: int, count: int) -> str:

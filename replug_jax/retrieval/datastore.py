@@ -11,17 +11,16 @@ Row i of the datastore is row i of the embeddings and of the index.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
 import os
-import tempfile
 from typing import Iterable, Iterator
 
 import numpy as np
 
+from replug_jax.base.atomic_files import atomic_open
 from replug_jax.base.errors import InputError, invalid_json
 from replug_jax.models.tokenizer import TextTokenizer, token_starts_batch
 
@@ -120,24 +119,6 @@ def hash_strings(*columns: Iterable[str]) -> str:
             h.update(len(b).to_bytes(8, "little"))
             h.update(b)
     return h.hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def atomic_open(path: str, mode: str = "w"):
-    """Write a file through a temp file in the same folder, renamed over `path` only on success."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
 
 
 @dataclasses.dataclass

@@ -1,8 +1,11 @@
 """The dense retriever's encoder as an object for notebooks and pipelines: text -> embeddings.
 
-`DenseEncoder.embed(texts)` tokenises, sorts by length, pads to fixed length buckets and
-batch sizes (one compile per bucket) and runs `models.encoder.embed` over all devices. A batch never mixes
-buckets: each row is padded to its own, so its embedding is the same bit for bit whatever is embedded with it.
+`DenseEncoder.embed(texts)` tokenises, sorts by length, pads to fixed length buckets and runs
+`models.encoder.embed` over all devices. A batch never mixes buckets: each row is padded to its own, so its
+embedding is the same bit for bit whatever is embedded with it (XLA's CPU programs round differently at another
+padded length). Each bucket also runs one row count (`rows_per_call`: about 256 padded tokens on CPU, the whole
+batch on accelerators): measured, a row's bits also depend on the rows around it in small calls wherever several CPU
+devices share the process (benchmarks/README.md, "Embedding: rows per call").
 """
 from __future__ import annotations
 
@@ -16,15 +19,19 @@ from replug_jax.models.tokenizer import TextTokenizer
 from replug_jax.models.weights import weights_fingerprint
 from replug_jax.parallel import sharding, xla_cpu
 
+TOKENS_PER_CALL = 256  # padded tokens a CPU call aims at: benchmarks/README.md, "Embedding: rows per call"
+
 
 class DenseEncoder:
     """A BERT-family encoder with mean pooling; `normalize=True` makes inner products cosines (the paper's s(d, x))."""
 
     def __init__(self, config: encoder_model.BertConfig, params, tokenizer: TextTokenizer, *, name: str = "encoder",
                  max_length: int = 512, normalize: bool = True, batch_size: int = 32, length_multiple: int = 8,
-                 dtype=None, param_dtype=None, mesh=None):
+                 tokens_per_call: int | None = None, dtype=None, param_dtype=None, mesh=None):
         """`dtype`: compute dtype (None: bf16 on accelerators, fp32 on CPU); `param_dtype`: the weights' (None:
-        `dtype`); the pooled, normalised embeddings are float32 either way."""
+        `dtype`); the pooled, normalised embeddings are float32 either way. `batch_size`: the most rows of one
+        call; `tokens_per_call`: the padded tokens one call aims at (`rows_per_call`; None: TOKENS_PER_CALL on CPU
+        devices, the whole batch on accelerators, whose throughput wants full batches)."""
         self.config, self.tokenizer, self.name, self.param_dtype = config, tokenizer, name, param_dtype
         self.max_length = min(max_length, config.max_position)
         params = precision.cast_floating(params, precision.weight_dtype(dtype, param_dtype))
@@ -32,6 +39,10 @@ class DenseEncoder:
         self.normalize, self.length_multiple, self.dtype = normalize, length_multiple, dtype
         mesh = mesh or sharding.data_mesh()
         batch_size = sharding.round_up(batch_size, mesh.devices.size)
+        if tokens_per_call is None:
+            on_cpu = mesh.devices.flat[0].platform == "cpu"
+            tokens_per_call = TOKENS_PER_CALL if on_cpu else batch_size * self.max_length
+        self.tokens_per_call = tokens_per_call
         fn = functools.partial(self._embed_fn, config=config, normalize=normalize, dtype=dtype)
         self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh,
                                                  compiler_options=xla_cpu.options(xla_cpu.ENCODER, mesh))
@@ -72,8 +83,8 @@ class DenseEncoder:
         """The same encoder (tokenizer, settings, mesh) with other weights, e.g. a trained retriever."""
         return DenseEncoder(self.config, params, self.tokenizer, name=name or self.name, max_length=self.max_length,
                             normalize=self.normalize, batch_size=self._batch_fn.batch_size,
-                            length_multiple=self.length_multiple, dtype=self.dtype, param_dtype=self.param_dtype,
-                            mesh=self.mesh)
+                            length_multiple=self.length_multiple, tokens_per_call=self.tokens_per_call,
+                            dtype=self.dtype, param_dtype=self.param_dtype, mesh=self.mesh)
 
     def embed(self, texts: list[str], progress=False, params=None) -> np.ndarray:
         """Embeddings [N, D] float32 (unit rows if `normalize`); `params` overrides the weights (no recompile).
@@ -86,13 +97,18 @@ class DenseEncoder:
         """Embeddings of already-tokenised rows (with special tokens): [N, D] float32 (`progress` as `embed`)."""
         out = np.zeros((len(rows), self.dim), dtype=np.float32)
         params = None if params is None else self._batch_fn.place_params(params)
-        batches = sharding.bucketed_batches(rows, self._batch_fn.batch_size, self.length_multiple, self.max_length,
+        batches = sharding.bucketed_batches(rows, self.rows_per_call, self.length_multiple, self.max_length,
                                             self.config.pad_token_id, progress is True, desc="embed", own_bucket=True)
-        for idx, ids, mask in batches:
-            out[idx] = self._batch_fn(ids, mask, params=params)
+        for idx, ids, mask in batches:  # ids, mask: [rows, L]
+            out[idx] = self._batch_fn(ids, mask, params=params, padded_rows=self.rows_per_call(ids.shape[1]))
             if callable(progress):
                 progress(len(idx))
         return out
+
+    def rows_per_call(self, length: int) -> int:
+        """Rows of every call at padded length `length`: about `tokens_per_call` tokens, at most the batch size, a
+        multiple of the devices. One program per length, so a row's bits depend on its own length alone."""
+        return min(self._batch_fn.batch_size, sharding.round_up(self.tokens_per_call // length, self.mesh.devices.size))
 
     def fingerprint(self, params=None) -> str:
         """A short hash of the weights (`params` or the encoder's own, their dtypes included) and settings, the

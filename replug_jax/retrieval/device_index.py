@@ -126,8 +126,8 @@ class DeviceIndex:
             raise ValueError(f"queries must be [Q, {self.dim}] (the index dimension), got shape {queries.shape}")
         if callable(exclude) and distributed.process_count() > 1:
             raise ValueError("with several processes, exclude must be per-query row lists, not a callable")
-        extra = 0 if exclude is None else exclusion_rule(exclude, len(queries), k)[1]
-        scores, rows = self.top(queries, k + extra)  # deep enough for list exclusions: one collective call
+        depth = k if exclude is None else int(exclusion_rule(exclude, len(queries), k, self.count)[1].max(initial=k))
+        scores, rows = self.top(queries, depth)  # deep enough for list exclusions: one collective call
 
         def search_fn(todo, depth):
             if depth <= rows.shape[1]:

@@ -22,7 +22,8 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax.parallel import distributed
-from replug_jax.retrieval.datastore import atomic_open, hash_strings
+from replug_jax.base.atomic_files import atomic_open
+from replug_jax.retrieval.datastore import hash_strings
 
 DTYPES = ("float32", "float16")
 

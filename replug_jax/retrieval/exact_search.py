@@ -1,85 +1,185 @@
-"""Exact inner-product search as one blocked GEMM and a partial top-k (numpy: BLAS on every core), over the rows a
-FAISS flat index holds, read in place (no copy, a memory-mapped index included).
+"""Exact inner-product search over the rows a FAISS flat index holds, read in place (no copy, a memory-mapped index
+included): blocked float32 GEMMs find the candidates, float64 sums rank them.
 
-    matrix = flat_rows(index.index)                     # [N, D] float32 view, or None for a compressed index
-    scores, rows = top_k(matrix, queries, k)            # [Q, k] float32, [Q, k] int64, best first
+    matrix = flat_rows(index.index)                             # [N, D] float32 view, or None for another index
+    scores, rows = search(matrix, queries, k, exclude=[[3, 9], []], row_norm=1.0)   # [Q, k] float32, int64
 
-Rankings: score descending, ties to the lower row. FAISS stays for compressed and approximate indexes (SQ, PQ, IVF,
-HNSW), and for a flat index searched with MAX_QUERIES queries or more at once, where FAISS measured faster
-(benchmarks/bench_search.py). Either way a flat index's candidates are rescored (`rescored`): BLAS rounds a query's
-scores differently beside other queries (a GEMM of another shape, or a GEMV for one query alone), which swapped
-tied passages between a job's batch and the REPLUG object's single question.
+Rankings: score descending, ties to the lower row, whatever else is searched at once (a query alone, in a batch, in
+another order) and however large a tie group is:
+- the float32 GEMM rounds a query's scores by the shape it sits in (a GEMV for one query alone), so every row whose
+  float32 score lies within the GEMM's error bound (`slack`) of the query's k-th best is a candidate, a whole tie
+  group included, and the candidates are ranked by float64 sums;
+- excluded rows are masked in the GEMM's score blocks before anything is kept: a query's exclusion list costs its
+  own length, never a deeper search (an LM window excludes its own document's chunks, an LSR example its source).
+With the FAISS index at hand (`index=`), a search of FAISS_MIN_QUERIES queries or more may take its candidates from
+FAISS's own flat search instead (the same window, the same float64 ranking, so the same answer): which of the two is
+faster depends on the host, the corpus size and the query count (benchmarks/README.md, "Exact search"), so the first
+such search of each size class in a process times both and the faster one serves that class from then on
+(`chosen_paths()`). Below FAISS_MIN_QUERIES, and for queries with exclusions, the GEMM path always runs. FAISS stays
+the only path for compressed and approximate indexes (SQ, PQ, IVF, HNSW).
 """
 from __future__ import annotations
+
+import functools
+import time
 
 import faiss
 import numpy as np
 
-BLOCK_ROWS = 32_768  # matrix rows per GEMM: a [Q, BLOCK_ROWS] float32 score block is the largest allocation
-RESCORE_MARGIN = 8  # candidates searched past the depth asked, so that rescoring decides the order at its edge
-MAX_QUERIES = 512  # from here on FAISS's own blocked BLAS path is faster; below it, its scan is 2.5-11x slower
-# (benchmarks/README.md "Exact search": Intel Xeon, 2 cores, 10k-1M rows)
+BLOCK_SCORES = 1 << 22  # float32 scores of one GEMM block [Q, b] (16 MiB): the largest allocation but the output
+RESCORE_PAIRS = 8_192  # (query, row) pairs rescored at a time: [8192, D] float64
+FAISS_MIN_QUERIES = 128  # below, FAISS's flat search measured 3-8x slower than the GEMM path (Intel and AMD hosts)
+FAISS_WIDTH = 16  # FAISS is asked for k + this many rows, so that the window past the k-th score is usually seen
+_CHOSEN: dict[tuple[int, int], str] = {}  # (log2 queries, log2 rows) -> "gemm" | "faiss", timed in this process
+# a float32 dot product of length D carries at most D * 2**-24 * |q| |x| of rounding error (Cauchy-Schwarz on the
+# classic bound); two scores compared: twice that
+ERROR_PER_DIM = 2.0**-23
 
 
 def flat_rows(index) -> np.ndarray | None:
-    """The stored vectors [N, D] float32 of a flat (uncompressed) FAISS index, viewed without a copy; None for any
-    other index."""
-    if not isinstance(index, faiss.IndexFlat) or index.ntotal == 0:
+    """The stored vectors [N, D] float32 of a flat inner-product FAISS index, viewed without a copy; None for any
+    other index (compressed, approximate, or ranked by L2: `DenseIndex` refuses an L2 index)."""
+    if (not isinstance(index, faiss.IndexFlat) or index.metric_type != faiss.METRIC_INNER_PRODUCT
+            or index.ntotal == 0):
         return None
     return faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d).reshape(index.ntotal, index.d)
 
 
-def top_k(matrix: np.ndarray, queries: np.ndarray, k: int,
-          block_rows: int = BLOCK_ROWS) -> tuple[np.ndarray, np.ndarray]:
-    """The k largest inner products of each query [Q, D] with the rows of `matrix` [N, D]: (scores [Q, k] float32,
-    rows [Q, k] int64), best first, ties to the lower row; k <= N. After the first k rows only the scores above
-    each query's current k-th best are gathered and merged (few, once the first blocks are read)."""
+def slack(queries: np.ndarray, row_norm: float) -> np.ndarray:
+    """Per query [Q] float32, the float32 GEMM's error bound on a score difference: D * 2**-23 * |q| * the largest
+    row norm (1 for unit rows)."""
+    return (queries.shape[1] * ERROR_PER_DIM * row_norm * np.linalg.norm(queries, axis=1)).astype(np.float32)
+
+
+def search(matrix: np.ndarray, queries: np.ndarray, k: int, exclude: list | None = None, row_norm: float = 1.0,
+           index=None, block_scores: int = BLOCK_SCORES) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest inner products of each query [Q, D] with the rows of `matrix` [N, D], excluded rows left out:
+    (scores [Q, k] float32, rows [Q, k] int64), best first, ties to the lower row; a query with fewer than k rows
+    allowed gets -inf / -1 after them. `exclude`: per query, None or the rows [R] it must not get; `row_norm`: the
+    largest row norm (or a bound on it); `index`: the FAISS flat index holding `matrix`, for many queries at once.
+    Peak memory: one score block, the candidates, and the exclusion lists."""
     n, q = matrix.shape[0], queries.shape[0]
     if not 1 <= k <= n:
         raise ValueError(f"k={k} must be between 1 and the {n} rows")
     queries = np.ascontiguousarray(queries, np.float32)
     if q == 0:  # no query (a process's empty share, a prompt without demos)
         return np.empty((0, k), np.float32), np.empty((0, k), np.int64)
-    scores, rows = np.empty((q, 0), np.float32), np.empty((q, 0), np.int64)
+    margin = slack(queries, row_norm)
+    free = np.arange(q) if exclude is None else np.flatnonzero([e is None or len(e) == 0 for e in exclude])
+    if index is None or len(free) < FAISS_MIN_QUERIES:
+        return ranked(matrix, queries, *candidates(matrix, queries, k, margin, exclude, block_scores), k)
+    size = (int(np.log2(len(free))), int(np.log2(n)))
+    if size not in _CHOSEN:  # the first search of this size class: both paths, timed; the same answer
+        started = time.perf_counter()
+        gemm = candidates(matrix, queries[free], k, margin[free], block_scores=block_scores)
+        middle = time.perf_counter()
+        faiss_candidates(index, matrix, queries[free], k, margin[free], block_scores)
+        _CHOSEN[size] = "gemm" if middle - started <= time.perf_counter() - middle else "faiss"
+    else:
+        find = candidates if _CHOSEN[size] == "gemm" else functools.partial(faiss_candidates, index)
+        gemm = find(matrix, queries[free], k, margin[free], block_scores=block_scores)
+    cand_q, cand_r = free[gemm[0]], gemm[1]
+    rest = np.setdiff1d(np.arange(q), free)  # queries with exclusions: masked in the GEMM
+    if rest.size:
+        more_q, more_r = candidates(matrix, queries[rest], k, margin[rest], [exclude[i] for i in rest], block_scores)
+        cand_q, cand_r = np.concatenate([cand_q, rest[more_q]]), np.concatenate([cand_r, more_r])
+    return ranked(matrix, queries, cand_q, cand_r, k)
+
+
+def chosen_paths() -> dict[str, str]:
+    """This process's choices so far: "<queries>x<rows>" (powers of two, the lower end) -> "gemm" | "faiss"."""
+    return {f"{1 << a}x{1 << b}": path for (a, b), path in sorted(_CHOSEN.items())}
+
+
+def faiss_candidates(index, matrix: np.ndarray, queries: np.ndarray, k: int, slack: np.ndarray,
+                     block_scores: int = BLOCK_SCORES) -> tuple[np.ndarray, np.ndarray]:
+    """`candidates` from FAISS's flat search to depth k + FAISS_WIDTH: the rows within `slack` of each query's k-th
+    score; a query whose window reaches past what FAISS returned (a large tie group) is searched by the GEMM path."""
+    depth = min(index.ntotal, k + FAISS_WIDTH)
+    scores, rows = index.search(queries, depth)  # [Q, depth] float32, int64 (-1: none)
+    floor = scores[:, k - 1] - slack
+    closed = (scores[:, -1] < floor) | (depth == index.ntotal)
+    keep = (scores >= floor[:, None]) & (rows >= 0) & closed[:, None]
+    cand_q, cand_c = np.nonzero(keep)
+    cand_r = rows[cand_q, cand_c]
+    open_ = np.flatnonzero(~closed)
+    if open_.size:
+        more_q, more_r = candidates(matrix, queries[open_], k, slack[open_], block_scores=block_scores)
+        cand_q, cand_r = np.concatenate([cand_q, open_[more_q]]), np.concatenate([cand_r, more_r])
+    return cand_q, cand_r
+
+
+def candidates(matrix: np.ndarray, queries: np.ndarray, k: int, slack: np.ndarray, exclude: list | None = None,
+               block_scores: int = BLOCK_SCORES) -> tuple[np.ndarray, np.ndarray]:
+    """Every (query, row) pair whose float32 score is within `slack` [Q] of the query's k-th best allowed score:
+    (queries [m] int64, rows [m] int64). Blocks of rows are scored in turn; a block keeps only the scores at or
+    above each query's floor (its k-th best so far minus its slack), so after the first blocks few are kept."""
+    n, q = matrix.shape[0], queries.shape[0]
+    block_rows = max(1, block_scores // q)
+    excluded_q, excluded_r = exclusion_pairs(exclude, q)  # [E], [E] sorted by row
+    kth = np.full(q, -np.inf, np.float32)  # each query's k-th best float32 score so far
+    cand_q, cand_s, cand_r = np.empty(0, np.int64), np.empty(0, np.float32), np.empty(0, np.int64)
     for start in range(0, n, block_rows):
         block = queries @ matrix[start : start + block_rows].T  # [Q, b]
-        if scores.shape[1] < k:  # the first rows: each query's k best of the block are the candidates
-            cand_c = _largest_columns(block, min(k, block.shape[1]))  # [Q, k']
-            cand_q = np.repeat(np.arange(q), cand_c.shape[1])
-            cand_c = cand_c.ravel()
-        else:  # only the scores above each query's k-th best (a later row never wins a tie)
-            cand_q, cand_c = np.nonzero(block > scores[:, -1:])
-            if not cand_q.size:
-                continue
-        all_q = np.concatenate([np.repeat(np.arange(q), scores.shape[1]), cand_q])
-        all_s = np.concatenate([scores.ravel(), block[cand_q, cand_c]])
-        all_r = np.concatenate([rows.ravel(), cand_c + start])
-        order = np.lexsort((all_r, -all_s, all_q))  # per query: score descending, then the lower row
-        first = np.searchsorted(all_q[order], np.arange(q))  # where each query's entries begin
-        keep = order[np.arange(order.size) - first[all_q[order]] < k]  # each query's best k (or all it has)
-        width = keep.size // q
-        scores, rows = all_s[keep].reshape(q, width), all_r[keep].reshape(q, width)
+        lo, hi = np.searchsorted(excluded_r, [start, start + block.shape[1]])
+        block[excluded_q[lo:hi], excluded_r[lo:hi] - start] = -np.inf
+        floor = kth - slack
+        short = np.flatnonzero(np.isneginf(kth))  # queries with fewer than k candidates: the block's k-th best
+        if short.size and block.shape[1] >= k:
+            floor[short] = np.partition(block[short], block.shape[1] - k, axis=1)[:, block.shape[1] - k] - slack[short]
+        lowest = np.finfo(np.float32).min  # an excluded (-inf) score is never taken
+        take_q, take_c = np.nonzero(block >= np.maximum(floor, lowest)[:, None])
+        if not take_q.size:
+            continue
+        cand_q = np.concatenate([cand_q, take_q])
+        cand_s = np.concatenate([cand_s, block[take_q, take_c]])
+        cand_r = np.concatenate([cand_r, take_c + start])
+        kth = kth_largest(cand_q, cand_s, q, k)
+        keep = cand_s >= (kth - slack)[cand_q]
+        cand_q, cand_s, cand_r = cand_q[keep], cand_s[keep], cand_r[keep]
+    return cand_q, cand_r
+
+
+def kth_largest(groups: np.ndarray, values: np.ndarray, count: int, k: int) -> np.ndarray:
+    """Per group 0..count-1, the k-th largest of its `values` [m] (-inf for a group with fewer than k): [count]."""
+    order = np.lexsort((-values, groups))
+    sizes = np.bincount(groups, minlength=count)
+    starts = np.cumsum(sizes) - sizes
+    out = np.full(count, -np.inf, values.dtype)
+    full = sizes >= k
+    out[full] = values[order[starts[full] + k - 1]]
+    return out
+
+
+def exclusion_pairs(exclude: list | None, num_queries: int) -> tuple[np.ndarray, np.ndarray]:
+    """(query [E], row [E]) int64 of every excluded pair, sorted by row (`exclude`: per query None or rows)."""
+    if exclude is None:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    if len(exclude) != num_queries:
+        raise ValueError(f"exclude must hold one row collection per query ({num_queries}), got {len(exclude)}")
+    rows = [np.unique(np.fromiter(e, np.int64)) if e is not None else np.empty(0, np.int64) for e in exclude]
+    query = np.repeat(np.arange(num_queries), [len(r) for r in rows])
+    rows = np.concatenate(rows) if rows else np.empty(0, np.int64)
+    order = np.argsort(rows, kind="stable")
+    return query[order], rows[order]
+
+
+def ranked(matrix: np.ndarray, queries: np.ndarray, cand_q: np.ndarray, cand_r: np.ndarray,
+           k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best k of each query's candidates, rescored with float64 sums and ranked by them (ties to the lower row),
+    so that a query's ranking and scores are the same whatever else was searched with it: (scores [Q, k] float32,
+    rows [Q, k] int64; -inf / -1 where a query has fewer)."""
+    exact = np.empty(len(cand_q), np.float64)
+    for start in range(0, len(cand_q), RESCORE_PAIRS):
+        part = slice(start, start + RESCORE_PAIRS)
+        exact[part] = np.einsum("md,md->m", matrix[cand_r[part]].astype(np.float64),
+                                queries[cand_q[part]].astype(np.float64))
+    q = len(queries)
+    order = np.lexsort((cand_r, -exact, cand_q))  # per query: score descending, then the lower row
+    sizes = np.bincount(cand_q, minlength=q)
+    place = np.arange(len(order)) - (np.cumsum(sizes) - sizes)[cand_q[order]]  # rank within its query
+    first = order[place < k]
+    scores, rows = np.full((q, k), -np.inf, np.float32), np.full((q, k), -1, np.int64)
+    scores[cand_q[first], place[place < k]] = exact[first]
+    rows[cand_q[first], place[place < k]] = cand_r[first]
     return scores, rows
-
-
-def _largest_columns(block: np.ndarray, k: int) -> np.ndarray:
-    """The columns [Q, k] int64 of the k largest entries of each row of `block` [Q, b], unordered."""
-    if k == block.shape[1]:
-        return np.broadcast_to(np.arange(k, dtype=np.int64), block.shape)
-    return np.argpartition(block, block.shape[1] - k, axis=1)[:, -k:].astype(np.int64)
-
-
-def rescored(matrix: np.ndarray, queries: np.ndarray, rows: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """The best `depth` of each query's candidate rows [Q, m] (-1: none) rescored against `matrix` [N, D] with
-    float64 sums, ranked by them (ties to the lower row), so that a query's ranking and scores are the same whatever
-    else was searched with it: (scores [Q, depth] float32, rows [Q, depth] int64)."""
-    rows = np.asarray(rows, np.int64)
-    exact = np.full(rows.shape, -np.inf)
-    for start in range(0, len(rows), 256):  # [256, m, D] float64 at a time
-        part = rows[start : start + 256]
-        vectors = matrix[np.maximum(part, 0)].astype(np.float64)
-        exact[start : start + 256] = np.where(part >= 0, np.einsum("qmd,qd->qm", vectors,
-                                                                   queries[start : start + 256].astype(np.float64)),
-                                              -np.inf)
-    order = np.lexsort((np.where(rows >= 0, rows, np.iinfo(np.int64).max), -exact), axis=1)[:, :depth]
-    return np.take_along_axis(exact, order, 1).astype(np.float32), np.take_along_axis(rows, order, 1)

@@ -4,27 +4,23 @@
     scores, rows = index.search(Q, k=4, exclude=[{12, 13}, None])   # [Q, k] float32, [Q, k] int64
     index.save("work/index"); index = DenseIndex.load("work/index", expected=index_meta(enc, ds))
 
-Missing results are score -inf and row -1. `exclude` (also used by the BM25 index and the
-random retriever, through `search_excluding`) keeps rows out of a query's results: the
-search goes deeper (doubling) until k allowed rows are found or the index is exhausted.
-Saving writes a temp folder and renames it into place, so a crash never leaves a
-half-written index (at worst, between the two renames, the previous index sits at
-`<dir>.old-*`).
+Missing results are score -inf and row -1. `exclude` keeps rows out of a query's results: a flat index masks them
+in its exact search (`exact_search.py`); other indexes, the BM25 index and the random retriever search each query
+to k plus its own list's length, then deeper (doubling) until k allowed rows are found (`search_excluding`).
+Saving writes a temp folder and renames it into place (`base.atomic_files.atomic_directory`), so a crash never
+leaves a half-written index.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
 from typing import Callable, Sequence
 
 import faiss
 import numpy as np
 
+from replug_jax.base.atomic_files import atomic_directory, atomic_open
 from replug_jax.retrieval import exact_search
-from replug_jax.retrieval.datastore import atomic_open
 
 METRICS = ("cosine", "ip")
 META_FILE = "meta.json"
@@ -49,61 +45,54 @@ def check_k(k: int, count: int) -> None:
 
 def search_excluding(search_fn: SearchFn, count: int, num_queries: int, k: int,
                      exclude: Exclude = None) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k (scores [Q, k] float32, rows [Q, k] int64) of `search_fn` without excluded rows."""
+    """Top-k (scores [Q, k] float32, rows [Q, k] int64) of `search_fn` without excluded rows: each query is searched
+    first to k plus its own list's length (rounded up to a power of two, so that few depths are asked), and deeper
+    (doubling) until k allowed rows are found or the index is exhausted."""
     check_k(k, count)
     if exclude is None:
         scores, rows = search_fn(np.arange(num_queries), k)
         rows = np.asarray(rows, np.int64)
         return np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows
-    is_excluded, extra = exclusion_rule(exclude, num_queries, k)
+    is_excluded, depths = exclusion_rule(exclude, num_queries, k, count)  # depths: [Q]
     out_scores = np.full((num_queries, k), -np.inf, np.float32)
     out_rows = np.full((num_queries, k), -1, np.int64)
-    todo, depth = np.arange(num_queries), min(count, k + extra)
-    while todo.size:
-        scores, rows = search_fn(todo, depth)  # [q, depth]
-        rows = np.asarray(rows, np.int64)
+    pending = np.arange(num_queries)
+    while pending.size:
         unfinished = []
-        for j, q in enumerate(todo.tolist()):
-            found = rows[j] >= 0
-            keep = np.flatnonzero(found & ~is_excluded(q, rows[j]))[:k]
-            exhausted = depth >= count or found.sum() < depth
-            if keep.size == k or exhausted:
-                out_scores[q, : keep.size], out_rows[q, : keep.size] = scores[j, keep], rows[j, keep]
-            else:
-                unfinished.append(q)
-        todo, depth = np.asarray(unfinished, np.int64), min(count, depth * 2)
+        for depth in np.unique(depths[pending]).tolist():
+            todo = pending[depths[pending] == depth]
+            scores, rows = search_fn(todo, depth)  # [q, depth]
+            rows = np.asarray(rows, np.int64)
+            for j, q in enumerate(todo.tolist()):
+                found = rows[j] >= 0
+                keep = np.flatnonzero(found & ~is_excluded(q, rows[j]))[:k]
+                exhausted = depth >= count or found.sum() < depth
+                if keep.size == k or exhausted:
+                    out_scores[q, : keep.size], out_rows[q, : keep.size] = scores[j, keep], rows[j, keep]
+                else:
+                    unfinished.append(q)
+                    depths[q] = min(count, depth * 2)
+        pending = np.asarray(unfinished, np.int64)
     return out_scores, out_rows
 
 
-def exclusion_rule(exclude: Exclude, num_queries: int, k: int):
-    """(is_excluded(q, rows [m]) -> bool [m], how many rows to search past k at first)."""
+def exclusion_rule(exclude: Exclude, num_queries: int, k: int, count: int):
+    """(is_excluded(q, rows [m]) -> bool [m], each query's first search depth [Q] int64: k plus its list's length
+    (2k for a callable), rounded up to a power of two, at most `count`)."""
     if callable(exclude):
-        return exclude, k
+        is_excluded, depths = exclude, np.full(num_queries, 2 * k, np.int64)
+    else:
+        per_query = exclusion_lists(exclude, num_queries)
+        is_excluded = lambda q, rows: np.isin(rows, per_query[q])  # noqa: E731
+        depths = k + np.array([len(e) for e in per_query], np.int64)
+    return is_excluded, np.minimum(count, 1 << np.ceil(np.log2(np.maximum(depths, 1))).astype(np.int64))
+
+
+def exclusion_lists(exclude: Sequence, num_queries: int) -> list[np.ndarray]:
+    """Per query, the excluded rows [R] int64 of a per-query list of row collections (None: none)."""
     if isinstance(exclude, (set, frozenset)) or len(exclude) != num_queries:
         raise ValueError(f"exclude must be a callable or a per-query list of {num_queries} row collections")
-    per_query = [np.zeros(0, np.int64) if e is None else np.fromiter(e, np.int64) for e in exclude]
-    return (lambda q, rows: np.isin(rows, per_query[q])), max((len(e) for e in per_query), default=0)
-
-
-@contextlib.contextmanager
-def atomic_directory(path: str):
-    """Yield a temp folder next to `path`; on success it replaces `path`, on error it is removed."""
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(path)}.tmp-")
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if os.path.exists(path):
-        old = tempfile.mkdtemp(dir=parent, prefix=f"{os.path.basename(path)}.old-")
-        os.replace(path, old)  # rename over the empty placeholder
-    os.replace(tmp, path)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
+    return [np.zeros(0, np.int64) if e is None else np.fromiter(e, np.int64) for e in exclude]
 
 
 def write_meta(folder: str, meta: dict) -> None:
@@ -136,7 +125,12 @@ class DenseIndex:
     """A FAISS index over embedding rows; `meta` holds dimension, metric, count, factory and caller fields."""
 
     def __init__(self, index: faiss.Index, meta: dict):
+        if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise IndexRefused(f"the FAISS index ranks by metric {index.metric_type} (1 is L2); DenseIndex ranks by "
+                               "inner product (metric 0): rebuild it with DenseIndex.build or "
+                               "faiss.METRIC_INNER_PRODUCT")
         self.index, self.meta = index, meta
+        self._row_norm = None  # the largest stored row norm ("ip" metric), found at the first exact search
 
     @property
     def count(self) -> int:
@@ -180,6 +174,7 @@ class DenseIndex:
         """Add rows [N, D], `block_size` at a time (a memmap is never read whole)."""
         for start in range(0, embeddings.shape[0], block_size):
             self.index.add(self._prepare(embeddings[start : start + block_size]))
+        self._row_norm = None
 
     def _prepare(self, x: np.ndarray) -> np.ndarray:
         return prepare_rows(x, self.meta["metric"])
@@ -197,18 +192,26 @@ class DenseIndex:
         if queries.ndim != 2 or queries.shape[1] != self.dim:
             raise ValueError(f"queries must be [Q, {self.dim}] (the index dimension), got shape {queries.shape}")
         prepared = self._prepare(queries)  # [Q, D]
+        matrix = exact_search.flat_rows(self.index)  # a flat index: exact search by blocked GEMMs
+        if matrix is None:
+            return search_excluding(lambda todo, depth: self.index.search(prepared[todo], depth), self.count,
+                                    len(prepared), k, exclude)
+        if not callable(exclude):  # excluded rows masked in the GEMM
+            check_k(k, self.count)
+            lists = None if exclude is None else exclusion_lists(exclude, len(prepared))
+            return exact_search.search(matrix, prepared, k, lists, self.row_norm(matrix), index=self.index)
+        return search_excluding(lambda todo, depth: exact_search.search(matrix, prepared[todo], depth,
+                                                                        row_norm=self.row_norm(matrix)),
+                                self.count, len(prepared), k, exclude)
 
-        matrix = exact_search.flat_rows(self.index)  # a flat index: exact search as one blocked GEMM
-
-        def search_fn(todo, depth):
-            if matrix is None:
-                return self.index.search(prepared[todo], depth)
-            wide = min(self.count, depth + exact_search.RESCORE_MARGIN)  # rescored: the same alone or in a batch
-            few = len(todo) < exact_search.MAX_QUERIES
-            found = exact_search.top_k(matrix, prepared[todo], wide) if few else self.index.search(prepared[todo], wide)
-            return exact_search.rescored(matrix, prepared[todo], found[1], depth)
-
-        return search_excluding(search_fn, self.count, len(prepared), k, exclude)
+    def row_norm(self, matrix: np.ndarray) -> float:
+        """The largest stored row norm: 1 for unit rows (cosine), else measured once (a pass over the rows)."""
+        if self.meta["metric"] == "cosine":
+            return 1.0
+        if self._row_norm is None:
+            self._row_norm = max(float(np.sqrt(np.einsum("nd,nd->n", part, part).max()))
+                                 for part in (matrix[s : s + 65_536] for s in range(0, len(matrix), 65_536)))
+        return self._row_norm
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
         """The stored vectors of `rows` [N] -> [N, D] float32: what searches score against (normalised for

@@ -42,6 +42,7 @@ import time
 import jax
 import numpy as np
 
+from replug_jax.base.atomic_files import is_temporary
 from replug_jax.parallel import distributed
 from replug_jax.retrieval.build import build_dense_index
 from replug_jax.retrieval.datastore import Datastore
@@ -93,7 +94,7 @@ class IndexRefresher:
         if workdir and self._writer:
             os.makedirs(workdir, exist_ok=True)
             for name in os.listdir(workdir):  # leftovers of a save killed between its renames
-                if (name.startswith(".index_v") and ".tmp-" in name) or (name.startswith("index_v") and ".old-" in name):
+                if name.startswith(".index_v") and is_temporary(name):
                     shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
 
     # ---- reading: the serving index ----
