@@ -5,6 +5,7 @@ Public API for notebooks:
     rag = rj.REPLUG.from_documents(["a document", ...], lm="smollm2", k=4)  # retriever + black-box LM
     rag.score("a context", " more"); rag.generate("a prompt"); rag.answer("a question?")
     rag.kept_passages("a context")  # each mixed passage: id, title, text, score, log p(x | d), weight λ
+    demos = rj.read_questions("demos.jsonl"); rag.answer("a question?", demos=demos)  # the jobs' file formats
     enc = rj.load_encoder("minilm"); E = enc.embed(["a text"])          # [N, D] float32
     lm = rj.load_lm("smollm2"); lps = lm.score(["a context"], [" more"])  # list of [T_i] log-probs
 
@@ -19,6 +20,8 @@ _EXPORTS = {
     "load_encoder": "replug_jax.api",
     "load_lm": "replug_jax.api",
     "load_tokenizer": "replug_jax.api",
+    "read_documents": "replug_jax.api",
+    "read_questions": "replug_jax.api",
     "REPLUG": "replug_jax.replug",
     "KeptPassage": "replug_jax.replug",
     "BlackBoxLM": "replug_jax.lm.blackbox",

@@ -37,6 +37,24 @@ def load_encoder(name: str = "minilm", *, normalize: bool = True, max_length: in
                         normalize=normalize, batch_size=batch_size, dtype=dtype, param_dtype=param_dtype, mesh=mesh)
 
 
+def read_documents(source: str) -> list:
+    """Documents (`Document`: id, title, text) as the jobs read a corpus: a JSONL file of {"text", "title"?, "id"?},
+    a .txt file, a folder of .txt files, or "tfds:NAME:SPLIT[:TEXT_KEY[:TITLE_KEY]]". `REPLUG.from_documents` takes
+    them as they come."""
+    from replug_jax.jobs.prepare import read_documents as read
+
+    return read(source)
+
+
+def read_questions(source: str, split: str = "validation") -> list:
+    """QA rows (`QAExample`: id, question, answers, and the row's other fields) as the QA job reads its questions and
+    demos: a JSONL file of {"question", "answers" (or "answer")?, "id"?, ...}, "nq_open", "trivia_qa" or a "tfds:"
+    source (`split` for those). `REPLUG.answer(demos=...)` takes them as they come."""
+    from replug_jax.data.downstream import load_qa
+
+    return load_qa(source, split, answers_required=False)
+
+
 def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size: int = 4, dtype=None,
             param_dtype=None, revision: str | None = None, mesh=None, model_parallel: int = 1, **http_options):
     """A causal LM behind the black-box `score(contexts, continuations)` contract.

@@ -8,7 +8,7 @@
     rag.kept_passages("The mayor of Velmora is")            # [KeptPassage(id, title, text, score, log_p_input, weight)]
 
 Each of the top-k passages is prepended to the input separately and the LM's per-token probabilities are
-mixed with λ = softmax(s / τ) (§3.2), or (`weights="posterior"`) with the LM's posterior over the passages
+mixed with λ = softmax(s / τ) (§3.2), or (`weights="replug_posterior"`) with the LM's posterior over the passages
 (method/posterior.py). The calls go through the very functions the jobs use (`passages.document_passes` and
 `evaluate.lm.ensemble` for scoring, `evaluate.qa.method_passes` and `evaluate.qa_posterior` for QA), so the
 numbers are the jobs' numbers (tests/test_pipeline.py).
@@ -29,7 +29,8 @@ from replug_jax.method import mixture, posterior
 from replug_jax.method.passages import DOC_TEMPLATE, document_passes, passage_text
 from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, document_from_record
 
-WEIGHTS = ("retrieval", "posterior")
+WEIGHTS = ("replug", "replug_posterior")  # the jobs' method names: the paper's λ, the LM's posterior
+RENAMED = {"retrieval": "replug", "posterior": "replug_posterior"}  # the names before 2026-11-28
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +49,13 @@ class KeptPassage:
 
 class REPLUG:
     """A retriever (anything with `retrieve(queries, k) -> (scores [Q, K], rows [Q, K])`) over `datastore`,
-    and a black-box LM; `k` passages per input, mixed with λ = softmax(s / `temperature`) (`weights="retrieval"`,
-    the paper) or with the LM's posterior λ ∝ exp(s/τ + α log p(input | passage)) (`weights="posterior"`, α =
-    `posterior_alpha`, method/posterior.py), which may score the input after the top `rerank_depth` passages and keep
-    the k best."""
+    and a black-box LM; `k` passages per input, mixed with λ = softmax(s / `temperature`) (`weights="replug"`,
+    the paper) or with the LM's posterior λ ∝ exp(s/τ + α log p(input | passage))
+    (`weights="replug_posterior"`, α = `posterior_alpha`, method/posterior.py), which may score the input after the
+    top `rerank_depth` passages and keep the k best."""
 
     def __init__(self, lm, retriever, datastore: Datastore, *, k: int = 4, temperature: float = 1.0,
-                 doc_template: str = DOC_TEMPLATE, weights: str = "retrieval", posterior_alpha: float = 1.0,
+                 doc_template: str = DOC_TEMPLATE, weights: str = "replug", posterior_alpha: float = 1.0,
                  rerank_depth: int = 0):
         check_mixture(k, temperature, len(datastore), weights, posterior_alpha, rerank_depth)
         if not callable(getattr(retriever, "retrieve", None)):
@@ -66,7 +67,8 @@ class REPLUG:
         self.lm, self.retriever, self.datastore = lm, retriever, datastore
         self.k, self.temperature, self.doc_template = k, temperature, doc_template
         self.weights, self.posterior_alpha = weights, posterior_alpha
-        self.depth = min(max(k, rerank_depth), len(datastore)) if weights == "posterior" else k
+        self.depth = min(max(k, rerank_depth), len(datastore)) if weights == "replug_posterior" else k
+        self._warned_zero_shot = False
 
     @classmethod
     def from_documents(cls, documents, *, lm="smollm2", encoder="minilm", k: int = 4, temperature: float = 1.0,
@@ -121,7 +123,7 @@ class REPLUG:
         as `KeptPassage`s) for one input `text` retrieved for by `query`: the top k by retrieval, or by the posterior
         over the top `depth`, which scores `text` after each passage (with `continuation` in the same pass)."""
         contexts, log_w, scores, rows = self._retrieved_passes(query, text)
-        if self.weights == "retrieval":
+        if self.weights == "replug":
             return contexts, log_w, None, self._kept(rows, scores, log_w, None)
         docs = [c[: len(c) - len(text)] for c in contexts]  # the passage part of each pass
         scored = self.lm.score_with_query(docs, [text] * len(docs), [continuation] * len(docs))
@@ -154,7 +156,7 @@ class REPLUG:
         """log p(y_t | context, y_<t) under REPLUG's mixture, per continuation token: [T] float32. Retrieval is
         for `query` (default: the context); each passage is `doc_template` followed by the context."""
         query = query if query is not None else context
-        if self.weights == "retrieval":
+        if self.weights == "replug":
             scores, rows = self.retrieve([query])
             contexts, continuations, _ = document_passes(self.datastore, rows, [context], [continuation],
                                                          self.doc_template)
@@ -169,22 +171,31 @@ class REPLUG:
         """REPLUG's ensembled greedy decoding after `prompt` (each pass: a passage, then the prompt); with posterior
         weights they are fixed at the generation's prefill from log p(prompt | passage) (`posterior.generate`)."""
         contexts, log_w, _, _ = self._retrieved_passes(query if query is not None else prompt, prompt)
-        if self.weights == "retrieval":
+        if self.weights == "replug":
             return self.lm.generate([contexts], [log_w], max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
         return posterior.generate(self.lm, [contexts], [prompt], [log_w], alpha=self.posterior_alpha, keep=self.k,
                                   max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
 
     def answer(self, question: str, *, max_new_tokens: int = 16, demos=(), with_passages: bool = False):
         """The answer to `question` with the QA job's prompt ("Knowledge: <passage>\\nQuestion: ...\\nAnswer:"
-        per passage) and mixture, after the few-shot `demos`: (question, answer) pairs, each shown with its own top
-        passage as the QA job shows its demos, or a ready few-shot block (a string). `with_passages`: return
-        (answer, the kept passages as `KeptPassage`s) instead of the answer alone."""
+        per passage) and mixture, after the few-shot `demos`: (question, answer) pairs, rows as `rj.read_questions`
+        gives them (or {"question", "answers"} dicts), each shown with its own top passage as the QA job shows its
+        demos, or a ready few-shot block (a string); without demos the prompt is zero-shot, said once in a warning.
+        `with_passages`: return (answer, the kept passages as `KeptPassage`s) instead of the answer alone."""
         scores, rows = self.retriever.retrieve([question], self.depth)
         log_w, found_scores, found_rows = self._found(scores, rows)  # [D'], the retrieved (-1 rows left out)
         passages = [[passage_text(self.datastore.titles[r], self.datastore.texts[r]) for r in found_rows]]
         example = [QAExample("question", question, ())]
         prefix = self.demo_block(demos)
-        if self.weights == "retrieval":
+        if not prefix and not self._warned_zero_shot:
+            import warnings
+
+            self._warned_zero_shot = True
+            warnings.warn("REPLUG.answer without demos: each pass's prompt is \"Knowledge: <passage>\\nQuestion: "
+                          "<question>\\nAnswer:\" alone (zero-shot), and a small LM may answer in a sentence or not "
+                          "at all; pass demos= (question, answer) pairs or rows of rj.read_questions (said once)",
+                          stacklevel=2)
+        if self.weights == "replug":
             answer = qa.answer_questions(self.lm, example, passages, scores, method="replug", ensemble="replug",
                                          demo_prefix=prefix, temperature=self.temperature,
                                          max_new_tokens=max_new_tokens)[0]["prediction"]
@@ -210,31 +221,45 @@ class REPLUG:
                 raise ValueError(f"demos={demos[:60]!r} is a file name: give (question, answer) pairs (or a "
                                  "few-shot block as text)")
             return demos
-        pairs = list(demos)
+        pairs = [demo_pair(d) for d in demos]
         bad = [i for i, d in enumerate(pairs) if not (isinstance(d, (tuple, list)) and len(d) == 2
                                                        and all(isinstance(x, str) and x.strip() for x in d))]
         if bad:
             raise ValueError(f"demos[{bad[0]}] = {pairs[bad[0]]!r}: give (question, answer) pairs of non-empty "
-                             "strings, or a few-shot block as one string")
+                             "strings, rows of rj.read_questions, or a few-shot block as one string")
         if not pairs:
             return ""
         examples = [QAExample(f"demo{i}", q, (a,)) for i, (q, a) in enumerate(pairs)]
         return few_shot_prefix(self.retriever, self.datastore, examples, True, qa.demo_block)
 
 
-def check_mixture(k: int, temperature: float, passages: int | None = None, weights: str = "retrieval",
+def demo_pair(demo):
+    """A demo as (question, answer): a row of `rj.read_questions` (its first answer) or a {"question", "answers" or
+    "answer"} dict as the JSONL files hold; anything else as given (checked by the caller)."""
+    if isinstance(demo, QAExample):
+        return (demo.question, demo.answers[0]) if demo.answers else demo
+    if isinstance(demo, dict) and "question" in demo:
+        answers = demo.get("answers", demo.get("answer"))
+        answers = [answers] if isinstance(answers, str) else list(answers or [])
+        return (demo["question"], answers[0]) if answers else demo
+    return demo
+
+
+def check_mixture(k: int, temperature: float, passages: int | None = None, weights: str = "replug",
                   posterior_alpha: float = 1.0, rerank_depth: int = 0) -> None:
     """Refuse k outside [1, `passages`] (the datastore's size, when known), a temperature τ of λ = softmax(s / τ)
     that is not positive, unknown weights, a negative α, a re-ranking depth below k, and posterior settings given
     with the retrieval weights (which would ignore them)."""
+    if weights in RENAMED:
+        raise ValueError(f"weights={weights!r} is now weights={RENAMED[weights]!r}, the method's name in the jobs")
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: use one of {', '.join(WEIGHTS)}")
     posterior.check_alpha(posterior_alpha)
     unread = [f"{key}={value!r}" for key, value, default in (("posterior_alpha", posterior_alpha, 1.0),
                                                              ("rerank_depth", rerank_depth, 0)) if value != default]
-    if weights == "retrieval" and unread:
-        raise ValueError(f"{' and '.join(unread)} would be ignored: only weights=\"posterior\" reads "
-                         f"{'them' if len(unread) > 1 else 'it'} (weights=\"retrieval\" is the paper's λ)")
+    if weights == "replug" and unread:
+        raise ValueError(f"{' and '.join(unread)} would be ignored: only weights=\"replug_posterior\" reads "
+                         f"{'them' if len(unread) > 1 else 'it'} (weights=\"replug\" is the paper's λ)")
     if rerank_depth and rerank_depth < k:
         raise ValueError(f"rerank_depth={rerank_depth} must be 0 (k) or at least k={k}")
     if not temperature > 0:  # NaN too

@@ -453,6 +453,34 @@ def test_qa_job_writes_results_per_method(qa_run):
     assert saved["empty_answers"] == {m: sum(not r[m]["prediction"] for r in rows) for m in ("none", "replug", "concat")}
 
 
+def test_predictions_carry_each_question_and_the_evidence_of_every_number(files, smollm2, qa_run, tmp_path):
+    """predictions.jsonl: for every method that uses passages, their datastore ids and retrieval scores (best
+    first) and, where passes are mixed, log λ (REPLUG's softmax(s / τ); the posterior's own); each question's own id
+    and its row's other fields as the file gave them (a line number where it gave no id)."""
+    _, workdir, _ = qa_run
+    tau = qa_config(files).temperature
+    for row in (json.loads(line) for line in open(os.path.join(workdir, "predictions.jsonl"))):
+        assert "passage_ids" not in row["none"] and "log_weights" not in row["concat"]
+        for method in ("replug", "concat"):
+            got = row[method]
+            assert len(got["passage_ids"]) == len(got["passage_scores"]) == 2
+            assert got["passage_scores"] == sorted(got["passage_scores"], reverse=True)
+        scores = np.array(row["replug"]["passage_scores"]) / tau
+        np.testing.assert_allclose(row["replug"]["log_weights"], scores - np.logaddexp.reduce(scores), atol=1e-5)
+        assert row["concat"]["passage_ids"] == row["replug"]["passage_ids"]
+    questions = _jsonl(tmp_path / "own.jsonl", [QUESTIONS[0],  # the demo
+                                                dict(QUESTIONS[1], id="q-7", gold_doc="flags#0", tags=["colour"]),
+                                                QUESTIONS[2]])
+    run_job(qa_config(files, questions=questions, methods=("replug_posterior",), rerank_depth=3), tmp_path / "run",
+            smollm2)
+    first, second = [json.loads(line) for line in open(tmp_path / "run" / "predictions.jsonl")]
+    assert first["id"] == "q-7" and first["fields"] == {"gold_doc": "flags#0", "tags": ["colour"]}
+    assert second["id"] == "3" and "fields" not in second  # no id given: its line number
+    post = first["replug_posterior"]
+    assert len(post["passage_ids"]) == len(post["passage_scores"]) == len(post["log_weights"]) == 2
+    assert np.exp(post["log_weights"]).sum() == pytest.approx(1, abs=1e-5)
+
+
 def test_empty_answers_and_unused_settings_are_said(files, smollm2, tmp_path, capsys):
     """Answers the LM ends at once are counted per method in results.json and named on the console; a setting no
     chosen method reads (rerank_depth without replug_posterior), and fewer demos than shots, are said on the console,
@@ -466,7 +494,7 @@ def test_empty_answers_and_unused_settings_are_said(files, smollm2, tmp_path, ca
     out = capsys.readouterr().out
     unused, fewer, said_empty = json.load(open(tmp_path / "run" / "results.json"))["warnings"]
     assert f"replug {empty['replug']} of {len(rows)}" in said_empty
-    assert unused.startswith("--config.rerank_depth=4 unused")
+    assert unused.startswith("--config.posterior_alpha=0.5 and --config.rerank_depth=4 unused")
     assert fewer == f"--config.shots=3 but {demos!r} gives 1 demo(s): the prompt is 1-shot" and results["shots"] == 1
     for warning in (unused, fewer, said_empty):
         assert f"warning: {warning}" in out and f"Warning: {warning}" in open(tmp_path / "run" / "results.md").read()

@@ -83,6 +83,23 @@ def test_a_run_mostly_without_retrieval_is_warned_about():
     results = {"perplexity": {"none": 2.0}, "bits_per_byte": {"none": 1.0}, "tokens": 4, "bytes": 10, "windows": 4,
                "windows_with_retrieval": 0, "k": 2, "warnings": [warning]}
     assert report.markdown_table(results).endswith(f"Warning: {warning}\n")
+    # the console: each warning was said as the job found it; under the table one line points to them
+    shown = report.for_console(report.markdown_table(results), [warning])
+    assert warning not in shown and shown.endswith("1 warning said above, also under the table in results.md\n")
+
+
+def test_the_temperature_table_holds_no_constant_row():
+    """A retriever whose scores are all equal (random) gives the same perplexity at every τ: its row is left out of
+    the τ table and said in one line; a row that τ moves stays."""
+    metrics = lambda ppl: {"perplexity": ppl, "bits_per_byte": 1.0}  # noqa: E731
+    results = {"perplexity": {"none": 2.0, "replug": 1.9, "random": 1.95},
+               "bits_per_byte": {"none": 1.0, "replug": 0.9, "random": 0.95},
+               "tokens": 4, "bytes": 10, "windows": 4, "windows_with_retrieval": 4, "k": 2,
+               "temperature_sweep": {"replug": {"0.1": metrics(1.8), "1.0": metrics(1.9)},
+                                     "random": {"0.1": metrics(1.95), "1.0": metrics(1.95)}}}
+    table = report.markdown_table(results).split("ensemble temperature", 1)[1]
+    assert "| replug | 1.800 | 1.900 |" in table and "| random |" not in table
+    assert "The same at every τ, so left out: random (1.950)" in table
 
 
 def _corpus_and_windows(tiny, tmp_path):

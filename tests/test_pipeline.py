@@ -2,6 +2,8 @@
 prompts and λ for answers, the LM's own ensembled decoding), with retrieval or posterior weights; bad k, τ and
 documents are refused before any model loads; documents may be texts, {"text", "title"} dicts, Documents or a
 path."""
+import json
+
 import numpy as np
 import pytest
 
@@ -61,9 +63,9 @@ def test_answer_and_generate_are_the_paper_prompts_and_weights(rag, smollm2):
 
 
 def test_posterior_weights_are_the_lms_posterior_over_the_top_passages(rag, smollm2):
-    """weights="posterior": λ ∝ exp(s/τ + α log p(input | passage)) over the top rerank_depth, the k best kept, by
-    hand from the LM's scores of the same tokens (the input's tokens: those from its first character on)."""
-    post = rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, temperature=0.5, weights="posterior",
+    """weights="replug_posterior": λ ∝ exp(s/τ + α log p(input | passage)) over the top rerank_depth, the k best
+    kept, by hand from the LM's scores of the same tokens (the input's tokens: those from its first character on)."""
+    post = rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, temperature=0.5, weights="replug_posterior",
                      posterior_alpha=0.5, rerank_depth=4)
     context, continuation = "The mayor of Velmora is", " Tobias Grint"
     scores, rows = rag.retriever.retrieve([context], 4)
@@ -98,10 +100,12 @@ def test_posterior_weights_are_the_lms_posterior_over_the_top_passages(rag, smol
     assert [p.title for p in shown] == [rag.datastore.titles[rows[0][j]] for j in by_weight]
     np.testing.assert_allclose([p.weight for p in shown], np.sort(lam)[::-1], atol=1e-5)
     np.testing.assert_allclose([p.log_p_input for p in shown], np.asarray(evidence)[by_weight], atol=1e-3)
-    with pytest.raises(ValueError, match="weights='prior': use one of retrieval, posterior"):
+    with pytest.raises(ValueError, match="weights='prior': use one of replug, replug_posterior"):
         rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="prior")
+    with pytest.raises(ValueError, match="weights='posterior' is now weights='replug_posterior', the method's name"):
+        rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="posterior")  # one name, as in the jobs
     with pytest.raises(ValueError, match="rerank_depth=1 must be 0"):
-        rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="posterior", rerank_depth=1)
+        rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="replug_posterior", rerank_depth=1)
 
 
 def test_kept_passages_are_the_retrieval_weights_mixed(rag):
@@ -141,6 +145,41 @@ def test_answer_takes_demo_pairs_shown_as_the_qa_job_shows_them(rag):
         rag.answer(question, demos="demos.jsonl")
 
 
+def test_the_project_files_read_into_what_the_object_takes(rag, smollm2, minilm, tmp_path):
+    """rj.read_documents and rj.read_questions read the jobs' own files; from_documents takes the documents and
+    answer(demos=) the question rows (or the files' dicts) as they come: the same answer as (question, answer)
+    pairs. Without demos, one warning says the prompt is zero-shot, once per object."""
+    import warnings
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "title": f"T{i}", "text": text}) + "\n"
+                            for i, text in enumerate(DOCS)))
+    rows = [{"id": "river", "question": "Which river flows through Karsk?", "answers": ["the Oster", "Oster"],
+             "gold_doc": "d1"}, {"question": "Who is the mayor of Velmora?", "answer": "Tobias Grint"}]
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = rj.read_documents(str(docs))
+    assert [(d.id, d.title) for d in read] == [(f"d{i}", f"T{i}") for i in range(len(DOCS))]
+    demos = rj.read_questions(str(questions))
+    assert [(d.id, d.question, d.answers) for d in demos] == [("river", rows[0]["question"], ("the Oster", "Oster")),
+                                                              ("2", rows[1]["question"], ("Tobias Grint",))]
+    assert dict(demos[0].fields) == {"gold_doc": "d1"}
+    again = rj.REPLUG.from_documents(read, lm=smollm2, encoder=minilm, k=2, temperature=0.5)
+    assert again.datastore.texts == rag.datastore.texts
+    question, pairs = "Where was Marisol Fenn born?", [(r.question, r.answers[0]) for r in demos]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # with demos: no warning
+        want = rag.answer(question, max_new_tokens=6, demos=pairs)
+        assert rag.answer(question, max_new_tokens=6, demos=demos) == want
+        assert rag.answer(question, max_new_tokens=6, demos=rows) == want
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again.answer(question, max_new_tokens=2)
+        again.answer(question, max_new_tokens=2)
+    said = [str(w.message) for w in caught if "zero-shot" in str(w.message)]
+    assert len(said) == 1 and "Knowledge: <passage>\\nQuestion: <question>\\nAnswer:" in said[0]
+
+
 def test_an_empty_answer_is_warned_about(smollm2, minilm):
     """Zero-shot, SmolLM2 ends its answer at once: the empty answer says so and names demos."""
     import replug_jax as rj
@@ -168,8 +207,8 @@ def test_bad_settings_and_a_bare_string_are_refused_before_any_model_loads():
     with pytest.raises(ValueError, match="k=0 must be at least 1"):
         rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", k=0)
     with pytest.raises(ValueError, match=r"posterior_alpha=3 and rerank_depth=16 would be ignored: only "
-                                         r"weights=\"posterior\" reads them"):
-        rj.REPLUG(None, None, store, k=1, weights="retrieval", posterior_alpha=3, rerank_depth=16)
+                                         r"weights=\"replug_posterior\" reads them"):
+        rj.REPLUG(None, None, store, k=1, weights="replug", posterior_alpha=3, rerank_depth=16)
     with pytest.raises(ValueError, match="rerank_depth=2 would be ignored"):
         rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", k=1, rerank_depth=2)
     with pytest.raises(ValueError, match=r"documents='Velmora is a small town.*' is not a file or folder: pass a list "
@@ -203,11 +242,11 @@ def test_pieces_in_the_wrong_order_are_refused_at_once(rag, minilm):
 
 
 def test_posterior_score_mixes_through_the_shared_mixture(rag, monkeypatch):
-    """weights="posterior": the kept passes' token log-probs are mixed by `mixture.ensemble_logprobs` with their
+    """weights="replug_posterior": the kept passes' token log-probs are mixed by `mixture.ensemble_logprobs` with their
     weights, as the LM evaluation mixes (no second hand-written mixture)."""
     from replug_jax.method import mixture
 
-    post = rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, temperature=0.5, weights="posterior",
+    post = rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, temperature=0.5, weights="replug_posterior",
                      posterior_alpha=0.5, rerank_depth=4)
     calls, inner = [], mixture.ensemble_logprobs
     monkeypatch.setattr(mixture, "ensemble_logprobs",

@@ -47,7 +47,7 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
     commands = readme_commands()
     assert [c[c.index("--config") + 1] for c in commands] == ["experiments/configs/qa.py",
                                                                "experiments/configs/lm_eval.py"]
-    workdirs = []
+    workdirs, outputs = [], []
     for argv in commands:
         at = argv.index("--workdir") + 1
         argv[at] = str(tmp_path / os.path.basename(argv[at]))
@@ -56,6 +56,10 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
                               env={**os.environ, "JAX_PLATFORMS": "cpu"})
         assert done.returncode == 0, done.stderr[-3000:]
         assert "| method |" in done.stdout
+        console = done.stdout + done.stderr  # every warning said once, as a phase line (never absl's raw "W1128 ...")
+        said = re.findall(r"warning: (.+)", done.stdout)
+        assert all(console.count(w) == 1 for w in said) and not re.search(r"^W\d{4} ", console, re.M)
+        outputs.append(said)
     qa, lm = (json.load(open(os.path.join(w, "results.json"), encoding="utf-8")) for w in workdirs)
     import replug_jax
 
@@ -74,6 +78,7 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
             assert len(ids) == 4 and {i.split("#")[0] for i in ids} <= corpus_ids
     assert qa["shots"] == 2 and lm["k"] == 4
     assert any("bytes of held-out text are scored" in w for w in lm["warnings"])
+    assert any("bytes of held-out text are scored" in w for w in outputs[1])
 
 
 def test_the_readmes_python_prints_the_weights_it_shows():

@@ -23,6 +23,11 @@ def get_config():
     c.k = 10
     c.shots = 5
     c.max_new_tokens = 1
+    # the paper's methods and weights (qa.py's defaults were chosen for open QA, beyond the paper)
+    c.methods = ("none", "replug", "concat")
+    c.temperature = 1.0
+    c.posterior_alpha = 1.0
+    c.rerank_depth = 0
     c.scoring = "letters"  # "options": each option's text as the continuation (evaluate/option_text.py)
     c.option_metric = "acc_per_char"  # with "options", which decides: "acc", "acc_per_char" or "acc_per_token"
     return c

@@ -18,4 +18,9 @@ def get_config():
     c.encoder = "contriever"
     c.k = 10
     c.shots = 16
+    # the paper's methods and weights (qa.py's defaults were chosen on SciQ with MiniLM, beyond the paper)
+    c.methods = ("none", "replug", "concat")
+    c.temperature = 1.0
+    c.posterior_alpha = 1.0
+    c.rerank_depth = 0
     return c

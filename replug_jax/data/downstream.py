@@ -114,17 +114,21 @@ class MissingAnswers(InputError):
     """A QA row without gold answers where answers are required (the user's input: one line, exit 2)."""
 
 
+QA_KEYS = ("id", "question", "answers", "answer")  # a QA row's keys the job reads; the others are passed on
+
+
 def _qa_example(id_: str, question: str, record: dict, where: str, answers_required: bool = True) -> QAExample:
     """One QAExample from a JSONL record with "answers" (or "answer") as a string or a list of strings; without
     `answers_required` a row without them (or with an empty list) is a question alone (answers ())."""
     answers = record.get("answers", record.get("answer"))
+    fields = tuple((key, value) for key, value in record.items() if key not in QA_KEYS)
     if not answers_required and answers in (None, []):
-        return QAExample(id_, question, (), id_given="id" in record)
+        return QAExample(id_, question, (), id_given="id" in record, fields=fields)
     answers = [answers] if isinstance(answers, str) else answers
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
         error = MissingAnswers if answers is None else InputError
         raise error(f"{where}: needs \"answers\": a non-empty list of non-empty strings")
-    return QAExample(id_, question, tuple(answers), id_given="id" in record)
+    return QAExample(id_, question, tuple(answers), id_given="id" in record, fields=fields)
 
 
 def read_qa_jsonl(path: str, answers_required: bool = True) -> list[QAExample]:

@@ -23,6 +23,8 @@ class QAExample:
     question: str
     answers: tuple[str, ...]
     id_given: bool = True  # False: the data gave no id and `id` is a JSONL line number (no identity across files)
+    # the input row's other fields as (key, value) pairs (a JSONL file's "gold_doc", say), passed on to predictions
+    fields: tuple = dataclasses.field(default=(), compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

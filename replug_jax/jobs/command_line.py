@@ -118,14 +118,11 @@ def check_config_file(path: str) -> None:
 
 
 def help_text(argv: list[str], usage: str) -> str:
-    """The usage line, the configs (file and the first sentence of its docstring) and, with --config, its keys with
-    their defaults and the comments the config files give them."""
+    """The usage line and either, with --config, that config's keys with their defaults and the comments the config
+    files give them, or the configs (file and the first sentence of its docstring)."""
     import ast
 
-    lines = [usage, "", f"configs ({config_dir()}):"]
-    for path in sorted(glob.glob(os.path.join(config_dir(), "*.py"))):
-        doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
-        lines.append(f"  {os.path.basename(path):22s} {first_sentence(doc)}")
+    lines = [usage]
     chosen = config_argument(argv)
     if chosen:
         check_config_file(chosen)
@@ -137,7 +134,12 @@ def help_text(argv: list[str], usage: str) -> str:
         lines += ["", f"keys of {chosen} (override with --config.KEY=VALUE):"]
         lines += [f"  {key} = {value!r}" + (f"  # {comments[key]}" if key in comments else "")
                   for key, value in sorted(config.items())]
+        lines += ["", "--help alone lists the configs"]
     else:
+        lines += ["", f"configs ({config_dir()}):"]
+        for path in sorted(glob.glob(os.path.join(config_dir(), "*.py"))):
+            doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
+            lines.append(f"  {os.path.basename(path):22s} {first_sentence(doc)}")
         lines += ["", "--help --config CONFIG.py lists that config's keys, defaults and comments"]
     lines += ["", "other flags: --workdir DIR (required), --debug (tracebacks), --verbosity=0 (library log here)"]
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from replug_jax.base import console
 from replug_jax.base.errors import InputError
 from replug_jax.data import evaluation_sets
 from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, qa, qa_posterior
-from replug_jax.jobs import downstream_report, multiple_choice, prepare, results_file
+from replug_jax.jobs import downstream_report, multiple_choice, prepare, report, results_file
 from replug_jax.jobs.input_checks import read_methods, retrieval_depth, unused_settings
 from replug_jax.method import posterior
 from replug_jax.method.passages import passage_ids, passages_of
@@ -118,7 +118,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
         stats = distributed.allgather_json(lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
     if distributed.is_lead():  # one writer
-        print(downstream_report.write(results, predictions, workdir))
+        print(report.for_console(downstream_report.write(results, predictions, workdir), results["warnings"]))
     return results
 
 
@@ -140,8 +140,9 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
     """Predictions of `questions` (this process's share) by every method: (settings for results, rows with each
     method's prediction and its exact-match / answer-in-passages flags)."""
     results = {"ensemble": config.ensemble}
-    results.update(_posterior_settings(config))
-    predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in questions]
+    results.update(_posterior_settings(config, len(store)))
+    predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers),
+                    **({"fields": dict(q.fields)} if q.fields else {})} for q in questions]
     for method in config.methods:
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
         mixing = f", ensemble={ensemble}" if method not in ("none", "concat") else ""  # one pass: nothing to mix
@@ -162,8 +163,10 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
                                     demo_prefix=prefix, temperature=config.temperature,
                                     max_new_tokens=config.max_new_tokens, progress=True)
         qa.flag_predictions(questions, preds, None if method == "none" else passages, config.k)
-        for p, ids in zip(preds, passage_ids(store, rows) if method != "none" else ()):  # best retrieved first
-            p["passage_ids"] = ids
+        if method != "none":  # the evidence: each passage's id and score, best retrieved first, and its λ if mixed
+            log_w = None if method == "concat" else qa.method_passes(questions, passages, scores, method=method,
+                                                                     temperature=config.temperature)[1]
+            _record_passages(preds, passage_ids(store, rows), scores, log_w)
         if method == "concat":  # the passages a window-cut prompt still held
             concat_cuts.mark_generations(lm, questions, passages, preds, prefix, config.max_new_tokens)
         if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
@@ -187,11 +190,13 @@ def _lsr_direction(config) -> dict:
         return {"lsr_direction": json.load(f).get("lsr", {}).get("direction")}
 
 
-def _posterior_settings(config) -> dict:
-    """What "replug_posterior" ran with, for results.json (nothing when it did not run)."""
+def _posterior_settings(config, passages: int) -> dict:
+    """What "replug_posterior" ran with, for results.json (nothing when it did not run): its re-ranking depth at most
+    the datastore's `passages` (a smaller datastore is re-ranked whole)."""
     if "replug_posterior" not in config.methods:
         return {}
-    return {"posterior_alpha": config.posterior_alpha, "rerank_depth": retrieval_depth(config, "replug_posterior"),
+    return {"posterior_alpha": config.posterior_alpha,
+            "rerank_depth": min(retrieval_depth(config, "replug_posterior"), passages),
             **({"posterior_evidence": _evidence(config)} if config.job == "qa" else {})}
 
 
@@ -211,6 +216,16 @@ def _posterior_predictions(config, lm, retriever, store, questions, demo_prefix)
         temperature=config.temperature, alpha=config.posterior_alpha, ensemble=config.ensemble,
         max_new_tokens=config.max_new_tokens, with_answers=config.get("answer_nll", True),
         nll_with_demos=config.get("answer_nll_demos", False), evidence=_evidence(config))
-    for p, ids in zip(preds, passage_ids(store, rows, [p["kept_ranks"] for p in preds])):
+    for p, ids, row_scores in zip(preds, passage_ids(store, rows, [p["kept_ranks"] for p in preds]), scores):
         p["passage_ids"] = ids
+        p["passage_scores"] = [round(float(row_scores[j]), 6) for j in p["kept_ranks"]]
     return preds, kept
+
+
+def _record_passages(preds: list[dict], ids: list[list[str]], scores: np.ndarray, log_weights) -> None:
+    """Each prediction's passages (ids), their retrieval scores [Q, K] and (a mixing method) log λ of each pass."""
+    for i, (p, row_ids) in enumerate(zip(preds, ids)):
+        p["passage_ids"] = row_ids
+        p["passage_scores"] = [round(float(s), 6) for s in scores[i, : len(row_ids)]]
+        if log_weights is not None:
+            p["log_weights"] = [round(float(w), 6) for w in log_weights[i]]

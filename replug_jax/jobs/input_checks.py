@@ -279,8 +279,9 @@ def _check_counts(config) -> None:
 
 def check_depth_fits(config, passages: int, at_most: bool = False) -> None:
     """Refuse a k (eval_k, k_sweep value) beyond the datastore's `passages` (`at_most`: a bound known before the
-    corpus is cut into passages)."""
-    key, k = max(_depths(config), key=lambda kv: kv[1])
+    corpus is cut into passages). A re-ranking depth beyond it re-ranks the whole datastore (results.json records
+    the depth used)."""
+    key, k = max([(key, k) for key, k in _depths(config) if key != "rerank_depth"], key=lambda kv: kv[1])
     if passages == 0:
         raise InputError(f"--config.corpus={config.corpus!r} is empty: no document with any text (JSONL lines "
                          "{\"text\": ..., \"title\"?: ...} or UTF-8 .txt files)")

@@ -46,12 +46,28 @@ def markdown_table(results: dict) -> str:
         values = sorted({float(t) for by_t in taus.values() for t in by_t})
         lines += ["", f"Perplexity against the ensemble temperature τ (λ = softmax(s / τ), k = {results['k']}):", "",
                   "| method | " + " | ".join(f"τ={t:g}" for t in values) + " |", "|---|" + "---:|" * len(values)]
+        constant = []
         for m in _ordered(taus):
             by_value = {float(t): x for t, x in taus[m].items()}
-            lines.append(f"| {m} | " + " | ".join(f"{by_value[t]['perplexity']:.3f}" if t in by_value else ""
-                                                   for t in values) + " |")
+            cells = [f"{by_value[t]['perplexity']:.3f}" if t in by_value else "" for t in values]
+            if len(values) > 1 and len(set(cells)) == 1:  # τ cannot move it (a retriever whose scores are all equal)
+                constant.append(f"{m} ({cells[0]})")
+                continue
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        if constant:
+            lines += ["", f"The same at every τ, so left out: {', '.join(constant)} (its scores are all equal)."]
     lines += [f"\nWarning: {w}" for w in results.get("warnings", ())]
     return "\n".join(lines) + "\n"
+
+
+def for_console(table: str, warnings) -> str:
+    """results.md's text for the console, whose warnings each job has already said as a phase line when it found them:
+    one line pointing to them instead of each again."""
+    for w in warnings:
+        table = table.replace(f"\nWarning: {w}\n", "\n").replace(f"\nWarning: {w}", "")
+    count = len(warnings)
+    return table.rstrip("\n") + (f"\n\n{count} warning{'s' * (count > 1)} said above, also under the table in "
+                                  "results.md" if count else "") + "\n"
 
 
 def plot_k_sweep(results: dict, path: str) -> str | None:

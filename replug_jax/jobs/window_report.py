@@ -9,6 +9,7 @@ import time
 import jax
 from absl import logging
 
+from replug_jax.base import console
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate.windows import retrieval_shortfall, small_evaluation
 from replug_jax.jobs import prepare, report, results_file
@@ -29,7 +30,7 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
     said = [w for w in (retrieval_shortfall(windows), small_evaluation(windows)) if w]
     said += prepare.cut_warnings(prepared) + unused_settings(config)
     for warning in said if distributed.is_lead() else ():
-        logging.warning(warning)  # the console and WORKDIR/log.txt
+        console.phase(f"warning: {warning}")  # the console and WORKDIR/log.txt; under the table in results.md
     warnings = said + [w for w in (sweep_depth(config),) if w]  # said before the models loaded (`warn_early`)
     results = lm_eval.evaluate_lm(
         prepared.lm, windows, prepared.store, retrievers, k=config.get("eval_k") or config.k,
@@ -52,7 +53,7 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
         stats = distributed.allgather_json(prepared.lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
     if distributed.is_lead():  # several processes: one writer
-        print(report.write_results(results, workdir))
+        print(report.for_console(report.write_results(results, workdir), warnings))
         print(f"results in {os.path.join(workdir, 'results.json')}")
     return results
 
@@ -62,7 +63,7 @@ def warn_early(config) -> None:
     "warnings" repeat it (`evaluate_and_report`)."""
     said = sweep_depth(config)
     if said and distributed.is_lead():
-        logging.warning(said)
+        console.phase(f"warning: {said}")
 
 
 def sweep_depth(config) -> str | None:
