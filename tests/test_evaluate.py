@@ -158,9 +158,11 @@ def test_posterior_is_the_lms_posterior_over_replugs_own_passes(tiny, tmp_path):
     mixed, by hand from the LM's scores of REPLUG's own tokens (the prefix's: those from its first character on);
     α = 0 is REPLUG; REPLUG's numbers are the same whether its passes also score the prefix or not."""
     lm, store, retriever, wins = _corpus_and_windows(tiny, tmp_path)
-    run_with = lambda alpha: lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=2, temperature=0.5,
-                                                 progress=False, posterior_alpha=alpha, rerank_depth=4)
-    results = run_with(1.0)  # the plain run retrieves the same top 4 (its k sweep's), as ties order by depth
+    run_with = lambda alpha, evidence=None: lm_eval.evaluate_lm(  # noqa: E731
+        lm, wins, store, {"replug": retriever}, k=2, temperature=0.5, progress=False, posterior_alpha=alpha,
+        rerank_depth=4, evidence=evidence)
+    rows_out = []
+    results = run_with(1.0, rows_out)  # the plain run retrieves the same top 4 (its k sweep's), as ties order by depth
     plain = lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=2, k_sweep=(4,), temperature=0.5,
                                 progress=False)
     assert results["perplexity"]["replug"] == pytest.approx(plain["perplexity"]["replug"], rel=1e-6)
@@ -184,6 +186,20 @@ def test_posterior_is_the_lms_posterior_over_replugs_own_passes(tiny, tmp_path):
         total, tokens = total + lps.sum(), tokens + len(lps)
     assert results["perplexity"]["replug_posterior"] == pytest.approx(np.exp(-total / tokens), rel=1e-5)
     assert run_with(0.0)["perplexity"]["replug_posterior"] == pytest.approx(plain["perplexity"]["replug"], rel=1e-6)
+    # each window's evidence (windows.jsonl): the posterior's 2 kept of 4, best λ first, with log p(prefix | d);
+    # the summed log-probabilities give the table's perplexities
+    assert len(rows_out) == len(wins) and sum(r["tokens"] for r in rows_out) == results["tokens"]
+    for method in ("none", "replug", "replug_posterior"):
+        logprob = sum(r["logprob"].get(method, r["logprob"]["none"]) for r in rows_out)
+        assert np.exp(-logprob / results["tokens"]) == pytest.approx(results["perplexity"][method], rel=1e-9)
+    for r, w in zip(rows_out, wins):
+        if not w.query:
+            assert "replug" not in r
+            continue
+        post = r["replug_posterior"]
+        assert len(post["passage_ids"]) == len(post["log_p_context"]) == 2 == len(r["replug"]["passage_ids"])
+        assert post["log_weights"] == sorted(post["log_weights"], reverse=True)
+        assert sum(np.exp(post["log_weights"])) == pytest.approx(1, abs=1e-5)
 
 
 def test_concat_and_bm25_match_direct_scoring(tiny, tmp_path):

@@ -3,6 +3,7 @@ write what the README says they write), and its Python blocks print the weights 
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -79,6 +80,19 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
     assert qa["shots"] == 2 and lm["k"] == 4
     assert any("bytes of held-out text are scored" in w for w in lm["warnings"])
     assert any("bytes of held-out text are scored" in w for w in outputs[1])
+    # each held-out window's evidence: its passages and λ per method, summing to the table's perplexities
+    windows = [json.loads(line) for line in open(os.path.join(workdirs[1], "windows.jsonl"), encoding="utf-8")]
+    assert [w["window"] for w in windows] == list(range(lm["windows"]))
+    assert sum(w["tokens"] for w in windows) == lm["tokens"]
+    for method, ppl in lm["perplexity"].items():
+        logprob = sum(w["logprob"].get(method, w["logprob"]["none"]) for w in windows)
+        assert math.exp(-logprob / lm["tokens"]) == pytest.approx(ppl, rel=1e-9), method
+    retrieved = [w for w in windows if "replug" in w]
+    assert len(retrieved) == lm["windows_with_retrieval"]
+    for w in retrieved:
+        assert len(w["replug"]["passage_ids"]) == 4 and not any(i.split("#")[0] == w["document"]
+                                                                 for i in w["replug"]["passage_ids"])  # excluded
+        assert sum(math.exp(x) for x in w["replug"]["log_weights"]) == pytest.approx(1, abs=1e-5)
 
 
 def test_the_readmes_python_prints_the_weights_it_shows():

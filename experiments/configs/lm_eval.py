@@ -22,6 +22,7 @@ def get_config():
     c.k_sweep = (1, 2, 4, 8, 10)  # also reported; reuses the passes of the largest k
     c.temperature = 1.0  # λ = softmax(s / τ); the paper uses τ = 1 on cosine similarity
     c.bm25_temperature = 1.0  # τ for BM25 scores (appendix D)
+    c.windows_file = True  # WORKDIR/windows.jsonl: each window's passages, scores and λ per method (False: none)
     c.temperature_sweep = ()  # other τ values also reported for REPLUG (the same passes, re-weighted)
     c.posterior_alpha = 1.0  # "replug_posterior": λ ∝ exp(s/τ + α log p(window context | document)); 0: REPLUG's λ
     c.rerank_depth = 0  # "replug_posterior": score the context after the top N >= k documents, keep the k best (0: k)

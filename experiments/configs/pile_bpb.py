@@ -17,4 +17,5 @@ def get_config():
     c.lm = "gpt2"
     c.max_eval_docs = 1_000_000
     c.index_factory = "IVF65536,PQ64"  # hundreds of millions of passages at the paper's scale
+    c.windows_file = False  # millions of held-out windows: no per-window rows (windows.jsonl)
     return c

@@ -28,6 +28,7 @@ def get_config():
     c.refresh_every = 3_000
     c.steps = 25_000
     c.max_train_examples = 800_000
+    c.windows_file = False  # the Pile's held-out windows: no per-window rows (windows.jsonl)
     c.index_factory = "IVF65536,PQ64"
     c.embedding_dtype = "float16"
     c.context_tokens = 768

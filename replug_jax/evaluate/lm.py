@@ -72,23 +72,23 @@ def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.nda
     return {w: mixed[w, : lengths[w]] for w in range(len(doc_lps)) if mask[w].any()}
 
 
-def posterior_ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.ndarray, rows: np.ndarray,
-                       query_logliks: np.ndarray, k: int, depth: int, temperature: float,
-                       alpha: float) -> dict[int, np.ndarray]:
-    """`ensemble` with the posterior's weights: of each window's first `depth` documents, the k highest by
-    softmax(s/τ + α·query_logliks) mixed with those weights renormalised (method/posterior.py); depth k: REPLUG's own
-    passes and mixture with the scores shifted by τ·α·ℓ (α 0: REPLUG bit for bit)."""
+def posterior_choice(scores: np.ndarray, rows: np.ndarray, query_logliks: np.ndarray, k: int, depth: int,
+                     temperature: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """The posterior's choice (method/posterior.py): of each window's first `depth` documents, the k highest by
+    softmax(s/τ + α·query_logliks): (the combined scores s + τ·α·ℓ [W, D], the kept documents [W, D] bool),
+    which `ensemble` mixes with those weights renormalised; depth k: REPLUG's own passes and mixture with the
+    scores shifted by τ·α·ℓ (α 0: REPLUG bit for bit)."""
     valid = rows[:, :depth] >= 0  # [W, D]
     combined = posterior.combined_scores(scores[:, :depth], valid, query_logliks[:, :depth], temperature, alpha)
     kept = posterior.kept_mask(np.asarray(mixture.ensemble_log_weights(combined, valid, temperature)), k)  # [W, D]
-    return ensemble(doc_lps, lengths, combined, valid & kept, temperature)
+    return combined, valid & kept
 
 
 def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: int, k_sweep: Sequence[int] = (),
                 sweep_retrievers: Sequence[str] = ("replug", "random"), concat_retriever: str | None = "replug",
                 temperature: float = 1.0, temperatures: dict | None = None, temperature_sweep: Sequence[float] = (),
                 doc_template: str = DOC_TEMPLATE, progress: bool = True, posterior_alpha: float | None = None,
-                rerank_depth: int = 0) -> dict:
+                rerank_depth: int = 0, evidence: list | None = None) -> dict:
     """Perplexity and bits per byte of every method; see the module docstring.
 
     retrievers: name -> object with `retrieve(queries, k, exclude_sources) -> (scores [Q,k], rows [Q,k])`.
@@ -97,6 +97,9 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     posterior_alpha: also report "replug_posterior" (None: not), from the "replug" retriever's passes, which then
     go to the top max(k, rerank_depth) documents; the posterior re-ranks the top rerank_depth (0: k) to k, whatever
     the k sweep retrieved.
+    evidence: a list that gets one row per window (all processes' windows, in order): its document, tokens and
+    bytes, and per method its summed log-probability and the passages mixed at k (datastore ids, retrieval scores,
+    log λ; the posterior's kept ones with log p(context | d)).
     """
     temperatures = temperatures or {}
     say = console.phases(progress)
@@ -110,6 +113,9 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     queries = [windows[i].query for i in queried]
     lengths = [len(base[i]) for i in queried]  # continuation tokens of each queried window
     exclude = [[windows[i].doc_id] for i in queried]
+    rows_out = [{"window": mine.start + i, "document": w.doc_id, "tokens": len(lps), "bytes": w.num_bytes,
+                 "logprob": {"none": float(np.sum(lps, dtype=np.float64))}}
+                for i, (w, lps) in enumerate(zip(windows, base))]  # each window's evidence (`evidence`)
 
     totals: dict[str, Totals] = {"none": Totals()}
     sweep: dict[str, dict[int, Totals]] = {}
@@ -125,9 +131,11 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
                                              progress, with_query=posterior_here)
         tau = temperatures.get(name, temperature)
         if posterior_here and queried:
-            mixed = posterior_ensemble(doc_lps, lengths, scores, rows, query_ll, k, rerank_depth or k, tau,
-                                       posterior_alpha)
+            combined, kept = posterior_choice(scores, rows, query_ll, k, rerank_depth or k, tau, posterior_alpha)
+            mixed = ensemble(doc_lps, lengths, combined, kept, tau)
             totals[POSTERIOR] = _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
+            if evidence is not None:
+                _record(rows_out, queried, mixed, POSTERIOR, datastore, rows, scores, combined, kept, tau, query_ll)
         elif posterior_here:
             totals[POSTERIOR] = _totals(windows, base, {})
 
@@ -138,6 +146,10 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         for kk in sorted({k, *(k_sweep if name in sweep_retrievers else ())}):
             sweep.setdefault(name, {})[kk] = mixture_totals(kk, tau)
         totals[name] = sweep[name][k]
+        if queried and evidence is not None:  # the passes at k again, for each window's row
+            at_k = rows[:, :k] >= 0
+            mixed = ensemble(doc_lps, lengths, scores, at_k, tau)
+            _record(rows_out, queried, mixed, name, datastore, rows[:, :k], scores[:, :k], scores[:, :k], at_k, tau)
         for t2 in temperature_sweep if name in sweep_retrievers else ():
             tau_sweep.setdefault(name, {})[t2] = mixture_totals(k, t2)
         if name == concat_retriever:
@@ -145,9 +157,14 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
             concat = _score_concat(lm, [windows[i] for i in queried], queried, datastore, rows[:, :k], doc_template,
                                    progress)
             totals["concat"] = _totals(windows, base, concat)
+            if evidence is not None:
+                _record(rows_out, queried, {j: concat[i] for j, i in enumerate(queried) if i in concat}, "concat",
+                        datastore, rows[:, :k], scores[:, :k])
     for w, lps in zip(windows, base):
         totals["none"].add(lps, w.num_bytes)
     _sum_over_shares(split, totals, sweep, tau_sweep)
+    if evidence is not None:
+        evidence.extend(row for part in (split.gather(rows_out) if split.count > 1 else [rows_out]) for row in part)
 
     results = {
         "perplexity": {m: t.metrics()["perplexity"] for m, t in totals.items()},
@@ -217,6 +234,28 @@ def _score_concat(lm, windows, window_ids, datastore, rows, template, progress) 
     lps = (lm.score(contexts, [windows[j].continuation for j in keep], **progress_keyword(lm.score, progress))
            if keep else [])
     return {window_ids[j]: x for j, x in zip(keep, lps)}
+
+
+def _record(rows_out: list[dict], queried: list[int], mixed: dict[int, np.ndarray], method: str, datastore,
+            rows: np.ndarray, scores: np.ndarray, mixing_scores: np.ndarray | None = None,
+            kept: np.ndarray | None = None, temperature: float = 1.0, query_logliks: np.ndarray | None = None) -> None:
+    """Each queried window's evidence for `method` into its row of `rows_out`: the summed log-probability and the
+    passages (datastore ids, retrieval scores, and where passes are mixed log λ = log softmax(mixing score / τ) over
+    `kept` [W, D], with log p(context | d) for the posterior). rows, scores: [W, D]; `mixed`: by queried position."""
+    log_w = None if kept is None else np.asarray(mixture.ensemble_log_weights(mixing_scores, kept, temperature))
+    for j, i in enumerate(queried):
+        if j not in mixed:  # no document found for this window: `none`'s numbers stand
+            continue
+        take = np.flatnonzero(rows[j] >= 0 if kept is None else kept[j])
+        take = take[np.argsort(-log_w[j, take], kind="stable")] if kept is not None else take  # best weight first
+        got = {"passage_ids": [datastore.ids[int(r)] for r in rows[j, take]],
+               "passage_scores": [round(float(s), 6) for s in scores[j, take]]}
+        if log_w is not None:
+            got["log_weights"] = [round(float(w), 6) for w in log_w[j, take]]
+        if query_logliks is not None:
+            got["log_p_context"] = [round(float(x), 4) for x in query_logliks[j, take]]
+        rows_out[i][method] = got
+        rows_out[i]["logprob"][method] = float(np.sum(mixed[j], dtype=np.float64))
 
 
 def _totals(windows: list[Window], base: list[np.ndarray], retrieved: dict[int, np.ndarray]) -> Totals:

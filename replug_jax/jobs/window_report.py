@@ -2,6 +2,7 @@
 score every method on the held-out windows, write results.json, results.md and the plot."""
 from __future__ import annotations
 
+import json
 import os
 import resource
 import time
@@ -10,6 +11,7 @@ import jax
 from absl import logging
 
 from replug_jax.base import console
+from replug_jax.base.atomic_files import atomic_open
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate.windows import retrieval_shortfall, small_evaluation
 from replug_jax.jobs import prepare, report, results_file
@@ -17,6 +19,9 @@ from replug_jax.jobs.input_checks import unused_settings
 from replug_jax.parallel import distributed
 
 SWEEPING = ("replug", "replug_lsr", "random")  # the methods a k sweep re-mixes (evaluate_lm's sweep_retrievers)
+
+
+WINDOWS_FILE = "windows.jsonl"  # one row per held-out window: its passages and λ per method (`evaluate_lm`'s evidence)
 
 
 def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retrievers: dict,
@@ -32,6 +37,7 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
     for warning in said if distributed.is_lead() else ():
         console.phase(f"warning: {warning}")  # the console and WORKDIR/log.txt; under the table in results.md
     warnings = said + [w for w in (sweep_depth(config),) if w]  # said before the models loaded (`warn_early`)
+    evidence = [] if config.get("windows_file", True) else None  # each window's passages and λ per method
     results = lm_eval.evaluate_lm(
         prepared.lm, windows, prepared.store, retrievers, k=config.get("eval_k") or config.k,
         k_sweep=tuple(config.k_sweep), sweep_retrievers=SWEEPING,
@@ -39,7 +45,7 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
         temperatures={"bm25": config.bm25_temperature, **(temperatures or {})},
         temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})),
         posterior_alpha=config.get("posterior_alpha", 1.0) if lm_eval.POSTERIOR in config.methods else None,
-        rerank_depth=config.get("rerank_depth", 0))
+        rerank_depth=config.get("rerank_depth", 0), evidence=evidence)
     results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": prepare.lm_mesh_record(prepared.lm),
                     "lm_backend": results_file.lm_backend(prepared.lm),
                     "datastore_chunks": len(prepared.store),
@@ -53,6 +59,9 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
         stats = distributed.allgather_json(prepared.lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
     if distributed.is_lead():  # several processes: one writer
+        if evidence is not None:
+            with atomic_open(os.path.join(workdir, WINDOWS_FILE)) as f:
+                f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in evidence)
         print(report.for_console(report.write_results(results, workdir), warnings))
         print(f"results in {os.path.join(workdir, 'results.json')}")
     return results
