@@ -574,9 +574,10 @@ def test_a_text_embeds_the_same_alone_as_among_others(minilm, devices, batch_siz
     assert np.array_equal(np.stack([encoder.embed([texts[i]])[0] for i in alone]), together[alone])
     rows = encoder.tokenize(texts)
     bucket = lambda n: sharding.length_bucket(n, encoder.length_multiple, encoder.max_length)
-    # a call runs about 256 padded tokens (at most the batch size, a multiple of the devices), not 32 rows of 128
-    assert [encoder.rows_per_call(n) for n in (8, 128)] == {1: [32, 2], 8: [min(batch_size, 32), 8]}[devices]
-    assert sum(bucket(len(r)) == 8 for r in rows) >= 3  # three texts of at most 8 tokens: 2 rows alone, 4 together
+    # a call runs about 512 padded tokens (at most the batch size, a multiple of the devices), not 32 rows of 128;
+    # texts of up to 32 tokens share one bucket
+    assert [encoder.rows_per_call(n) for n in (32, 128)] == {1: [16, 4], 8: [min(batch_size, 16), 8]}[devices]
+    assert sum(encoder.padded_length(len(r)) == 32 for r in rows) >= 3 and encoder.padded_length(3) == 32
     for own in (True, False):  # own_bucket: one bucket per batch, each at most 8 rows; without it, mixed
         batches = list(sharding.bucketed_batches(rows, 8, encoder.length_multiple, encoder.max_length, 0,
                                                  own_bucket=own))

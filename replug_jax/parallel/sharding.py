@@ -121,14 +121,15 @@ def pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int, num_rows: 
 
 def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int | Callable[[int], int], multiple: int, cap: int,
                      pad_id: int, progress: bool = False, desc: str = "batches", per_octave: int | None = None,
-                     own_bucket: bool = False):
+                     own_bucket: bool = False, least: int = 0):
     """Rows sorted by length and yielded as fixed-shape batches: (row indices, ids, mask).
 
     ids and mask are [len(indices), L] with L = length_bucket(longest row, ...); the caller's
     ShardedBatchFn pads the row count up. `own_bucket`: a batch never mixes length buckets, so every row is padded
     to its own bucket and its result does not depend on the rows beside it (XLA's CPU programs round differently at
     other lengths): the encoder's choice, so that a query ranks passages the same alone as among others.
-    `batch_size`: rows per batch, or (with `own_bucket`) a function of the bucket's padded length.
+    `batch_size`: rows per batch, or (with `own_bucket`) a function of the bucket's padded length. `least`: the
+    shortest padded length (shorter rows share its bucket).
     """
     from replug_jax.base.progress import tqdm
 
@@ -140,13 +141,13 @@ def bucketed_batches(rows: Sequence[Sequence[int]], batch_size: int | Callable[[
         return
     runs, sizes = [order], [batch_size]  # rows in length order; with own_bucket, split where the bucket changes
     if own_bucket:
-        size = {n: length_bucket(int(n), multiple, cap, per_octave) for n in np.unique(lengths)}
+        size = {n: max(min(least, cap), length_bucket(int(n), multiple, cap, per_octave)) for n in np.unique(lengths)}
         runs = np.split(order, np.flatnonzero(np.diff([size[n] for n in lengths[order]])) + 1)
         sizes = [batch_size(size[lengths[run[0]]]) if callable(batch_size) else batch_size for run in runs]
     groups = [run[at : at + n] for run, n in zip(runs, sizes) for at in range(0, len(run), n)]
     for idx in tqdm(groups, disable=not progress, desc=desc, unit="batch"):
         batch = [rows[i] for i in idx]
-        length = length_bucket(max(len(r) for r in batch), multiple, cap, per_octave)
+        length = max(min(least, cap), length_bucket(max(len(r) for r in batch), multiple, cap, per_octave))
         ids, mask = pad_rows(batch, length, pad_id, len(batch))
         yield idx, ids, mask
 

@@ -3,9 +3,10 @@
 `DenseEncoder.embed(texts)` tokenises, sorts by length, pads to fixed length buckets and runs
 `models.encoder.embed` over all devices. A batch never mixes buckets: each row is padded to its own, so its
 embedding is the same bit for bit whatever is embedded with it (XLA's CPU programs round differently at another
-padded length). Each bucket also runs one row count (`rows_per_call`: about 256 padded tokens on CPU, the whole
+padded length). Each bucket also runs one row count (`rows_per_call`: about 512 padded tokens on CPU, the whole
 batch on accelerators): measured, a row's bits also depend on the rows around it in small calls wherever several CPU
-devices share the process (benchmarks/README.md, "Embedding: rows per call").
+devices share the process (benchmarks/README.md, "Embedding: rows per call"). Texts of up to 32 tokens share the
+shortest bucket, so a batch of questions is one call, as fast as one question.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from replug_jax.models.tokenizer import TextTokenizer
 from replug_jax.models.weights import weights_fingerprint
 from replug_jax.parallel import sharding, xla_cpu
 
-TOKENS_PER_CALL = 256  # padded tokens a CPU call aims at: benchmarks/README.md, "Embedding: rows per call"
+TOKENS_PER_CALL = 512  # padded tokens a CPU call aims at: benchmarks/README.md, "Embedding: rows per call"
+SHORTEST_BUCKET = 32  # texts of up to 32 tokens (questions) share one bucket: one call embeds 16 of them
 
 
 class DenseEncoder:
@@ -98,12 +100,18 @@ class DenseEncoder:
         out = np.zeros((len(rows), self.dim), dtype=np.float32)
         params = None if params is None else self._batch_fn.place_params(params)
         batches = sharding.bucketed_batches(rows, self.rows_per_call, self.length_multiple, self.max_length,
-                                            self.config.pad_token_id, progress is True, desc="embed", own_bucket=True)
+                                            self.config.pad_token_id, progress is True, desc="embed", own_bucket=True,
+                                            least=SHORTEST_BUCKET)
         for idx, ids, mask in batches:  # ids, mask: [rows, L]
             out[idx] = self._batch_fn(ids, mask, params=params, padded_rows=self.rows_per_call(ids.shape[1]))
             if callable(progress):
                 progress(len(idx))
         return out
+
+    def padded_length(self, tokens: int) -> int:
+        """The padded length (bucket) of a text of `tokens` tokens: what its embedding's bits depend on."""
+        return max(min(SHORTEST_BUCKET, self.max_length),
+                   sharding.length_bucket(tokens, self.length_multiple, self.max_length))
 
     def rows_per_call(self, length: int) -> int:
         """Rows of every call at padded length `length`: about `tokens_per_call` tokens, at most the batch size, a
