@@ -240,15 +240,8 @@ def search_path(request, monkeypatch):
     """A flat index's candidates from the blocked GEMMs or from FAISS's own search (forced at any query count)."""
     from replug_jax.retrieval import exact_search
 
-    class Forced(dict):
-        def __contains__(self, size):
-            return True
-
-        def __getitem__(self, size):
-            return request.param
-
     monkeypatch.setattr(exact_search, "FAISS_MIN_QUERIES", 1)
-    monkeypatch.setattr(exact_search, "_CHOSEN", Forced())
+    monkeypatch.setattr(exact_search, "_chosen", lambda size: request.param)
     return request.param
 
 
@@ -368,12 +361,15 @@ def test_near_ties_rank_by_their_float64_scores(queries, search_path):
     assert index.search(batch, 4)[1][0].tolist() == (1000 + np.argsort(-exact, kind="stable")[:4]).tolist()
 
 
-def test_the_faster_path_is_timed_once_per_size_where_it_runs(vectors, monkeypatch):
+def test_the_faster_path_is_timed_once_per_size_where_it_runs(vectors, monkeypatch, tmp_path):
     """From FAISS_MIN_QUERIES queries on, the first search of a size class times the GEMM and FAISS paths and keeps the
-    faster for that class (the crossover moves with the host and the corpus); either answers the same."""
+    faster for that class (the crossover moves with the host and the corpus), stored for the machine so that a later
+    process times nothing; either path answers the same."""
     from replug_jax.retrieval import exact_search
 
+    monkeypatch.setenv(exact_search.ENV_CHOICES, str(tmp_path / "choices.json"))
     monkeypatch.setattr(exact_search, "_CHOSEN", {})
+    monkeypatch.setattr(exact_search, "_STORED", {"loaded": False})
     monkeypatch.setattr(exact_search, "FAISS_MIN_QUERIES", 4)
     emb, queries = vectors
     index = DenseIndex.build(emb, metric="cosine")
@@ -385,6 +381,18 @@ def test_the_faster_path_is_timed_once_per_size_where_it_runs(vectors, monkeypat
     np.testing.assert_array_equal(together[1][:3], first[1])
     np.testing.assert_array_equal(index.search(queries, 5)[1], together[1])
     np.testing.assert_array_equal(together[1], brute_force(emb, queries, 5)[1])
+    stored = json.loads((tmp_path / "choices.json").read_text())
+    assert stored == {exact_search.machine(): {"2x8": chosen["4x256"]}}
+    monkeypatch.setattr(exact_search, "_CHOSEN", {})  # a later process on this machine: the stored choice, no timing
+    monkeypatch.setattr(exact_search, "_STORED", {"loaded": False})
+
+    class NoClock:
+        def perf_counter(self):
+            raise AssertionError("timed again")
+
+    monkeypatch.setattr(exact_search, "time", NoClock())
+    np.testing.assert_array_equal(index.search(queries, 5)[1], together[1])
+    assert exact_search.chosen_paths() == chosen
 
 
 def test_exclusion_costs_its_own_length_not_depth_times_width():

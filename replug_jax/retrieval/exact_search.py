@@ -14,13 +14,18 @@ another order) and however large a tie group is:
 With the FAISS index at hand (`index=`), a search of FAISS_MIN_QUERIES queries or more may take its candidates from
 FAISS's own flat search instead (the same window, the same float64 ranking, so the same answer): which of the two is
 faster depends on the host, the corpus size and the query count (benchmarks/README.md, "Exact search"), so the first
-such search of each size class in a process times both and the faster one serves that class from then on
-(`chosen_paths()`). Below FAISS_MIN_QUERIES, and for queries with exclusions, the GEMM path always runs. FAISS stays
-the only path for compressed and approximate indexes (SQ, PQ, IVF, HNSW).
+such search of each size class times both and the faster one serves that class from then on (`chosen_paths()`),
+remembered per machine (CPU model, cores, numpy and FAISS versions) in ~/.cache/replug_jax/exact_search_paths.json
+($REPLUG_JAX_SEARCH_CHOICES), so later processes on the machine time nothing. Below FAISS_MIN_QUERIES, and for
+queries with exclusions, the GEMM path always runs. FAISS stays the only path for compressed and approximate indexes
+(SQ, PQ, IVF, HNSW).
 """
 from __future__ import annotations
 
 import functools
+import json
+import os
+import platform
 import time
 
 import faiss
@@ -30,7 +35,9 @@ BLOCK_SCORES = 1 << 22  # float32 scores of one GEMM block [Q, b] (16 MiB): the 
 RESCORE_PAIRS = 8_192  # (query, row) pairs rescored at a time: [8192, D] float64
 FAISS_MIN_QUERIES = 128  # below, FAISS's flat search measured 3-8x slower than the GEMM path (Intel and AMD hosts)
 FAISS_WIDTH = 16  # FAISS is asked for k + this many rows, so that the window past the k-th score is usually seen
-_CHOSEN: dict[tuple[int, int], str] = {}  # (log2 queries, log2 rows) -> "gemm" | "faiss", timed in this process
+_CHOSEN: dict[tuple[int, int], str] = {}  # (log2 queries, log2 rows) -> "gemm" | "faiss", timed on this machine
+_STORED = {"loaded": False}  # whether this machine's stored choices were read into _CHOSEN
+ENV_CHOICES = "REPLUG_JAX_SEARCH_CHOICES"  # the file of the timed choices, per machine
 # a float32 dot product of length D carries at most D * 2**-24 * |q| |x| of rounding error (Cauchy-Schwarz on the
 # classic bound); two scores compared: twice that
 ERROR_PER_DIM = 2.0**-23
@@ -69,14 +76,15 @@ def search(matrix: np.ndarray, queries: np.ndarray, k: int, exclude: list | None
     if index is None or len(free) < FAISS_MIN_QUERIES:
         return ranked(matrix, queries, *candidates(matrix, queries, k, margin, exclude, block_scores), k)
     size = (int(np.log2(len(free))), int(np.log2(n)))
-    if size not in _CHOSEN:  # the first search of this size class: both paths, timed; the same answer
+    chosen = _chosen(size)
+    if chosen is None:  # the first search of this size class on this machine: both paths, timed; the same answer
         started = time.perf_counter()
         gemm = candidates(matrix, queries[free], k, margin[free], block_scores=block_scores)
         middle = time.perf_counter()
         faiss_candidates(index, matrix, queries[free], k, margin[free], block_scores)
-        _CHOSEN[size] = "gemm" if middle - started <= time.perf_counter() - middle else "faiss"
+        _remember(size, "gemm" if middle - started <= time.perf_counter() - middle else "faiss")
     else:
-        find = candidates if _CHOSEN[size] == "gemm" else functools.partial(faiss_candidates, index)
+        find = candidates if chosen == "gemm" else functools.partial(faiss_candidates, index)
         gemm = find(matrix, queries[free], k, margin[free], block_scores=block_scores)
     cand_q, cand_r = free[gemm[0]], gemm[1]
     rest = np.setdiff1d(np.arange(q), free)  # queries with exclusions: masked in the GEMM
@@ -87,8 +95,56 @@ def search(matrix: np.ndarray, queries: np.ndarray, k: int, exclude: list | None
 
 
 def chosen_paths() -> dict[str, str]:
-    """This process's choices so far: "<queries>x<rows>" (powers of two, the lower end) -> "gemm" | "faiss"."""
+    """The choices known so far: "<queries>x<rows>" (powers of two, the lower end) -> "gemm" | "faiss"."""
     return {f"{1 << a}x{1 << b}": path for (a, b), path in sorted(_CHOSEN.items())}
+
+
+def _choices_file() -> str:
+    return os.environ.get(ENV_CHOICES) or os.path.join(os.path.expanduser("~"), ".cache", "replug_jax",
+                                                       "exact_search_paths.json")
+
+
+def machine() -> str:
+    """What a timed choice holds for: this host's CPU model and cores, numpy's and FAISS's versions."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or platform.machine()
+    return f"{model}, {os.cpu_count()} cores, numpy {np.__version__}, faiss {faiss.__version__}"
+
+
+def _stored() -> dict:
+    try:
+        with open(_choices_file(), encoding="utf-8") as f:
+            stored = json.load(f)
+        return stored if isinstance(stored, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _chosen(size: tuple[int, int]) -> str | None:
+    """The path chosen for a size class: this process's, else this machine's stored one, else None (time it)."""
+    if not _STORED["loaded"]:
+        _STORED["loaded"] = True
+        for key, path in (_stored().get(machine()) or {}).items():
+            a, b = key.split("x")
+            _CHOSEN.setdefault((int(a), int(b)), path)
+    return _CHOSEN.get(size)
+
+
+def _remember(size: tuple[int, int], path: str) -> None:
+    """Keep a timed choice for this process and store it for this machine (a read-only home: this process only)."""
+    from replug_jax.base.atomic_files import atomic_open
+
+    _CHOSEN[size] = path
+    stored = _stored()
+    stored.setdefault(machine(), {})[f"{size[0]}x{size[1]}"] = path
+    try:
+        with atomic_open(_choices_file()) as f:
+            json.dump(stored, f, indent=1, sort_keys=True)
+    except OSError:
+        pass
 
 
 def faiss_candidates(index, matrix: np.ndarray, queries: np.ndarray, k: int, slack: np.ndarray,
