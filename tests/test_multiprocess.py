@@ -95,6 +95,13 @@ def test_lm_eval_over_two_processes_equals_one(tiny_job, tmp_path, lockstep):
     assert two["temperature_sweep"]["replug"]["0.1"]["perplexity"] == pytest.approx(
         one["temperature_sweep"]["replug"]["0.1"]["perplexity"], rel=1e-5)
     assert (two["tokens"], two["bytes"], two["windows"]) == (one["tokens"], one["bytes"], one["windows"])
+    # windows.jsonl: every window once, in order, with the same passages as the one-process run
+    rows = {name: [json.loads(line) for line in open(base / name / "windows.jsonl")] for name in ("one", "two")}
+    assert [r["window"] for r in rows["two"]] == list(range(one["windows"]))
+    def passages(row):
+        return {m: got["passage_ids"] for m, got in row.items() if m != "logprob" and isinstance(got, dict)}
+
+    assert [passages(r) for r in rows["two"]] == [passages(r) for r in rows["one"]]
     # each process asked the LM only for its own windows' passes: together exactly the one-process calls
     per_process = two["lm_requests"]
     assert len(per_process) == 2 and all(p["cache_misses"] > 0 for p in per_process)
