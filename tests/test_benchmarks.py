@@ -72,10 +72,14 @@ def test_posterior_benchmark_runs_and_float32_weights_match_pytorch(tmp_path):
 
 @pytest.mark.slow  # a smoke run of the CPU search benchmark
 def test_search_benchmark_compares_gemm_and_faiss_on_identical_rankings(tmp_path):
-    rows = load_script("bench_search").main(["--rows", "3000", "--queries", "1,16", "--dim", "32",
-                                             "--out", str(tmp_path / "rows.jsonl")])
+    bench = load_script("bench_search")
+    rows = bench.main(["--rows", "3000", "--queries", "1,16", "--dim", "32", "--out", str(tmp_path / "rows.jsonl")])
     assert [(r["rows"], r["queries"]) for r in rows] == [(3000, 1), (3000, 16)]
-    assert all(r["identical_rows"] == 1.0 and r["gemm_ms"] > 0 and r["faiss_ms"] > 0 for r in rows)
+    assert all(r["rows_as_numpy"] == r["gemm_as_ours"] == 1.0 and r["path"] == "gemm" for r in rows)
+    assert all(r[f"{name}_ms"] > 0 for r in rows for name in ("ours", "gemm", "numpy", "faiss"))
+    (excluded,) = bench.main(["--exclusion", "--rows", "3000", "--queries", "16", "--dim", "32", "--excluded", "100",
+                              "--k", "4", "--out", str(tmp_path / "rows.jsonl")])
+    assert excluded["excluded"] == 100 and excluded["ours_ms"] > 0 and excluded["ours_peak_mib"] > 0
 
 
 @pytest.mark.slow  # a smoke run of the cost curve
