@@ -203,7 +203,7 @@ def test_alpha_zero_is_replug_through_the_qa_job(files, smollm2, tmp_path):  # n
     demos.write_text("".join(json.dumps({"question": q, "answers": [a]}) + "\n" for q, a in
                              [("What is made in Karsk?", "glass"), ("Where is Velmora?", "in the hills")]))
     config = qa_config(files, methods=("replug", "replug_posterior"), posterior_alpha=0.0, temperature=0.1,
-                       demos=str(demos), shots=16, lm_cache=str(tmp_path / "lm.sqlite"))
+                       rerank_depth=0, demos=str(demos), shots=16, lm_cache=str(tmp_path / "lm.sqlite"))
     results = run_job(config, tmp_path / "run", lm)
     assert results["answer_nll"]["replug_posterior"] == pytest.approx(results["answer_nll"]["replug"], abs=1e-4)
     assert results["exact_match"]["replug_posterior"] == results["exact_match"]["replug"]
