@@ -7,15 +7,15 @@ import tempfile
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# One persistent XLA compilation cache for the session and every process it launches, for programs of any compile
-# time: tests build the same tiny models again and again (new instances, same programs), modules recompile what
-# earlier modules compiled (caches are cleared between modules, below), and the multi-process tests launch the
-# same jobs many times. XLA's flags and the devices are part of each entry's key. Removed at exit.
 # exact search's timed path choices (retrieval/exact_search.py) go to a file of the session, not the user's home
 if "REPLUG_JAX_SEARCH_CHOICES" not in os.environ:
     handle, os.environ["REPLUG_JAX_SEARCH_CHOICES"] = tempfile.mkstemp(prefix="replug_jax_test_search_choices_")
     os.close(handle)
-    atexit.register(os.remove, os.environ["REPLUG_JAX_SEARCH_CHOICES"])
+    atexit.register(lambda path: os.path.exists(path) and os.remove(path), os.environ["REPLUG_JAX_SEARCH_CHOICES"])
+# One persistent XLA compilation cache for the session and every process it launches, for programs of any compile
+# time: tests build the same tiny models again and again (new instances, same programs), modules recompile what
+# earlier modules compiled (caches are cleared between modules, below), and the multi-process tests launch the
+# same jobs many times. XLA's flags and the devices are part of each entry's key. Removed at exit.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="replug_jax_test_xla_cache_")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # default 1 s: no tiny-model program qualified
