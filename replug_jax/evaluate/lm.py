@@ -139,17 +139,18 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         elif posterior_here:
             totals[POSTERIOR] = _totals(windows, base, {})
 
+        mixed_at: dict[tuple[int, float], dict] = {}  # (kk, t) -> each window's mixture, for its evidence row
+
         def mixture_totals(kk: int, t: float) -> Totals:  # the first kk documents mixed with λ = softmax(s / t)
-            mixed = ensemble(doc_lps, lengths, scores, rows[:, :kk] >= 0, t) if queried else {}
+            mixed = mixed_at[kk, t] = ensemble(doc_lps, lengths, scores, rows[:, :kk] >= 0, t) if queried else {}
             return _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
 
         for kk in sorted({k, *(k_sweep if name in sweep_retrievers else ())}):
             sweep.setdefault(name, {})[kk] = mixture_totals(kk, tau)
         totals[name] = sweep[name][k]
-        if queried and evidence is not None:  # the passes at k again, for each window's row
-            at_k = rows[:, :k] >= 0
-            mixed = ensemble(doc_lps, lengths, scores, at_k, tau)
-            _record(rows_out, queried, mixed, name, datastore, rows[:, :k], scores[:, :k], scores[:, :k], at_k, tau)
+        if queried and evidence is not None:  # each window's row: the mixture at k
+            _record(rows_out, queried, mixed_at[k, tau], name, datastore, rows[:, :k], scores[:, :k], scores[:, :k],
+                    rows[:, :k] >= 0, tau)
         for t2 in temperature_sweep if name in sweep_retrievers else ():
             tau_sweep.setdefault(name, {})[t2] = mixture_totals(k, t2)
         if name == concat_retriever:

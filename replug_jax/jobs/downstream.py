@@ -163,15 +163,12 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
                                     demo_prefix=prefix, temperature=config.temperature,
                                     max_new_tokens=config.max_new_tokens, progress=True)
         qa.flag_predictions(questions, preds, None if method == "none" else passages, config.k)
+        contexts, log_w = qa.method_passes(questions, passages, scores, method=method, temperature=config.temperature)
         if method != "none":  # the evidence: each passage's id and score, best retrieved first, and its λ if mixed
-            log_w = None if method == "concat" else qa.method_passes(questions, passages, scores, method=method,
-                                                                     temperature=config.temperature)[1]
-            _record_passages(preds, passage_ids(store, rows), scores, log_w)
+            _record_passages(preds, passage_ids(store, rows), scores, None if method == "concat" else log_w)
         if method == "concat":  # the passages a window-cut prompt still held
             concat_cuts.mark_generations(lm, questions, passages, preds, prefix, config.max_new_tokens)
         if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
-            contexts, log_w = qa.method_passes(questions, passages, scores, method=method,
-                                               temperature=config.temperature)
             nll = answer_nll.answer_nll(lm, contexts, log_w, [q.answers for q in questions],
                                         prefix=prefix if config.get("answer_nll_demos", False) else "", progress=True)
             for p, value in zip(preds, nll):
