@@ -33,6 +33,8 @@ Two processes: tests/test_multiprocess.py runs the jobs in two processes against
 """
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -46,7 +48,7 @@ from replug_jax.evaluate import answer_nll, concat_cuts, mmlu, multiple_choice, 
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate.windows import Window, document_windows
 from replug_jax.lm import blackbox
-from replug_jax.lm.http.client import HTTPLM
+from replug_jax.lm.http.client import HTTPLM, BlackBoxServerError
 from replug_jax.method.passages import (DOC_TEMPLATE, QA_DOC_TEMPLATE, knowledge_line, passage_ids, passage_text,
                                        passages_of)
 from replug_jax.retrieval.datastore import Document, chunk_documents
@@ -403,9 +405,10 @@ def test_replug_object_gives_the_jobs_numbers(paths, tmp_path):
         np.testing.assert_allclose([np.log(p.weight) for p in kept], preds[1]["log_weights"], atol=1e-4, err_msg=name)
 
 
-def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighting: str, **overrides) -> dict:
-    """results.json of the lm_eval or qa job run through `main.run_job` on the tiny LM (a directory or a URL),
-    `overrides` set in its config last."""
+def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighting: str, workdir: str | None = None,
+                **overrides) -> dict:
+    """results.json of the lm_eval or qa job run through `main.run_job` on the tiny LM (a directory or a URL) in
+    `workdir` (None: one named after the job and the LM), `overrides` set in its config last."""
     from ml_collections import config_dict
 
     from replug_jax.main import run_job
@@ -432,7 +435,7 @@ def job_results(lm_path_or_url, lm_tokenizer, paths, tmp_path, job: str, weighti
                                              "qa.py"), "qa.py")
         config.update(dict(questions=str(questions), demos="", shots=0, max_new_tokens=3, **common))
     config.update(overrides)
-    workdir = str(tmp_path / f"{job}-{weighting}-{abs(hash((lm_path_or_url, lm_tokenizer)))}")
+    workdir = workdir or str(tmp_path / f"{job}-{weighting}-{abs(hash((lm_path_or_url, lm_tokenizer)))}")
     run_job(config, workdir)
     with open(os.path.join(workdir, "results.json")) as f:
         results = json.load(f)
@@ -460,6 +463,63 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
     if job == "lm_eval":
         ids_only = job_results(servers[1].url, "", paths, tmp_path, job, weighting)
         assert [w for w in ids_only["warnings"] if "gives no token pieces" in w]
+
+
+def test_a_qa_job_keeps_what_it_finished_when_its_server_stops_and_the_same_command_resumes(paths, tmp_path):
+    """Issue 60, item 4. The server stops answering in the job's third method (its model held; the client's
+    request times out, the server drops it) and is stopped: results.json holds the two finished methods' numbers,
+    marked incomplete. The same command against the restarted server finishes, reading the finished methods' answers
+    from the LM cache in its workdir (the default), with the numbers of an uninterrupted local run."""
+    lms, _, lm_dir, _, _ = paths
+    server = BackgroundServer(lms["local"])
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    workdir = str(tmp_path / "resumed")
+    settings = dict(methods=("none", "replug", "concat"), lm_cache="workdir", lm_timeout=2.0, lm_retries=0)
+    engine, held = server.app.state.engine, threading.Event()
+
+    def hold_in_the_third_method():
+        results = os.path.join(workdir, "results.json")
+        while not held.is_set():
+            if os.path.isfile(results) and json.load(open(results)).get("methods_finished") == ["none", "replug"]:
+                engine.working.acquire()  # the model idle from here: concat's requests wait, then time out
+                held.set()
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=hold_in_the_third_method, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(BlackBoxServerError, match="timed out"):
+            job_results(server.url, "", paths, tmp_path, "qa", "replug", workdir=workdir, **settings)
+    finally:
+        held.set()
+        watcher.join()
+        if engine.working.locked():
+            engine.working.release()
+    deadline = time.time() + 10
+    while not engine.abandoned and time.time() < deadline:  # the timed-out request: dropped, never decoded
+        time.sleep(0.05)
+    assert engine.abandoned >= 1
+    server.stop()
+    partial = json.load(open(os.path.join(workdir, "results.json")))
+    assert partial["complete"] is False and partial["methods_finished"] == ["none", "replug"]
+    assert set(partial["exact_match"]) == set(partial["answer_nll"]) == {"none", "replug"}
+
+    server = BackgroundServer(lms["local"], port=port)  # restarted; the same command again
+    try:
+        resumed = job_results(server.url, "", paths, tmp_path, "qa", "replug", workdir=workdir, **settings)
+    finally:
+        server.stop()
+    assert resumed["complete"] is True and resumed["methods_finished"] == ["none", "replug", "concat"]
+    asked = resumed["count"]
+    assert resumed["lm_requests"]["generations_from_cache"] == 2 * asked  # none and replug: read back
+    assert resumed["lm_requests"]["generations_decoded"] == asked  # concat's only
+    for method in ("none", "replug"):
+        assert resumed["answer_nll"][method] == partial["answer_nll"][method]
+        assert resumed["exact_match"][method] == partial["exact_match"][method]
+    local = job_results(lm_dir, "", paths, tmp_path, "qa", "replug", methods=settings["methods"])
+    for method, value in local["answer_nll"].items():
+        assert resumed["answer_nll"][method] == pytest.approx(value, rel=1e-4), method
+    assert resumed["exact_match"] == local["exact_match"]
 
 
 def test_the_qa_job_names_what_a_cut_concat_prompt_kept_locally_and_over_http(paths, tmp_path):

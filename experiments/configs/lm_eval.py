@@ -18,6 +18,11 @@ def get_config():
     c.encoder = "minilm"  # as rj.load_encoder takes: packaged name, local dir, or hub id
     c.lm = "smollm2"  # as rj.load_lm takes: packaged name, local dir, .gguf path, or hub id
     c.lm_tokenizer = ""  # lm a server URL: its model's tokenizer, by name ("": the server's /tokenize) to cut text
+    # lm a server URL: seconds one request may wait for its answer before it is retried, retries before the run
+    # fails, requests in flight at once (a loaded 2-core server answers a 16-prompt request in minutes, not seconds)
+    c.lm_timeout = 600.0
+    c.lm_retries = 5
+    c.lm_concurrency = 8
     c.k = 10  # documents ensembled (the reported REPLUG result)
     c.k_sweep = (1, 2, 4, 8, 10)  # also reported; reuses the passes of the largest k
     c.temperature = 1.0  # λ = softmax(s / τ); the paper uses τ = 1 on cosine similarity
@@ -44,7 +49,8 @@ def get_config():
     c.encoder_batch_size = 32
     c.seed = 0
     c.cache_dir = ""  # where the data split, datastore, embeddings and index live ("": the workdir); runs may share it
-    c.lm_cache = ""  # SQLite file of LM scores shared by runs ("": evaluation uncached, LSR caches in WORKDIR/lsr)
+    c.lm_cache = "workdir"  # SQLite file of LM scores: a rerun after a failure resumes ("workdir": WORKDIR/lm_cache.sqlite;
+    # a path: a file runs share; "": none)
     c.wiki_split = "by_article"  # gensim_wiki only: "related" also puts the opening of held-out articles in the datastore
     c.held_out_fraction = 0.5  # wiki_split="related": the share of each eval/train article that is held out
     c.index_backend = "faiss"  # or "device": exact search on the devices (the corpus embeddings split over them)

@@ -15,6 +15,7 @@ from replug_jax.jobs.config_files import sibling_config
 def get_config():
     c = sibling_config(__file__, "lm_eval.py")
     c.job = "lsr"
+    c.lm_cache = ""  # the training loop caches the LM's scores in WORKDIR/lsr itself (a path: a file runs share)
     c.train_data = ""  # JSONL / .txt of training documents (disjoint from the corpus)
     c.k = 20  # documents retrieved per training query (the paper: top-20)
     c.eval_k = 10  # documents ensembled at evaluation (the paper: top-10)

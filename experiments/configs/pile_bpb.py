@@ -18,4 +18,5 @@ def get_config():
     c.max_eval_docs = 1_000_000
     c.index_factory = "IVF65536,PQ64"  # hundreds of millions of passages at the paper's scale
     c.windows_file = False  # millions of held-out windows: no per-window rows (windows.jsonl)
+    c.lm_cache = ""  # millions of windows × k passes: no score cache on disk
     return c

@@ -24,6 +24,11 @@ def get_config():
     c.encoder = "minilm"
     c.lm = "smollm2"
     c.lm_tokenizer = ""  # lm a server URL: its model's tokenizer, by name ("": the server's /tokenize) to cut text
+    # lm a server URL: seconds one request may wait for its answer before it is retried, retries before the run
+    # fails, requests in flight at once (a loaded 2-core server answers a 16-prompt request in minutes, not seconds)
+    c.lm_timeout = 600.0
+    c.lm_retries = 5
+    c.lm_concurrency = 8
     c.k = 10  # passages ensembled (the paper: top-10)
     c.shots = 16  # the paper: 16-shot (fewer for small LMs)
     c.max_new_tokens = 16  # greedy decoding stops at a newline or here
@@ -49,8 +54,9 @@ def get_config():
     c.metric = "cosine"  # or "ip" (the official code: unnormalised inner product)
     c.index_factory = "Flat"
     c.cache_dir = ""  # where the datastore, embeddings and index live ("": the workdir); runs over one corpus share it
-    c.lm_cache = ""  # one SQLite file of LM scores and generated answers shared by runs: a killed job resumes
-    # ("": none); several processes: one file each
+    c.lm_cache = "workdir"  # SQLite file of LM scores and generated answers: the same command rerun after a failure
+    # resumes where it stopped ("workdir": WORKDIR/lm_cache.sqlite; a path: a file runs share; "": none); several
+    # processes: one file each
     c.embedding_dtype = "float32"
     c.lm_batch_size = 4
     c.lm_max_length = 0

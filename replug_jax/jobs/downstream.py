@@ -96,10 +96,25 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     if len(questions) < split.count:
         raise InputError(f"{len(questions)} questions for {split.count} processes: run fewer processes")
     mine = split.share(len(questions))
-    run = _run_qa if kind == "qa" else multiple_choice.run
-    results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
+    run_id = results_file.new_run_id()
+
+    def method_finished(finished: list[str], share: list[dict]) -> None:
+        """results.json with the numbers of the methods finished so far, marked incomplete: a run that fails in a
+        later method keeps them (and its LM cache lets the same command resume)."""
+        rows = [row for part in split.gather(share) for row in part]  # every process calls this, in lockstep
+        if distributed.is_lead():
+            results_file.save({"complete": False, "methods_finished": list(finished), "run_id": run_id, "task": kind,
+                               "questions_source": config.questions, "lm": config.lm, "k": config.k,
+                               "config": results_file.config_record(config),
+                               **_metrics(kind, config, questions, demos, rows, finished)}, workdir)
+
+    if kind == "qa":
+        results, predictions = _run_qa(config, lm, store, retrievers, [questions[i] for i in mine], demos,
+                                       method_finished)
+    else:
+        results, predictions = multiple_choice.run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
     predictions = [row for part in split.gather(predictions) for row in part]
-    results.update(_metrics(kind, config, questions, demos, predictions))
+    results.update(_metrics(kind, config, questions, demos, predictions, config.methods))
     for said in (qa.empty_answers_warning(results.get("empty_answers", {}), len(questions), config.shots),
                  concat_cuts.warning(predictions)):
         if said:  # also in results.json and under the table
@@ -113,7 +128,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
                "processes": jax.process_count(),
                "warnings": prepare.cut_warnings(prepared) + early_warnings, **_lsr_direction(config),
-               **results}  # the run's own settings win (OLMES: the file's shots)
+               **results, "complete": True, "methods_finished": list(config.methods), "run_id": run_id}  # the run's own settings win (OLMES: the file's shots)
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
@@ -122,23 +137,24 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     return results
 
 
-def _metrics(kind: str, config, questions, demos, predictions: list[dict]) -> dict:
+def _metrics(kind: str, config, questions, demos, predictions: list[dict], methods) -> dict:
     """The job's scores from all prediction rows: exact match and answer recall (QA) or accuracy (MMLU, with the
-    subjects asked zero-shot), per method, and the question count."""
+    subjects asked zero-shot), per method of `methods`, and the question count."""
     if kind == "qa":
-        scored = {m: qa.summarize([row[m] for row in predictions], config.k) for m in config.methods}
-        nll = {m: float(np.mean([row[m]["answer_nll"] for row in predictions])) for m in config.methods
+        scored = {m: qa.summarize([row[m] for row in predictions], config.k) for m in methods}
+        nll = {m: float(np.mean([row[m]["answer_nll"] for row in predictions])) for m in methods
                if all("answer_nll" in row[m] for row in predictions)}
-        empty = {m: sum(not row[m]["prediction"].strip() for row in predictions) for m in config.methods}
+        empty = {m: sum(not row[m]["prediction"].strip() for row in predictions) for m in methods}
         return {"exact_match": {m: s["exact_match"] for m, s in scored.items()},
                 "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()},
                 "answer_nll": nll, "empty_answers": empty, "count": len(questions)}
     return multiple_choice.metrics(config, questions, demos, predictions)
 
 
-def _run_qa(config, lm, store, retrievers, questions, demos):
+def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=None):
     """Predictions of `questions` (this process's share) by every method: (settings for results, rows with each
-    method's prediction and its exact-match / answer-in-passages flags)."""
+    method's prediction and its exact-match / answer-in-passages flags). method_finished(methods finished so far,
+    rows) is called as each method finishes."""
     results = {"ensemble": config.ensemble}
     results.update(_posterior_settings(config, len(store)))
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers),
@@ -154,28 +170,35 @@ def _run_qa(config, lm, store, retrievers, questions, demos):
         if method == "replug_posterior":
             preds, passages = _posterior_predictions(config, lm, retriever, store, questions, prefix)
             qa.flag_predictions(questions, preds, passages, config.k)
-            for row, p in zip(predictions, preds):
-                row[method] = p
-            continue
-        scores, rows = retriever.retrieve([q.question for q in questions], config.k)
-        passages = passages_of(store, rows)
-        preds = qa.answer_questions(lm, questions, passages, scores, method=method, ensemble=ensemble,
-                                    demo_prefix=prefix, temperature=config.temperature,
-                                    max_new_tokens=config.max_new_tokens, progress=True)
-        qa.flag_predictions(questions, preds, None if method == "none" else passages, config.k)
-        contexts, log_w = qa.method_passes(questions, passages, scores, method=method, temperature=config.temperature)
-        if method != "none":  # the evidence: each passage's id and score, best retrieved first, and its λ if mixed
-            _record_passages(preds, passage_ids(store, rows), scores, None if method == "concat" else log_w)
-        if method == "concat":  # the passages a window-cut prompt still held
-            concat_cuts.mark_generations(lm, questions, passages, preds, prefix, config.max_new_tokens)
-        if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
-            nll = answer_nll.answer_nll(lm, contexts, log_w, [q.answers for q in questions],
-                                        prefix=prefix if config.get("answer_nll_demos", False) else "", progress=True)
-            for p, value in zip(preds, nll):
-                p["answer_nll"] = float(value)
+        else:
+            preds = _method_predictions(config, lm, store, retriever, questions, prefix, method, ensemble)
         for row, p in zip(predictions, preds):
             row[method] = p
+        if method_finished is not None:
+            method_finished(list(config.methods[: list(config.methods).index(method) + 1]), predictions)
     return results, predictions
+
+
+def _method_predictions(config, lm, store, retriever, questions, prefix: str, method: str, ensemble: str):
+    """One method's prediction rows (every method but "replug_posterior"): the answer, its flags, the passages'
+    evidence and the answer NLL."""
+    scores, rows = retriever.retrieve([q.question for q in questions], config.k)
+    passages = passages_of(store, rows)
+    preds = qa.answer_questions(lm, questions, passages, scores, method=method, ensemble=ensemble,
+                                demo_prefix=prefix, temperature=config.temperature,
+                                max_new_tokens=config.max_new_tokens, progress=True)
+    qa.flag_predictions(questions, preds, None if method == "none" else passages, config.k)
+    contexts, log_w = qa.method_passes(questions, passages, scores, method=method, temperature=config.temperature)
+    if method != "none":  # the evidence: each passage's id and score, best retrieved first, and its λ if mixed
+        _record_passages(preds, passage_ids(store, rows), scores, None if method == "concat" else log_w)
+    if method == "concat":  # the passages a window-cut prompt still held
+        concat_cuts.mark_generations(lm, questions, passages, preds, prefix, config.max_new_tokens)
+    if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
+        nll = answer_nll.answer_nll(lm, contexts, log_w, [q.answers for q in questions],
+                                    prefix=prefix if config.get("answer_nll_demos", False) else "", progress=True)
+        for p, value in zip(preds, nll):
+            p["answer_nll"] = float(value)
+    return preds
 
 
 def _lsr_direction(config) -> dict:

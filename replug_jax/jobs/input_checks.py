@@ -96,6 +96,7 @@ def check_job_inputs(config) -> None:
                              "a bucket workdir is staged locally by itself")
     check_model("lm", config.lm)
     _check_lm_tokenizer(config)
+    _check_http_client_keys(config)
     check_model("encoder", config.encoder)
     _check_k_and_temperatures(config)
     _check_counts(config)
@@ -163,6 +164,20 @@ def _check_lm_tokenizer(config) -> None:
         raise InputError(f"--config.lm_tokenizer={name!r}: a model name or path whose tokenizer is loaded locally "
                          "(\"\": the server's own /tokenize), not a URL")
     check_model("lm_tokenizer", name)
+
+
+HTTP_CLIENT_DEFAULTS = {"lm_timeout": 600.0, "lm_retries": 5, "lm_concurrency": 8}  # the configs' values
+
+
+def _check_http_client_keys(config) -> None:
+    """lm_timeout, lm_retries and lm_concurrency set the HTTP client: another value with a local LM would be
+    ignored, so it is refused."""
+    if config.lm.startswith(("http://", "https://")):
+        return
+    for key, default in HTTP_CLIENT_DEFAULTS.items():
+        if config.get(key, default) != default:
+            raise InputError(f"--config.{key}={config[key]!r} sets the client of an LM behind a server URL; "
+                             f"--config.lm={config.lm!r} runs here: leave {key} at {default}")
 
 
 def _check_lsr_target(config) -> None:
@@ -264,7 +279,7 @@ def _check_k_and_temperatures(config) -> None:
 
 
 COUNTS = {"shots": 0, "max_questions": 0, "question_offset": 0, "stride_tokens": 1, "doc_tokens": 1,
-          "max_windows_per_doc": 0}
+          "max_windows_per_doc": 0, "lm_retries": 0, "lm_concurrency": 1}
 # key: the least whole number it may be (max_questions 0: all questions; max_windows_per_doc 0: all windows)
 
 
@@ -275,6 +290,9 @@ def _check_counts(config) -> None:
         value = config.get(key, least)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise InputError(f"--config.{key}={value!r}: a whole number, at least {least}")
+    timeout = config.get("lm_timeout", 1.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise InputError(f"--config.lm_timeout={timeout!r}: seconds a server request may take, a positive number")
 
 
 def check_depth_fits(config, passages: int, at_most: bool = False) -> None:

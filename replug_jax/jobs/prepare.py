@@ -103,6 +103,9 @@ def load_job_encoder(config, dtype):
                            dtype=dtype, param_dtype=precision.weights_option(config.get("param_dtype")))
 
 
+HTTP_CLIENT_KEYS = {"lm_timeout": "timeout", "lm_retries": "max_retries", "lm_concurrency": "concurrency"}
+
+
 def load_job_lm(config, dtype):
     """The job's black-box LM: a local model, or a server URL whose tokenizer is `config.lm_tokenizer` (a model
     name, loaded locally) or, when that is "", the server's own /tokenize (either way HTTPLM sends token-id
@@ -112,6 +115,7 @@ def load_job_lm(config, dtype):
         options = {"tokenizer": config.lm_tokenizer} if config.get("lm_tokenizer") else {}
         if config.get("lm_prompts_per_request"):  # 0 or unset: the probe decides
             options["prompts_per_request"] = config.lm_prompts_per_request
+        options.update({name: config[key] for key, name in HTTP_CLIENT_KEYS.items() if key in config})
     else:
         options = {"mesh": sharding.job_lm_mesh(config.get("lm_model_parallel", 1)),
                    "param_dtype": precision.weights_option(config.get("param_dtype"))}
@@ -219,11 +223,28 @@ class Workspace:
     started: float
 
 
-def cached_lm(lm, config):
-    """`lm` behind the persistent score cache `config.lm_cache` (one file per process), or `lm` itself."""
-    if not config.get("lm_cache"):
+LM_CACHE_IN_WORKDIR = "workdir"  # config.lm_cache's default: WORKDIR/lm_cache.sqlite
+LM_CACHE_FILE = "lm_cache.sqlite"
+
+
+def lm_cache_path(config, workdir: str | None) -> str:
+    """The LM cache file config.lm_cache names ("workdir": WORKDIR/lm_cache.sqlite; "": none)."""
+    value = config.get("lm_cache") or ""
+    if value != LM_CACHE_IN_WORKDIR:
+        return value
+    if workdir is None:
+        raise ValueError(f"lm_cache={LM_CACHE_IN_WORKDIR!r} needs the job's workdir")
+    return os.path.join(workdir, LM_CACHE_FILE)
+
+
+def cached_lm(lm, config, workdir: str | None = None):
+    """`lm` behind the persistent score cache config.lm_cache names (`lm_cache_path`; one file per process), or
+    `lm` itself. The default caches in the workdir, so the same command rerun after a failure resumes where it
+    stopped: every score and generated answer it had is read back, not asked again."""
+    path = lm_cache_path(config, workdir)
+    if not path:
         return lm
-    return CachedLM(lm, distributed.per_process_path(config.lm_cache))  # one file per process (shared file systems)
+    return CachedLM(lm, distributed.per_process_path(path))  # one file per process (shared file systems)
 
 
 def prepare(config, workdir: str) -> Workspace:
@@ -238,7 +259,7 @@ def prepare(config, workdir: str) -> Workspace:
     lm = load_job_lm(config, dtype)
     tokenizer = lm_tokenizer(lm, config)
     kind = type(lm).__name__
-    lm = cached_lm(lm, config)
+    lm = cached_lm(lm, config, workdir)
     if isinstance(lm, CachedLM):
         kind += f", scores cached in {lm.path}"
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({kind})")
@@ -261,7 +282,7 @@ def prepare_downstream(config, workdir: str, lm=None) -> Workspace:
     encoder = load_job_encoder(config, dtype)
     lm = lm if lm is not None else load_job_lm(config, dtype)
     tokenizer = lm_tokenizer(lm, config)
-    lm = cached_lm(lm, config)
+    lm = cached_lm(lm, config, workdir)
     cached = f", scores and answers cached in {lm.path}" if isinstance(lm, CachedLM) else ""
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__}{cached})")
     store = build_corpus(

@@ -76,18 +76,21 @@ def lm_backend(lm) -> dict:
 
 
 # config keys that cannot change a number of the results: where a run caches, how often it logs or checkpoints
-NUMBER_FREE_KEYS = frozenset({"cache_dir", "lm_cache", "log_every", "checkpoint_every", "keep_checkpoints"})
+NUMBER_FREE_KEYS = frozenset({"cache_dir", "lm_cache", "log_every", "checkpoint_every", "keep_checkpoints",
+                              "lm_timeout", "lm_retries", "lm_concurrency"})
 
 
 def finished_run(workdir: str, config) -> dict | None:
     """The results.json of a finished run in `workdir` when it ran `config` (every key recorded equal, the keys of
-    NUMBER_FREE_KEYS aside); None when `workdir` holds no finished run; SystemExit naming every key that differs
+    NUMBER_FREE_KEYS aside); None when `workdir` holds no finished run (none, or one marked incomplete); SystemExit naming every key that differs
     when it holds another config's run (an experiments script never reuses numbers measured under other settings)."""
     path = os.path.join(workdir, "results.json")
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
         results = json.load(f)
+    if results.get("complete") is False:  # a run that failed part-way: its finished methods only
+        return None
     ran, wanted = results.get("config") or {}, config_record(config)
     differ = [f"{key} {ran.get(key, 'unrecorded')!r} (wanted {wanted.get(key, 'absent')!r})"
               for key in sorted((set(ran) | set(wanted)) - NUMBER_FREE_KEYS)

@@ -85,21 +85,6 @@ class Generation:
     query_logliks: list[float] | None = None
 
 
-def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
-    """(text before the first stop string, whether one was found)."""
-    hits = [text.index(s) for s in stop if s and s in text]
-    return (text[: min(hits)], True) if hits else (text, False)
-
-
-def tokens_through_stop(count: int, prefix_text, stop: Sequence[str]) -> int:
-    """How many of `count` generated tokens to keep: through the token whose text completes the first stop
-    string (a stop string may span several tokens), all when none does. prefix_text(n): the first n's text."""
-    for n in range(1, count + 1):
-        if cut_at_stop(prefix_text(n), stop)[1]:
-            return n
-    return count
-
-
 def check_generation_inputs(contexts, log_weights, max_new_tokens: int) -> np.ndarray:
     """log_weights as float32 [B, K] (-inf for missing passes), after checking the call; errors name the problem."""
     if isinstance(contexts, str) or any(isinstance(c, str) for c in contexts):

@@ -26,14 +26,13 @@ from jax.sharding import NamedSharding
 from replug_jax.lm.blackbox import (
     Generation,
     check_generation_inputs,
-    cut_at_stop,
     generation_prompt_ids,
     query_token_count,
-    tokens_through_stop,
 )
 from replug_jax.method import mixture, posterior as posterior_module
 from replug_jax.method.posterior import PrefillPosterior
-from replug_jax.models import kv_cache, partition
+from replug_jax.models import decoding, kv_cache, partition
+from replug_jax.models.stop_strings import cut_at_stop, stop_token_mask, tokens_through_stop
 from replug_jax.parallel import sharding
 
 NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
@@ -41,11 +40,11 @@ CONTEXT_MULTIPLE = 16  # each pass's own tokens are padded to a multiple of this
 
 
 def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, *, steps: int, dtype):
-    """Greedy decoding of the λ-mixture, from rows whose next-token `logits` [B·K, V] are given.
+    """Greedy decoding of the λ-mixture (models/decoding.py), from rows whose next-token `logits` [B·K, V] are given.
 
-    log_weights [B, K] (-inf: no pass); stop_mask [V] bool; limit: tokens to generate (<= steps).
-    Returns tokens [B, steps] int32, their mixture log-probs [B, steps] float32 and counts [B]
-    (tokens generated, a stop token included)."""
+    log_weights [B, K] (-inf: no pass); stop_mask [V] bool; limit: tokens to generate (<= steps). Returns tokens
+    [B, steps] int32, their mixture log-probs [B, steps] float32 and counts [B] (tokens generated, a stop token
+    included)."""
     b, k = log_weights.shape
     valid = log_weights > -jnp.inf  # [B, K]
 
@@ -53,26 +52,10 @@ def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit,
         per_pass = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, -1)
         return mixture.ensemble_logprobs(per_pass, log_weights, valid, 1.0)
 
-    def body(carry):
-        step, cache, logits, tokens, lps, counts, done = carry
-        mix = mixed(logits)  # [B, V]
-        token = jnp.argmax(mix, axis=-1).astype(jnp.int32)  # [B]
-        lp = jnp.take_along_axis(mix, token[:, None], axis=-1)[:, 0]
-        tokens = tokens.at[:, step].set(jnp.where(done, 0, token))
-        lps = lps.at[:, step].set(jnp.where(done, 0.0, lp))
-        counts = counts + (~done).astype(jnp.int32)
-        done = done | stop_mask[token]
-        ids = jnp.repeat(token, k)[:, None]  # [B·K, 1]: the chosen token goes to every pass
-        logits, cache = kv_cache.extend(params, config, cache, ids, jnp.ones_like(ids), dtype)
-        return step + 1, cache, logits, tokens, lps, counts, done
-
-    def cond(carry):
-        step, *_, done = carry
-        return (step < limit) & ~jnp.all(done)
-
-    start = (jnp.zeros((), jnp.int32), cache, logits, jnp.zeros((b, steps), jnp.int32),
-             jnp.zeros((b, steps), jnp.float32), jnp.zeros((b,), jnp.int32), ~jnp.any(valid, axis=-1))
-    _, _, _, tokens, lps, counts, _ = jax.lax.while_loop(cond, body, start)
+    limits = jnp.full((b,), limit, jnp.int32)
+    tokens, lps, counts, _ = decoding.greedy_decode(params, config, cache, logits, stop_mask, limits,
+                                                    ~jnp.any(valid, axis=-1), steps=steps, dtype=dtype,
+                                                    next_logprobs=mixed, rows=k)
     return tokens, lps, counts
 
 
@@ -216,16 +199,7 @@ class LocalGenerator:
     def _stop_mask(self, stop: tuple) -> np.ndarray:
         """[V] bool: the tokens whose text contains a stop string, and EOS."""
         if stop not in self._stop_masks:
-            tok = self.lm.tokenizer
-            vocab = tok.vocab_size
-            mask = np.zeros(max(vocab, self.lm.config.vocab_size), bool)
-            if stop:
-                for i in range(vocab):
-                    piece = tok.decode([i])
-                    mask[i] = any(s in piece for s in stop if s)
-            if tok.eos_id is not None:
-                mask[tok.eos_id] = True
-            self._stop_masks[stop] = mask
+            self._stop_masks[stop] = stop_token_mask(self.lm.tokenizer, self.lm.config.vocab_size, stop)
         return self._stop_masks[stop]
 
     def _to_generation(self, tokens, lps, stop, max_new_tokens) -> Generation:

@@ -16,12 +16,13 @@ from replug_jax.server.completions import (
     Limits,
     check_model,
     complete,
-    too_large,  # noqa: F401 (a function; `_app`'s body-size message below is a local string of that name)
+    too_large,
 )
 from replug_jax.server.engine import MAX_TOP_LOGPROBS, RequestError, ScoringEngine
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this gets 413 before it is read
 MAX_CONCURRENT = 64  # requests in flight at once; more get 429 (with Retry-After)
+DISCONNECT_POLL = 0.25  # seconds between checks that a waiting request's client is still connected
 ROUTES = "POST /v1/completions, GET /v1/models, POST /tokenize (/v1/tokenize) and GET /health"
 
 
@@ -68,7 +69,7 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         raise ValueError(f"max_top_logprobs must be in [1, {MAX_TOP_LOGPROBS}], got {max_top_logprobs}")
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     if add_start_token and start_token_on_text:
@@ -98,12 +99,12 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
                          "rate_limit_exceeded", headers={"Retry-After": "1"})
         return None
 
-    too_large = f"the request body is larger than {max_body_bytes} bytes"
+    body_too_large = f"the request body is larger than {max_body_bytes} bytes"
 
     async def json_body(request: Request) -> dict:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > max_body_bytes:
-            raise BodyTooLarge(too_large)  # refused before a byte of the body is read
+            raise BodyTooLarge(body_too_large)  # refused before a byte of the body is read
         chunks, size = [], 0
         async for chunk in request.stream():  # a body growing past the limit (chunked) is read on and dropped, up to
             size += len(chunk)  # 4x the limit, so that the client gets the 413 rather than a reset connection
@@ -112,7 +113,7 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
             if size <= max_body_bytes:
                 chunks.append(chunk)
         if size > max_body_bytes:
-            raise BodyTooLarge(too_large)
+            raise BodyTooLarge(body_too_large)
         try:
             body = json.loads(b"".join(chunks))
         except RecursionError:
@@ -131,7 +132,10 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
                 return early
             in_flight[0] += 1
             try:
-                response = JSONResponse(await answer(await json_body(request)))
+                reply = await until_disconnected(request, answer(await json_body(request)))
+                if reply is None:  # the client has gone: its work was dropped, and nobody reads this
+                    return Response(status_code=499)
+                response = JSONResponse(reply)
             except RequestError as e:
                 return error(e.status, str(e), code=e.code, param=e.param)
             finally:
@@ -178,6 +182,18 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: internal})
     app.state.engine = engine
     return app
+
+
+async def until_disconnected(request, work, poll: float = DISCONNECT_POLL):
+    """The result of the coroutine `work`, or None (the work cancelled: its queued model calls are dropped) once the
+    client has closed its connection, e.g. after its own timeout."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=poll)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            return None
+    return task.result()
 
 
 def _is_ip(host) -> bool:

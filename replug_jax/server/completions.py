@@ -7,9 +7,11 @@ import math
 import time
 import uuid
 
+from replug_jax.models.stop_strings import cut_at_stop, tokens_through_stop
 from replug_jax.server.engine import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, RequestError, ScoringEngine
 
 MAX_PROMPTS = 1024  # prompts in one completions request
+MAX_STOPS = 4  # stop strings in one request (OpenAI's limit)
 MAX_PROMPT_TOKENS = 1 << 18  # prompt tokens in one request, all its prompts together (16 prompts of 16k tokens)
 MAX_RESPONSE_BYTES = 32 << 20  # a response larger than this is refused (400): ask for fewer prompts or log-probs
 # about the fewest bytes a log-prob takes in a response (measured on a byte-level vocabulary): a legacy entry (a
@@ -41,6 +43,17 @@ def _field(body: dict, name: str, kind, default, low=None, high=None):
     if low is not None and not low <= value <= high:
         raise RequestError(f"'{name}' must be between {low} and {high}, got {value}", param=name)
     return value
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    """The request's `stop`: a string or a list of up to MAX_STOPS strings (OpenAI's contract); () when absent."""
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOPS:
+        raise RequestError(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
+    return tuple(stop)
 
 
 def _is_ids(p) -> bool:
@@ -119,6 +132,7 @@ async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
     logprobs = _field(body, "logprobs", int, None, 0, limits.max_top)
     prompt_logprobs = _field(body, "prompt_logprobs", int, None, 0, limits.max_top)
     echo = _field(body, "echo", bool, False)
+    stop = _stops(body)
     if _field(body, "temperature", float, 0.0, 0.0, 2.0) > 0 and max_tokens:
         raise RequestError("this server decodes greedily: set 'temperature' to 0 (or max_tokens to 0 to score the "
                            "prompt only)", param="temperature")
@@ -135,12 +149,19 @@ async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
     top = max(logprobs if echo and logprobs else 0, prompt_logprobs or 0)
     tops = await asyncio.wrap_future(engine.prompt_tops(all_ids, top)) if top else [[None] * len(i) for i in all_ids]
     decode = _Decoder(engine.lm.tokenizer)
+    # every prompt's generation submitted at once: the engine decodes them together
+    pending = [engine.generate(ids, max_tokens, logprobs or 0, stop) for ids in all_ids] if max_tokens else []
+    generations = [await asyncio.wrap_future(f) for f in pending] if max_tokens else [[] for _ in all_ids]
     choices, used = [], 0
     for i, (ids, starts, ends, text) in enumerate(tokenised):
-        generated = await asyncio.wrap_future(engine.generate(ids, max_tokens, logprobs or 0)) if max_tokens else []
+        generated = generations[i]
         gen_texts = [decode(t) for t, _, _ in generated]
-        choice: dict = {"index": i, "text": (text if echo else "") + "".join(gen_texts), "logprobs": None,
-                        "finish_reason": "length" if len(generated) == max_tokens else "stop"}
+        kept = tokens_through_stop(len(gen_texts), lambda n: "".join(gen_texts[:n]), stop)  # noqa: B023
+        generated, gen_texts = generated[:kept], gen_texts[:kept]
+        answer, stopped = cut_at_stop("".join(gen_texts), stop)
+        eos = bool(generated) and generated[-1][0] == engine.lm.tokenizer.eos_id
+        finish = "stop" if stopped or eos or len(generated) < max_tokens else "length"
+        choice: dict = {"index": i, "text": (text if echo else "") + answer, "logprobs": None, "finish_reason": finish}
         if logprobs is not None:
             tokens, offsets, lps, top_lps = [], [], [], []
             if echo:

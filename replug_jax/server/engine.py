@@ -1,4 +1,10 @@
-"""The model thread of the scoring server: batches the prompts of concurrent requests into LocalLM calls."""
+"""The model thread of the scoring server: batches the prompts of concurrent requests into LocalLM calls.
+
+Scoring (echo log-probs) runs each batch of prompts through LocalLM. Generation prefills each prompt once into a
+key/value cache and decodes one token per step (models/decoding.py, the loop the local backend's ensembles use),
+the prompts of concurrent requests decoded together, each stopping at its own stop strings, EOS or token budget.
+A request whose client has gone (its future cancelled) is dropped before the model works on it.
+"""
 from __future__ import annotations
 
 import collections
@@ -11,10 +17,12 @@ from concurrent.futures import Future
 import jax
 import numpy as np
 
-from replug_jax.models import causal_lm
+from replug_jax.models import causal_lm, decoding, kv_cache
+from replug_jax.models.stop_strings import stop_token_mask
 from replug_jax.parallel import sharding
 
-MAX_NEW_TOKENS = 16
+MAX_NEW_TOKENS = 256  # tokens one request may generate
+NEW_TOKEN_MULTIPLE = 16  # decoding steps are compiled for multiples of this
 MAX_TOP_LOGPROBS = 20
 
 
@@ -34,25 +42,15 @@ class ScoringEngine:
         self.batch_wait = batch_wait
         if add_start_token and lm.start_id is None:
             raise ValueError("--add-start-token: the tokenizer has no document-start token")
-        self._next = self._compile(functools.partial(_last_logprobs, config=lm.config, dtype=lm.dtype))  # [1, V]
         self._top_k = min(MAX_TOP_LOGPROBS, lm.config.vocab_size)
         self._tops = self._compile(functools.partial(_position_tops, config=lm.config, dtype=lm.dtype, k=self._top_k))
+        self._stop_masks: dict[tuple, np.ndarray] = {}
+        self._decoders: dict[tuple, object] = {}
+        self.abandoned = 0  # requests dropped because their client had gone
+        self.working = threading.Lock()  # held by the model thread from taking a request to answering its batch
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="replug-scoring", daemon=True)
         self._thread.start()
-
-    def _compile(self, fn):
-        """fn(params, ids, mask) on one row -> numpy: on the first device's copy of replicated parameters (no copy
-        made), else sharded as the LM's parameters are."""
-        lm = self.lm
-        leaves = jax.tree.leaves(lm.params)
-        if all(getattr(x, "sharding", None) is not None and x.sharding.is_fully_replicated for x in leaves):
-            params = jax.tree.map(lambda x: x.addressable_shards[0].data, lm.params)
-            jitted = jax.jit(fn)
-            return lambda ids, mask: np.asarray(jitted(params, ids, mask))
-        mesh = getattr(lm, "mesh", None) or sharding.data_mesh()
-        return sharding.ShardedBatchFn(fn, lm.params, sharding.data_size(mesh), mesh,
-                                       param_shardings=getattr(lm, "param_shardings", None))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -86,9 +84,10 @@ class ScoringEngine:
         """Future of [per prompt: list of log p per token (None where nothing precedes the token)]."""
         return self._submit("score", prompts)
 
-    def generate(self, ids: list[int], new_tokens: int, top: int) -> Future:
-        """Future of [(token id, log p, {token text: log p} top entries)] for greedy next tokens."""
-        return self._submit("generate", (ids, new_tokens, top))
+    def generate(self, ids: list[int], new_tokens: int, top: int, stop: tuple[str, ...] = ()) -> Future:
+        """Future of [(token id, log p, {token text: log p} top entries)] for greedy next tokens, through the first
+        token whose text holds a stop string (a stop string spanning tokens is cut by the caller) or EOS."""
+        return self._submit("generate", [(list(ids), int(new_tokens), int(top), tuple(stop))])
 
     def prompt_tops(self, prompts: list[list[int]], k: int) -> Future:
         """Future of [per prompt: per token, its position's top-k (token id, log p) pairs, best first (None where
@@ -106,30 +105,47 @@ class ScoringEngine:
             item = pending.popleft() if pending else self._queue.get()
             if item is None:
                 return
-            if item[0] != "score":
-                _resolve(item[2], self._generate if item[0] == "generate" else self._prompt_tops, *item[1])
-                continue
-            batch, rows = [item], len(item[1])
-            deadline = time.monotonic() + self.batch_wait
-            while rows < self.max_batch_rows:
-                try:  # prompts of requests arriving within batch_wait seconds join this batch
-                    more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if more is None or more[0] != "score":
-                    pending.append(more)
-                    break
+            with self.working:  # whoever holds it (a test, a pause) keeps the model idle; requests wait, cancellable
+                self._answer(item, pending)
+
+    def _answer(self, item, pending: collections.deque) -> None:
+        """Work on `item` and the requests of its kind that join it within batch_wait (others go to `pending`)."""
+        batch = [item] if self._claim(item) else []
+        rows = len(item[1])
+        deadline = time.monotonic() + self.batch_wait
+        while item[0] in ("score", "generate") and rows < self.max_batch_rows:
+            try:  # prompts of requests arriving within batch_wait seconds join this batch (the same kind)
+                more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if more is None or more[0] != item[0]:
+                pending.append(more)
+                break
+            if self._claim(more):
                 batch.append(more)
                 rows += len(more[1])
-            try:
-                flat = self._score_rows([p for _, prompts, _ in batch for p in prompts])
-            except Exception as e:  # noqa: BLE001 - handed to every waiting request
-                for _, _, future in batch:
-                    future.set_exception(e)
-                continue
-            for _, prompts, future in batch:
-                future.set_result(flat[: len(prompts)])
-                flat = flat[len(prompts):]
+        if not batch:
+            return
+        if item[0] == "tops":
+            _resolve(item[2], self._prompt_tops, *item[1])
+            return
+        work = self._score_rows if item[0] == "score" else self._generate_rows
+        try:
+            flat = work([p for _, prompts, _ in batch for p in prompts])
+        except Exception as e:  # noqa: BLE001 - handed to every waiting request
+            for _, _, future in batch:
+                future.set_exception(e)
+            return
+        for _, prompts, future in batch:  # a score request's list of prompts; a generate request's one prompt
+            future.set_result(flat[: len(prompts)] if item[0] == "score" else flat[0])
+            flat = flat[len(prompts):]
+
+    def _claim(self, item) -> bool:
+        """Whether to work on a queued request: False (and counted) when its client has gone."""
+        if item[2].set_running_or_notify_cancel():
+            return True
+        self.abandoned += 1
+        return False
 
     def _score_rows(self, prompts: list[list[int]]) -> list[list[float | None]]:
         if self.add_start_token:
@@ -156,20 +172,67 @@ class ScoringEngine:
                         for i in range(len(ids))])
         return out
 
-    def _generate(self, ids: list[int], new_tokens: int, top: int) -> list[tuple[int, float, dict]]:
-        prefix = ([self.lm.start_id] if self.add_start_token else []) + list(ids)
+    def _generate_rows(self, requests: list[tuple]) -> list[list[tuple[int, float, dict]]]:
+        """Greedy decoding of (ids, new tokens, top, stop strings) requests together: one prefill of every prompt
+        into a key/value cache, then one token per step (models/decoding.py)."""
+        lm, shift = self.lm, [self.lm.start_id] if self.add_start_token else []
+        prompts = [shift + ids for ids, *_ in requests]
+        limits = [n for _, n, _, _ in requests]
+        steps = sharding.round_up(max(max(limits), 1), NEW_TOKEN_MULTIPLE)
+        width = sharding.length_bucket(max(len(p) for p in prompts), lm.length_multiple, lm.max_length)
+        rows = 1 << (len(prompts) - 1).bit_length()  # a power of two: few shapes to compile
+        ids, mask = sharding.pad_rows(prompts + [[lm.pad_id]] * (rows - len(prompts)), width, lm.pad_id, rows)
+        stops = np.stack([self._stop_mask(stop) for *_, stop in requests]
+                         + [self._stop_mask(())] * (rows - len(prompts)))  # [rows, V]
+        budget = np.array(limits + [0] * (rows - len(prompts)), np.int32)  # filler rows generate nothing
+        tokens, lps, counts, top_lps, top_ids = self._decoder(rows, width, steps)(ids, mask, stops, budget)
         out = []
-        for _ in range(new_tokens):
-            length = sharding.length_bucket(len(prefix), self.lm.length_multiple, self.lm.max_length)
-            row_ids, mask = sharding.pad_rows([prefix], length, self.lm.pad_id, 1)
-            logp = self._next(row_ids, mask)[0]  # [V]
-            best = int(np.argmax(logp))
-            order = np.argsort(-logp)[:top] if top else []
-            out.append((best, float(logp[best]), {self.lm.tokenizer.decode([int(i)]): float(logp[i]) for i in order}))
-            if best == self.lm.tokenizer.eos_id or len(prefix) + 1 >= self.lm.max_length:
-                break
-            prefix.append(best)
+        for r, (_, _, top, _) in enumerate(requests):
+            out.append([(int(tokens[r, j]), float(lps[r, j]),
+                         {self.lm.tokenizer.decode([int(i)]): float(v)
+                          for i, v in zip(top_ids[r, j, :top], top_lps[r, j, :top])})
+                        for j in range(int(counts[r]))])
         return out
+
+    def _stop_mask(self, stop: tuple) -> np.ndarray:
+        if stop not in self._stop_masks:
+            mask = stop_token_mask(self.lm.tokenizer, self.lm.config.vocab_size, stop)
+            self._stop_masks[stop] = mask[: self.lm.config.vocab_size]
+        return self._stop_masks[stop]
+
+    def _decoder(self, rows: int, width: int, steps: int):
+        key = (rows, width, steps)
+        if key not in self._decoders:
+            fn = functools.partial(_decode, config=self.lm.config, dtype=self.lm.dtype, slots=width + steps,
+                                   steps=steps, top=self._top_k)
+            self._decoders[key] = self._compile(fn)
+        return self._decoders[key]
+
+    def _compile(self, fn):
+        """fn(params, *arrays) -> numpy array(s), jitted on the LM's parameters as they are placed: the first
+        device's copy of replicated parameters (no copy made), sharded ones as they are."""
+        params = self.lm.params
+        if all(getattr(x, "sharding", None) is not None and x.sharding.is_fully_replicated
+               for x in jax.tree.leaves(params)):
+            params = jax.tree.map(lambda x: x.addressable_shards[0].data, params)
+        jitted = jax.jit(fn)
+
+        def run(*arrays):
+            out = jitted(params, *arrays)
+            as_numpy = lambda x: np.asarray(sharding.local_copy(x))  # noqa: E731
+            return tuple(map(as_numpy, out)) if isinstance(out, tuple) else as_numpy(out)
+        return run
+
+
+def _decode(params, ids, mask, stop_masks, limits, *, config, dtype, slots, steps, top):
+    """Prefill the prompts [B, L] into a cache of `slots` positions, then greedy decoding (models/decoding.py):
+    tokens [B, steps], log-probs [B, steps], counts [B], each step's top log-probs and ids [B, steps, top]."""
+    cache = kv_cache.init_cache(config, ids.shape[0], slots, dtype)
+    logits, cache = kv_cache.extend(params, config, cache, ids, mask, dtype)  # [B, V] after each prompt
+    tokens, lps, counts, (top_lps, top_ids) = decoding.greedy_decode(
+        params, config, cache, logits, stop_masks, limits, jax.numpy.zeros(limits.shape, bool), steps=steps,
+        dtype=dtype, top=top)
+    return tokens, lps, counts, top_lps, top_ids
 
 
 def _position_tops(params, ids, mask, *, config, dtype, k):
@@ -177,13 +240,6 @@ def _position_tops(params, ids, mask, *, config, dtype, k):
     logp = jax.nn.log_softmax(causal_lm.logits(params, config, ids, mask, dtype), axis=-1)
     values, idx = jax.lax.top_k(logp.astype(jax.numpy.float32), k)  # float32 holds ids < 2^24 exactly
     return jax.numpy.concatenate([values, idx.astype(jax.numpy.float32)], axis=-1)
-
-
-def _last_logprobs(params, ids, mask, *, config, dtype):
-    """Next-token log-probs after each row's last real token: [B, V]."""
-    logits = causal_lm.logits(params, config, ids, mask, dtype)  # [B, L, V]
-    last = mask.sum(-1) - 1  # [B]
-    return jax.nn.log_softmax(jax.numpy.take_along_axis(logits, last[:, None, None], axis=1)[:, 0], axis=-1)
 
 
 def _resolve(future: Future, fn, *args) -> None:

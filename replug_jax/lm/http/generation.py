@@ -25,13 +25,12 @@ import numpy as np
 from replug_jax.lm.blackbox import (
     Generation,
     check_generation_inputs,
-    cut_at_stop,
     generation_prompt_ids,
-    tokens_through_stop,
 )
 from replug_jax.lm.http.transport import BlackBoxServerError
 from replug_jax.lm.http.windows import generation_window
 from replug_jax.method import mixture
+from replug_jax.models.stop_strings import cut_at_stop, tokens_through_stop
 
 
 def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
@@ -77,13 +76,15 @@ def _prompt(client, prefix: str, context: str, max_new: int):
     return prefix_ids + context_ids
 
 
-def _body(client, prompt, max_tokens: int, top: int) -> dict:
+def _body(client, prompt, max_tokens: int, top: int, stop=()) -> dict:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": top, "echo": False}
+    if stop:  # the server stops there too (OpenAI's `stop`, at most 4); the text is cut here either way
+        body["stop"] = list(stop)[:4]
     return {**body, "model": client.model} if client.model else body
 
 
-def _choice_logprobs(client, prompt, max_tokens: int, top: int) -> tuple[dict, dict]:
-    reply = client.transport.post(client.base_url + "/completions", _body(client, prompt, max_tokens, top))
+def _choice_logprobs(client, prompt, max_tokens: int, top: int, stop=()) -> tuple[dict, dict]:
+    reply = client.transport.post(client.base_url + "/completions", _body(client, prompt, max_tokens, top, stop))
     try:
         choice = reply["choices"][0]
         lp = choice["logprobs"]
@@ -120,7 +121,7 @@ def _mixture_argmax(tops: list[dict[str, float]], log_weights: np.ndarray) -> tu
 
 def _sequence(client, prompt, max_new: int, stop) -> Generation:
     """The server's own greedy decoding of one pass, in one request."""
-    choice, lp = _choice_logprobs(client, prompt, max_new, 1)
+    choice, lp = _choice_logprobs(client, prompt, max_new, 1, [s for s in stop if s])
     tokens = lp.get("tokens") or []
     values = [float(v) for v in lp.get("token_logprobs") or []]
     keep = tokens_through_stop(len(tokens), lambda n: "".join(tokens[:n]), stop)

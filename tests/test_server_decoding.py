@@ -1,0 +1,135 @@
+"""The scoring server's generation (issue 60, item 4): prefill once into a key/value cache, one token per step,
+concurrent prompts decoded together, stopped at the request's stop strings; a request whose client has gone is
+dropped before the model works on it. Checked against a full forward pass per generated token (what the server
+did before), over real HTTP on 127.0.0.1."""
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import jax
+import numpy as np
+import pytest
+
+import replug_jax as rj
+from replug_jax.models import causal_lm
+from replug_jax.serve import BackgroundServer
+from tests import hf_tiny
+
+PROMPTS = ["The capital of France is", "Once", "a b c d e f g h i j k l m n o p", "Numbers: 1 2 3"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tiny_gpt2"))
+    hf_tiny.tiny_gpt2(path, positions=256)
+    lm = rj.load_lm(path, batch_size=8)
+    server = BackgroundServer(lm)
+    yield lm, server
+    server.stop()
+
+
+def post(url: str, body: dict, timeout: float = 60) -> dict:
+    request = urllib.request.Request(url + "/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return json.load(reply)
+
+
+def full_forward_greedy(lm, ids: list[int], steps: int) -> tuple[list[int], list[float], list[dict]]:
+    """Greedy tokens, their log-probs and each step's top 3 {id: log p}, each from a forward pass over the whole
+    sequence so far (no cache)."""
+    tokens, values, tops = [], [], []
+    sequence = list(ids)
+    for _ in range(steps):
+        row = np.array([sequence], np.int32)
+        logits = causal_lm.logits(lm.params, lm.config, row, np.ones_like(row), lm.dtype)[0, -1]
+        logp = np.asarray(jax.nn.log_softmax(logits.astype(np.float32)))
+        best = int(np.argmax(logp))
+        tokens.append(best), values.append(float(logp[best]))
+        tops.append({int(i): float(logp[i]) for i in np.argsort(-logp)[:3]})
+        if best == lm.tokenizer.eos_id:
+            break
+        sequence.append(best)
+    return tokens, values, tops
+
+
+def check_choice(lm, choice: dict, want: tuple) -> None:
+    tokens, values, tops = want
+    got = choice["logprobs"]
+    assert got["tokens"] == [lm.tokenizer.decode([t]) for t in tokens]
+    np.testing.assert_allclose(got["token_logprobs"], values, atol=1e-4, rtol=0)
+    for step, best in zip(got["top_logprobs"], tops):  # keyed by text, as OpenAI's: the later of equal texts kept
+        best = {lm.tokenizer.decode([i]): v for i, v in best.items()}
+        assert sorted(step) == sorted(best)
+        np.testing.assert_allclose([step[t] for t in sorted(step)], [best[t] for t in sorted(best)], atol=1e-4)
+
+
+def test_the_server_decodes_through_its_cache_as_a_forward_pass_per_token_would(served):
+    """Prompts of different lengths, in one request (decoded together) and one request each (in flight at once):
+    each token, its log-prob and its step's top 3 as a full forward pass over the sequence gives them."""
+    lm, server = served
+    ids = [lm.tokenizer.encode(p) for p in PROMPTS]
+    want = [full_forward_greedy(lm, p, 12) for p in ids]
+    together = post(server.url, {"prompt": ids, "max_tokens": 12, "temperature": 0, "logprobs": 3})
+    for choice, w in zip(together["choices"], want):
+        check_choice(lm, choice, w)
+        assert choice["finish_reason"] == ("length" if len(w[0]) == 12 else "stop")
+    alone: dict = {}
+    threads = [threading.Thread(target=lambda i=i: alone.__setitem__(i, post(server.url, {
+        "prompt": ids[i], "max_tokens": 12, "temperature": 0, "logprobs": 3}))) for i in range(len(ids))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, w in enumerate(want):
+        check_choice(lm, alone[i]["choices"][0], w)
+
+
+def test_the_server_stops_at_the_requests_stop_strings(served):
+    """The text ends before the stop string, the tokens run through the one holding it, finish_reason "stop"; a
+    stop string spanning two tokens is cut on the text; a bad `stop` is refused naming it."""
+    lm, server = served
+    ids = lm.tokenizer.encode(PROMPTS[0])
+    tokens = full_forward_greedy(lm, ids, 10)[0]
+    assert len(tokens) == 10, "the reference decode ended early: pick another prompt"
+    texts = [lm.tokenizer.decode([t]) for t in tokens]
+    third = next(i for i in range(2, 10) if texts[i].strip() and texts[i] not in "".join(texts[:i]))
+    reply = post(server.url, {"prompt": ids, "max_tokens": 10, "temperature": 0, "logprobs": 1,
+                              "stop": [texts[third]]})["choices"][0]
+    assert reply["text"] == "".join(texts[:third]) and reply["finish_reason"] == "stop"
+    assert reply["logprobs"]["tokens"] == texts[: third + 1]
+    spanning = texts[third][-1] + texts[third + 1][:1]  # the end of one token and the start of the next
+    if spanning not in "".join(texts[: third + 1]) and texts[third + 1]:
+        reply = post(server.url, {"prompt": ids, "max_tokens": 10, "temperature": 0, "stop": spanning})["choices"][0]
+        assert reply["text"] == "".join(texts)[: "".join(texts).index(spanning)]
+        assert reply["finish_reason"] == "stop"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post(server.url, {"prompt": ids, "max_tokens": 3, "stop": ["a", "b", "c", "d", "e"]})
+    assert refused.value.code == 400 and "'stop'" in json.load(refused.value)["error"]["message"]
+
+
+def test_a_request_whose_client_has_gone_is_dropped_unworked(served):
+    """While the model is busy (its lock held) a client gives up and closes its connection: the server cancels the
+    request, so the model never works on it, and the next client is answered at once."""
+    lm, server = served
+    engine = server.app.state.engine
+    before = engine.abandoned
+    address = urllib.parse.urlsplit(server.url)
+    body = json.dumps({"prompt": PROMPTS[2], "max_tokens": 200, "temperature": 0})
+    with engine.working:
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=0.5)
+        connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        with pytest.raises(TimeoutError):
+            connection.getresponse()  # the client's own timeout
+        connection.close()
+        time.sleep(1.0)  # the server notices the closed connection (it polls every 0.25 s)
+    deadline = time.time() + 10
+    while engine.abandoned == before and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.abandoned == before + 1
+    started = time.time()
+    assert post(server.url, {"prompt": PROMPTS[1], "max_tokens": 2, "temperature": 0})["choices"][0]["text"]
+    assert time.time() - started < 5
