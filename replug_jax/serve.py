@@ -13,11 +13,13 @@ Endpoints (Starlette + uvicorn):
                         token and the top k). The prompt is scored as given, with no start token added (as
                         OpenAI's servers do), unless the server was started with --add-start-token: then the
                         LM's document-start token conditions the first prompt token and is echoed as a
-                        zero-width token with a null log-prob. `max_tokens` (default 16, at most 16) generates
-                        greedily: `temperature` above 0 is refused (400) unless max_tokens is 0 (the prompt
-                        scored only). A `model` other than the served one is refused with OpenAI's 404
-                        `model_not_found`. Prompts from all concurrent requests are batched together through
-                        LocalLM (up to --max-batch-rows prompts per call, waiting up to --batch-wait-ms for more).
+                        zero-width token with a null log-prob. `max_tokens` (default 16, at most 256) generates
+                        greedily through a key/value cache, stopping at `stop` (a string or up to 4) or EOS:
+                        `temperature` above 0 is refused (400) unless max_tokens is 0 (the prompt scored only).
+                        A request whose client closes its connection is dropped before the model works on it.
+                        A `model` other than the served one is refused with OpenAI's 404 `model_not_found`.
+                        The prompts of concurrent requests are scored (through LocalLM) or decoded together,
+                        up to --max-batch-rows prompts per call, waiting up to --batch-wait-ms for more.
   GET  /v1/models       the model id and `max_model_len`.
   POST /tokenize        vLLM's form: {"prompt": text} -> {"tokens": [...], "count": n, "max_model_len": L}.
   GET  /health          200 {"status": "ok"}.

@@ -278,7 +278,9 @@ def test_k_and_temperatures_are_refused_in_the_first_second(tmp_path):
              ("qa_lsr.py", dict(qa, direction="kl"), r"--config: LSRSettings: direction must be one of"),
              ("sciq.py", dict(qa, methods=("replug", "replug_posterior"), posterior_alpha=-1.0),
               r"--config.posterior_alpha must be a finite number >= 0"),
-             ("sciq.py", dict(qa, methods=("replug_posterior",), k=2, rerank_depth=1), r"--config.rerank_depth=1: "),
+             ("sciq.py", dict(qa, methods=("replug_posterior",), k=2, rerank_depth=1),
+              r"--config.k=2 is above --config.rerank_depth=1 \(replug_posterior scores the top rerank_depth"),
+             ("sciq.py", dict(qa, methods=("replug_posterior",), rerank_depth=-1), r"--config.rerank_depth=-1: "),
              ("sciq_mc.py", dict(qa, methods=("replug_posterior",), scoring="letters"),
               r"set --config.scoring=options"),
              ("sciq.py", dict(qa, shots=-1), r"--config.shots=-1: a whole number, at least 0"),  # was 1-shot, silently

@@ -133,3 +133,19 @@ def test_a_request_whose_client_has_gone_is_dropped_unworked(served):
     started = time.time()
     assert post(server.url, {"prompt": PROMPTS[1], "max_tokens": 2, "temperature": 0})["choices"][0]["text"]
     assert time.time() - started < 5
+
+
+def test_prompts_sharing_a_long_prefix_score_as_whole_rows(served):
+    """Echo scoring of prompts that share a 150-token prefix (a passage and question under several gold answers):
+    the prefix is scored once and each prompt's rest after it, and every token's log-prob is the whole row's."""
+    lm, server = served
+    prefix = lm.tokenizer.encode(" ".join(f"w{i}" for i in range(60)))[:150]
+    assert len(prefix) == 150
+    prompts = [prefix + lm.tokenizer.encode(end) for end in (" one", " two three", " four", " five six seven", "!")]
+    reply = post(server.url, {"prompt": prompts + [prompts[0][:1]], "max_tokens": 0, "echo": True, "logprobs": 0})
+    for prompt, choice in zip(prompts, reply["choices"]):
+        want = lm.score_token_pairs([(prompt[:1], prompt[1:])])[0]  # the whole row, alone
+        got = choice["logprobs"]["token_logprobs"]
+        assert got[0] is None and len(got) == len(prompt)
+        np.testing.assert_allclose(got[1:], want, atol=1e-5, rtol=0)
+    assert reply["choices"][-1]["logprobs"]["token_logprobs"] == [None]  # one token: nothing precedes it

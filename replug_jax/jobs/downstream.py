@@ -155,11 +155,12 @@ def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=Non
     """Predictions of `questions` (this process's share) by every method: (settings for results, rows with each
     method's prediction and its exact-match / answer-in-passages flags). method_finished(methods finished so far,
     rows) is called as each method finishes."""
-    results = {"ensemble": config.ensemble}
+    results = {"ensemble": config.ensemble, "method_seconds": {}}  # each method's wall time, its evaluation included
     results.update(_posterior_settings(config, len(store)))
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers),
                     **({"fields": dict(q.fields)} if q.fields else {})} for q in questions]
     for method in config.methods:
+        started = time.time()
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
         mixing = f", ensemble={ensemble}" if method not in ("none", "concat") else ""  # one pass: nothing to mix
         console.phase(f"qa {method}: {len(questions)} questions" + (f", k={config.k}" if method != "none" else "")
@@ -174,6 +175,7 @@ def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=Non
             preds = _method_predictions(config, lm, store, retriever, questions, prefix, method, ensemble)
         for row, p in zip(predictions, preds):
             row[method] = p
+        results["method_seconds"][method] = round(time.time() - started, 2)
         if method_finished is not None:
             method_finished(list(config.methods[: list(config.methods).index(method) + 1]), predictions)
     return results, predictions

@@ -305,7 +305,7 @@ def check_depth_fits(config, passages: int, at_most: bool = False) -> None:
                          "{\"text\": ..., \"title\"?: ...} or UTF-8 .txt files)")
     if k > passages:
         given = f"--config.k_sweep holds {k}," if key == "k_sweep" else f"--config.{key}={k} is"
-        size = f"{passages:,} passages{' at most' if at_most else ''}"
+        size = f"{passages:,} passage{'s' if passages != 1 else ''}{' at most' if at_most else ''}"
         raise InputError(f"{given} larger than the datastore ({size} from --config.corpus={config.corpus!r}): "
                          f"lower --config.{key} or add documents")
 
@@ -363,10 +363,14 @@ def check_posterior_settings(config) -> None:
         raise InputError(f"--config.posterior_evidence={config.posterior_evidence!r}: one of "
                          f"{', '.join(EVIDENCES)}")
     depth, k = config.get("rerank_depth", 0), config.get("eval_k") or config.k  # the k the job evaluates with
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0 or 0 < depth < k:
-        key = "eval_k" if config.get("eval_k") else "k"
+    key = "eval_k" if config.get("eval_k") else "k"
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
         raise InputError(f"--config.rerank_depth={depth!r}: passages scored before keeping {key}={k}: 0 ({key}) or a "
                          f"whole number >= {key}")
+    if 0 < depth < k:  # most often k raised past the default depth
+        raise InputError(f"--config.{key}={k} is above --config.rerank_depth={depth} (replug_posterior scores the top "
+                         f"rerank_depth passages and keeps the {key} best): raise rerank_depth to at least {k}, or set "
+                         f"it to 0 (the top {key} alone)")
     olmes = str(config.get("questions")).startswith("olmes:")
     olmes_mc = olmes and "mc" in config.questions.split(":")[-1].split("_")  # (val_)mc_*: the block lists the options
     if config.job == "mmlu" and (olmes_mc or not olmes and config.get("scoring") != "options"):

@@ -156,6 +156,29 @@ class LocalLM:
             self._score_after_prefix(common, [rows[i] for i in members], out, progress and len(groups) == 1)
         return out  # type: ignore[return-value]
 
+    def score_prompts(self, prompts: list[list[int]], lead: int = 1) -> list[np.ndarray]:
+        """Echo scoring (the scoring server's): per token-id prompt, log p(token | tokens before it) of every token
+        after its first `lead` ones: [len - lead] float32 (empty when nothing is scored). Prompts of one call that
+        share a long prefix (a passage and question under each of several gold answers) score it once: the prefix
+        as one row, each prompt's rest after it from one key/value cache (`score_token_pairs`)."""
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(prompts)
+        scored = [i for i, p in enumerate(prompts) if len(p) > lead]
+        rows = [prompts[i] for i in scored]
+        groups, alone = shared_prefix.prefix_groups(rows, [len(r) - 1 for r in rows], self.min_shared_prefix)
+        pairs, parts = [], []  # parts: per scored prompt, the indices of its pairs, in order
+        for j in alone:
+            parts.append((scored[j], [len(pairs)]))
+            pairs.append((rows[j][:lead], rows[j][lead:]))
+        for common, members in groups:
+            prefix = rows[members[0]][:common]
+            parts += [(scored[j], [len(pairs), len(pairs) + 1 + m]) for m, j in enumerate(members)]
+            pairs.append((prefix[:lead], prefix[lead:]))  # the prefix's own tokens, once
+            pairs += [(prefix, rows[j][common:]) for j in members]
+        values = self.score_token_pairs(pairs) if pairs else []
+        for i, pieces in parts:
+            out[i] = np.concatenate([values[k] for k in pieces]).astype(np.float32)
+        return out
+
     def target_arrays(self, targets: list[list[int]], predict_from: list[list[int]], length: int):
         """(targets, predict_from) [b, T] int32, T a bucket of the longest list (≤ `length`); zeros past each."""
         width = sharding.length_bucket(max(len(t) for t in targets), CONTINUATION_MULTIPLE, length)

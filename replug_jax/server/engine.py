@@ -148,18 +148,12 @@ class ScoringEngine:
         return False
 
     def _score_rows(self, prompts: list[list[int]]) -> list[list[float | None]]:
+        """Per prompt, log p of each token (None where nothing precedes it); prompts sharing a long prefix score it
+        once (LocalLM.score_prompts)."""
         if self.add_start_token:
-            pairs = [([self.lm.start_id], ids) for ids in prompts]
-        else:
-            pairs = [(ids[:1], ids[1:]) for ids in prompts if len(ids) > 1]
-        scored = iter(self.lm.score_token_pairs(pairs)) if pairs else iter(())
-        out = []
-        for ids in prompts:
-            if self.add_start_token:
-                out.append([float(v) for v in next(scored)])
-            else:
-                out.append([None] + ([float(v) for v in next(scored)] if len(ids) > 1 else []))
-        return out
+            scored = self.lm.score_prompts([[self.lm.start_id] + ids for ids in prompts], lead=1)
+            return [[float(v) for v in values] for values in scored]
+        return [[None] + [float(v) for v in values] for values in self.lm.score_prompts(prompts, lead=1)]
 
     def _prompt_tops(self, prompts: list[list[int]], k: int) -> list[list]:
         shift, out = int(self.add_start_token), []

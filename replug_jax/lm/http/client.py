@@ -88,6 +88,7 @@ class HTTPLM:
         self.start_text = start_text if start_text is not None else document_start_text(tokenizer)
         self.score_max_tokens, self._start, self._leading, self.top_logprobs = 1, None, 0, 5  # 5: OpenAI's cap
         self._findings: dict = {"alignment": "not probed", "prompt_format": "text (not probed)"}
+        self.lookahead = False  # generation: each pass's own continuation in one request (the probe checks it)
         self._lock = threading.Lock()
         if probe:
             self.probe()
@@ -201,6 +202,7 @@ class HTTPLM:
         self.max_length = self.max_length or result.max_length
         self.score_max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
         self.token_prompts, self._leading, self.top_logprobs = result.token_prompts, result.leading, result.top_logprobs
+        self.lookahead = result.lookahead
         self.logprobs, logprobs = probe_logprobs(self, self._logprobs_setting)  # 0 where the server allows it
         self.prompts_per_request, batching = probe_batching(self, self._batch_setting)
         with self._lock:

@@ -1,10 +1,13 @@
 """Ensembled generation through an OpenAI-compatible server (the contract's `generate`, lm/blackbox.py).
 
-Per-token mixture (a question with K > 1 passes): at every step each pass is asked for ONE next token
-with its top-n log-probs (`logprobs=top_n`, no echo; n is what the probe found the server gives: 20,
-or 5 from a server capped as OpenAI's API is), and the K answers are mixed over the union of
-the returned tokens:  log p(t) = logsumexp_i(log λ_i + log p_i(t)), the chosen (argmax) token appended
-to every pass. **Missing mass:** a token outside pass i's top-n counts p_i(t) = 0 there, so each mixed
+Per-token mixture (a question with K > 1 passes): at every step each pass's top-n next-token log-probs
+(`logprobs=top_n`, no echo; n is what the probe found the server gives: 20, or 5 from a server capped as
+OpenAI's API is) are mixed over the union of the returned tokens:  log p(t) = logsumexp_i(log λ_i +
+log p_i(t)), the chosen (argmax) token appended to every pass. Each pass is asked for its own greedy
+continuation in one request (`max_tokens` = the tokens left, the stop strings sent), which gives its top-n at
+every later step for as long as the mixture keeps choosing that pass's own tokens; a pass whose token was not
+chosen is asked again from the extended prompt. Passes mostly agree, so a question costs about one request per
+pass, not one per pass and token. **Missing mass:** a token outside pass i's top-n counts p_i(t) = 0 there, so each mixed
 value is a lower bound on the true mixture, exact for a token in every pass's top-n; the greedy choice
 can differ from the local backend's only when a token missing from some pass's top-n would have won.
 tests/test_generate_http.py measures it against the local backend on SmolLM2.
@@ -37,26 +40,33 @@ def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("
                   top_n: int = 5) -> list[Generation]:
     """One Generation per question (module docstring); `client` is an HTTPLM."""
     weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]
-    prompts = [[_prompt(client, shared_prefix, c, max_new_tokens) for c in ctx] for ctx in contexts]
+    prompts = [[pass_prompt(client, shared_prefix, c, max_new_tokens) for c in ctx] for ctx in contexts]
     with ThreadPoolExecutor(max(1, client.concurrency)) as pool:
         single = [b for b, p in enumerate(prompts) if len(p) == 1]
         out: dict[int, Generation] = dict(zip(single, pool.map(
             lambda b: _sequence(client, prompts[b][0], max_new_tokens, stop), single)))
         multi = [b for b in range(len(prompts)) if b not in out]
         state = {b: {"tokens": [], "ids": [], "lps": [], "done": False} for b in multi}
-        for _ in range(max_new_tokens):
+        ahead: dict[tuple[int, int], list] = {}  # (question, pass) -> its own next steps: [(greedy token, top-n)]
+        for step in range(max_new_tokens):
             live = [b for b in multi if not state[b]["done"]]
             if not live:
                 break
-            jobs = [(b, i) for b in live for i in range(len(prompts[b]))]
-            tops = dict(zip(jobs, pool.map(lambda bi: _next_top(client, prompts[bi[0]][bi[1]], top_n), jobs)))
+            asked = [(b, i) for b in live for i in range(len(prompts[b])) if not ahead.get((b, i))]
+            left = max_new_tokens - step
+            ahead.update(zip(asked, pool.map(lambda bi, left=left: _steps_ahead(
+                client, prompts[bi[0]][bi[1]], top_n, left, stop), asked)))
             for b in live:
-                token, lp = _mixture_argmax([tops[(b, i)] for i in range(len(prompts[b]))], weights[b])
+                passes = range(len(prompts[b]))
+                token, lp = _mixture_argmax([ahead[(b, i)][0][1] for i in passes], weights[b])
                 s = state[b]
                 s["tokens"].append(token), s["lps"].append(lp)
                 ids = _token_ids(client, token)
                 s["ids"] += ids
                 prompts[b] = [p + (ids if isinstance(p, list) else token) for p in prompts[b]]
+                for i in passes:  # a pass's later steps hold while its own greedy token is the one chosen
+                    own = ahead[(b, i)]
+                    ahead[(b, i)] = own[1:] if own[0][0] == token and _one_token(client, token, ids) else []
                 text = "".join(s["tokens"])
                 s["done"] = cut_at_stop(text, stop)[1] or _is_eos(client, ids)
         for b in multi:
@@ -66,7 +76,7 @@ def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("
     return [out[b] for b in range(len(prompts))]
 
 
-def _prompt(client, prefix: str, context: str, max_new: int):
+def pass_prompt(client, prefix: str, context: str, max_new: int):
     """The pass prompt: token ids by the contract's rule (`generation_prompt_ids`, the prefix kept whole and the
     context cut from the left, as the local backend does), or text."""
     if not client.token_prompts:
@@ -96,17 +106,41 @@ def _choice_logprobs(client, prompt, max_tokens: int, top: int, stop=()) -> tupl
         raise BlackBoxServerError(f"{client.base_url}: returned no log-probabilities for generated tokens") from None
 
 
-def _next_top(client, prompt, top_n: int) -> dict[str, float]:
-    """{token text: log p} for the next token: the server's top-n, its greedy token included."""
-    _, lp = _choice_logprobs(client, prompt, 1, top_n)
-    tops = (lp.get("top_logprobs") or [None])[0]
-    out = {t: float(v) for t, v in (tops or {}).items() if isinstance(v, (int, float))}
-    tokens, values = lp.get("tokens") or [], lp.get("token_logprobs") or []
-    if tokens and values and isinstance(values[0], (int, float)):
-        out.setdefault(tokens[0], float(values[0]))
+def _steps_ahead(client, prompt, top_n: int, steps: int, stop) -> list[tuple[str, dict[str, float]]]:
+    """The pass's own greedy continuation: per step (its token, {token text: log p} the server's top-n with that
+    token included). Step j's top-n is the next-token distribution after the prompt and the pass's own first j
+    tokens, so it is the per-token mixture's input at step j for as long as the mixture chose those tokens. One
+    step only where the probe did not find a server's later steps to agree with a request for the next token
+    (`client.lookahead`), or where a server that stops at a stop string left its stop token out."""
+    steps = steps if client.lookahead else 1
+    out = continuation_tops(client, prompt, top_n, steps, [s for s in stop if s] if steps > 1 else [])
+    if not out and steps > 1:  # the continuation began with its stop string, left out of the tokens: ask for one
+        out = continuation_tops(client, prompt, top_n, 1, [])
     if not out:
         raise BlackBoxServerError(f"{client.base_url}: returned no top log-probabilities for the next token")
     return out
+
+
+def continuation_tops(client, prompt, top_n: int, steps: int, stop: list[str]) -> list[tuple[str, dict]]:
+    """[(token, {token text: log p})] per generated step of one greedy completions request."""
+    _, lp = _choice_logprobs(client, prompt, steps, top_n, stop)
+    out = []
+    for token, value, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or []):
+        entries = {t: float(v) for t, v in (top or {}).items() if isinstance(v, (int, float))}
+        if isinstance(value, (int, float)):
+            entries.setdefault(token, float(value))
+        if not entries:
+            break
+        out.append((token, entries))
+    return out
+
+
+def _one_token(client, token: str, ids: list[int]) -> bool:
+    """Whether the chosen token is surely the one the server's own continuation generated: whole characters
+    (no replacement mark of a byte fragment) that re-encode to one token (where the client has a tokenizer). Then
+    the prompt the next step extends is the one that continuation extended; otherwise the pass is asked again from
+    the prompt with the chosen token appended, as its first step was."""
+    return bool(token) and "\ufffd" not in token and (client.tokenizer is None or len(ids) == 1)
 
 
 def _mixture_argmax(tops: list[dict[str, float]], log_weights: np.ndarray) -> tuple[str, float]:

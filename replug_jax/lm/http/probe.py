@@ -53,6 +53,7 @@ class ProbeResult:
     token_prompts: bool  # send context ids + continuation ids
     leading: int  # entries the server echoes before a token-id prompt's own (its start token)
     top_logprobs: int  # the most next-token log-probs one request gets (ensembled generation's top-n)
+    lookahead: bool  # a continuation's later steps give the log-probs a request for the next token gives
     findings: dict
 
 
@@ -87,7 +88,40 @@ def probe(client) -> ProbeResult:
         client.start_id = ids[0] if len(ids) == 1 else None
     token_prompts, leading, findings["prompt_format"] = _check_token_prompts(client, max_tokens, text)
     top = findings["top_logprobs"] = _top_logprobs_allowed(client, text, len(candidates))
-    return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, top, findings)
+    client.token_prompts = token_prompts  # the next check sends prompts as generation will
+    lookahead, findings["generation"] = _check_lookahead(client, text, min(top, PROBE_TOP))
+    return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, top, lookahead,
+                       findings)
+
+
+def _check_lookahead(client, text: str, top: int) -> tuple[bool, str]:
+    """Whether the second step of a two-token greedy continuation gives the top log-probs that a request for the
+    next token after the text and the first token gives (tokens and values to 1e-3): ensembled generation then
+    asks each pass once for its own continuation (lm/http/generation.py), else once per step."""
+    from replug_jax.lm.http.generation import continuation_tops, pass_prompt
+
+    prompt = pass_prompt(client, "", text, 2)
+    try:
+        two = continuation_tops(client, prompt, top, 2, [])
+    except BlackBoxServerError as e:
+        return False, f"one request per pass per step (a two-token continuation failed: {e})"
+    if len(two) < 2:
+        return False, "one request per pass per step (the server's continuation ended at once)"
+    first = two[0][0]
+    ids = client.tokenizer.encode(first) if client.tokenizer is not None else []
+    if isinstance(prompt, list) and len(ids) != 1:
+        return False, "one request per pass per step (its probe token does not re-encode to one token)"
+    try:
+        one = continuation_tops(client, prompt + (ids if isinstance(prompt, list) else first), top, 1, [])
+    except BlackBoxServerError as e:
+        return False, f"one request per pass per step (a next-token request failed: {e})"
+    later, asked = two[1][1], one[0][1] if one else {}
+    same = max(later, key=later.get) == max(asked, key=asked.get) if asked else False
+    same = same and all(abs(later[t] - asked[t]) <= 1e-3 for t in set(later) & set(asked))
+    if same:
+        return True, "each pass's own continuation in one request (its later steps agree with next-token requests)"
+    return False, ("one request per pass per step: the server's later generated steps disagree with a request "
+                   "for the next token")
 
 
 def probe_text(max_length: int | None) -> str:
