@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
+from replug_jax.lm.http.transport import BlackBoxServerError
 from replug_jax.jobs.config_files import sibling_config
 from replug_jax.data.downstream import MMLU_CATEGORIES, MMLU_SUBJECTS, MCExample, QAExample
 from replug_jax.evaluate import demo_passages, mmlu, qa
@@ -67,6 +68,19 @@ class SpaceStoppingLM(RecordingLM):
     def generate(self, contexts, log_weights, *, max_new_tokens, stop=("\n",), shared_prefix="", progress=False):
         return super().generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=tuple(stop) + (" ",),
                                 shared_prefix=shared_prefix)
+
+
+class LMThatDiesInTheThirdMethod(RecordingLM):
+    """The real LM, which fails as a server that has gone would once WORKDIR/results.json says two methods finished."""
+
+    def __init__(self, inner, workdir):
+        super().__init__(inner)
+        self.results = os.path.join(str(workdir), "results.json")
+
+    def score(self, contexts, continuations, progress=False):
+        if os.path.isfile(self.results) and len(json.load(open(self.results)).get("methods_finished", [])) == 2:
+            raise BlackBoxServerError("the server has gone (the test's fault)")
+        return super().score(contexts, continuations, progress)
 
 
 class ScriptedLM:
@@ -701,6 +715,24 @@ def test_sciq_corpus_is_support_paragraphs_plus_wikipedia(smollm2, tmp_path):
     assert {d.id for d in support} <= sources and {d.id for d in wiki.load_wiki_articles()} <= sources
     first = [t for t, src in zip(store.texts, store.sources) if src == support[0].id]
     assert "".join(first) == support[0].text  # chunks of a paragraph concatenate back to it
+
+
+def test_a_multiple_choice_job_keeps_its_finished_methods_when_it_fails_and_resumes(files, smollm2, tmp_path):
+    """Issue 60, item 4, for the mmlu job: results.json holds the numbers of the two methods finished before the LM
+    failed in the third, marked incomplete; the same command rerun reads their scores back from the workdir's LM
+    cache (the default) and gives an uninterrupted run's accuracies."""
+    config = mmlu_config(files, methods=("none", "replug", "concat"), lm_cache="workdir")
+    with pytest.raises(BlackBoxServerError, match="the server has gone"):
+        run_job(config, tmp_path / "run", LMThatDiesInTheThirdMethod(smollm2, tmp_path / "run"))
+    partial = json.load(open(tmp_path / "run" / "results.json"))
+    assert partial["complete"] is False and partial["methods_finished"] == ["none", "replug"]
+    assert set(partial["accuracy"]) == {"none", "replug"}
+    resumed = run_job(config, tmp_path / "run", RecordingLM(smollm2))
+    assert resumed["complete"] is True and resumed["lm_requests"]["cache_hits"] > 0
+    whole = run_job(mmlu_config(files, methods=("none", "replug", "concat"), lm_cache=""), tmp_path / "whole",
+                    RecordingLM(smollm2))
+    assert {m: a["micro"] for m, a in resumed["accuracy"].items()} == {m: a["micro"] for m, a in whole["accuracy"].items()}
+    assert {m: resumed["accuracy"][m] for m in ("none", "replug")} == partial["accuracy"]
 
 
 def test_subjects_without_shots_are_warned_and_recorded(files, smollm2, tmp_path, capsys):

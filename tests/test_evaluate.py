@@ -219,8 +219,14 @@ def test_concat_and_bm25_match_direct_scoring(tiny, tmp_path):
     for d in heldout:
         wins += document_windows(d.id, d.text, lm.tokenizer, stride_tokens=24, query_tokens=16, context_tokens=16)
     k, tau, bm25_tau = 2, 0.5, 0.25
+    told: list[dict] = []  # issue 60: each method's numbers as it finishes, for a run that fails later
     results = lm_eval.evaluate_lm(lm, wins, store, {"replug": dense, "bm25": bm25}, k=k, concat_retriever="replug",
-                                  temperature=tau, temperatures={"bm25": bm25_tau}, progress=False)
+                                  temperature=tau, temperatures={"bm25": bm25_tau}, progress=False,
+                                  method_finished=told.append)
+    assert [sorted(t["perplexity"]) for t in told] == [["none"], ["concat", "none", "replug"],
+                                                       ["bm25", "concat", "none", "replug"]]
+    for metric in ("perplexity", "bits_per_byte"):
+        assert all(t[metric][m] == results[metric][m] for t in told for m in t[metric])
     assert results["temperature"] == {"replug": tau, "bm25": bm25_tau}
     queried = [w for w in wins if w.query]
     assert 0 < len(queried) < len(wins)
@@ -282,6 +288,7 @@ def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeyp
         assert np.isfinite(saved["perplexity"][key]) and np.isfinite(saved["bits_per_byte"][key])
     assert set(saved["k_sweep"]) == {"replug", "random"} and set(saved["k_sweep"]["replug"]) == {"1", "2"}
     assert saved["tokens"] == results["tokens"] > 0 and saved["k"] == 2
+    assert saved["complete"] is True and saved["methods_finished"] == sorted(saved["perplexity"])
     assert "| replug |" in open(os.path.join(workdir, "results.md")).read()
     assert os.path.getsize(os.path.join(workdir, "perplexity_vs_k.png")) > 1000
     assert saved["lm_mesh"] == {"data": 8, "model": 1}

@@ -88,7 +88,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
                 sweep_retrievers: Sequence[str] = ("replug", "random"), concat_retriever: str | None = "replug",
                 temperature: float = 1.0, temperatures: dict | None = None, temperature_sweep: Sequence[float] = (),
                 doc_template: str = DOC_TEMPLATE, progress: bool = True, posterior_alpha: float | None = None,
-                rerank_depth: int = 0, evidence: list | None = None) -> dict:
+                rerank_depth: int = 0, evidence: list | None = None, method_finished=None) -> dict:
     """Perplexity and bits per byte of every method; see the module docstring.
 
     retrievers: name -> object with `retrieve(queries, k, exclude_sources) -> (scores [Q,k], rows [Q,k])`.
@@ -100,6 +100,8 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     evidence: a list that gets one row per window (all processes' windows, in order): its document, tokens and
     bytes, and per method its summed log-probability and the passages mixed at k (datastore ids, retrieval scores,
     log λ; the posterior's kept ones with log p(context | d)).
+    method_finished: called with {"perplexity", "bits_per_byte"} of the methods finished so far (over every
+    process's windows) after "none" and after each retriever's methods, so a run that fails later keeps them.
     """
     temperatures = temperatures or {}
     say = console.phases(progress)
@@ -120,6 +122,9 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
     totals: dict[str, Totals] = {"none": Totals()}
     sweep: dict[str, dict[int, Totals]] = {}
     tau_sweep: dict[str, dict[float, Totals]] = {}
+    for w, lps in zip(windows, base):
+        totals["none"].add(lps, w.num_bytes)
+    _tell_finished(method_finished, split, totals)
     for name, retriever in retrievers.items():
         posterior_here = name == "replug" and posterior_alpha is not None
         depth = max([k, *k_sweep]) if name in sweep_retrievers else k
@@ -161,8 +166,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
             if evidence is not None:
                 _record(rows_out, queried, {j: concat[i] for j, i in enumerate(queried) if i in concat}, "concat",
                         datastore, rows[:, :k], scores[:, :k])
-    for w, lps in zip(windows, base):
-        totals["none"].add(lps, w.num_bytes)
+        _tell_finished(method_finished, split, totals)
     _sum_over_shares(split, totals, sweep, tau_sweep)
     if evidence is not None:
         evidence.extend(row for part in (split.gather(rows_out) if split.count > 1 else [rows_out]) for row in part)
@@ -185,6 +189,16 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         results["temperature_sweep"] = {name: {str(t): x.metrics() for t, x in by_t.items()}
                                         for name, by_t in tau_sweep.items()}
     return results
+
+
+def _tell_finished(method_finished, split: distributed.WorkSplit, totals: dict[str, Totals]) -> None:
+    """method_finished(metrics of the methods in `totals`, summed over the processes' shares), if given."""
+    if method_finished is None:
+        return
+    summed = {m: dataclasses.replace(t) for m, t in totals.items()}  # copies: the running totals stay per share
+    _sum_over_shares(split, summed)
+    method_finished({metric: {m: t.metrics()[metric] for m, t in summed.items()}
+                     for metric in ("perplexity", "bits_per_byte")})
 
 
 def _sum_over_shares(split: distributed.WorkSplit, *trees) -> None:

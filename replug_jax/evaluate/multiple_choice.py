@@ -96,45 +96,55 @@ def prepended_prompts(method: str, contexts: Sequence[str], passages: Sequence[S
 
 
 def predictions(lm, requests: Requests, methods: Sequence[str], retrieve, store, *, metric: str, temperature: float,
-                letters: bool = False, posterior_alpha: float = 1.0, k: int = 0) -> list[dict]:
+                letters: bool = False, posterior_alpha: float = 1.0, k: int = 0, method_finished=None) -> list[dict]:
     """One row per question: id, subject, answer, and per method its prediction (by `metric`; `letters`: the
     lettered options' mixture) with "<method>_options" (every option metric and the options' log-likelihoods,
     option texts only) and "<method>_passage_ids" (the passages it mixed, best first). retrieve(method, queries) ->
-    (scores [Q, D], rows [Q, D]); "replug_posterior" keeps the k (0: D) passages of highest posterior."""
+    (scores [Q, D], rows [Q, D]); "replug_posterior" keeps the k (0: D) passages of highest posterior.
+    method_finished(methods finished so far, rows) is called as each method finishes."""
     rows = [{"id": q.id, "subject": q.subject, "answer": q.answer} for q in requests.questions]
-    conts = requests.continuations
-    for method in methods:
+    for done, method in enumerate(methods, 1):
         console.phase(requests.phase(method))
-        passages = [[] for _ in requests.questions]
-        if method != "none" or requests.retrieves_for_none:
-            scores, retrieved = retrieve(method, requests.queries)
-            passages = passages_of(store, retrieved)
-        if method == "replug_posterior":  # x after each passage: its likelihood weighs the passage
-            docs, xs = requests.posterior_split(passages)
-            by_metric = option_text.posterior_option_predictions(
-                lm, docs, xs, scores, conts, temperature=temperature, alpha=posterior_alpha, k=k or scores.shape[1],
-                progress=True)
-            record(rows, method, by_metric, metric)
-            record_passages(rows, method, store, retrieved, by_metric["kept"])
-            continue
-        if method != "none":
-            record_passages(rows, method, store, retrieved)
-        prompts = requests.passes(method, passages)  # per question its passes
-        if method == "concat":  # the passages a window-cut prompt still held before every option
-            concat_cuts.mark_options(lm, rows, prompts, passages, conts)
-        mixes = method not in ("none", "concat")
-        if letters:
-            option_lps = mmlu.option_logprobs(lm, prompts, n_options=len(conts[0]), progress=True)  # [Q, K, n]
-            weights = scores[:, : option_lps.shape[1]] if mixes else np.zeros(option_lps.shape[:2])
-            predicted, _ = mmlu.mixture_predictions(option_lps, weights.astype(np.float32), temperature,
-                                                    [len(q.choices) for q in requests.questions])
-            for row, p in zip(rows, predicted):
-                row[method] = int(p)
-            continue
-        log_w = [option_text.log_lambda(s, len(p), temperature) if mixes else np.zeros(1, np.float32)
-                 for s, p in zip(scores if mixes else prompts, prompts)]
-        record(rows, method, option_text.option_predictions(lm, prompts, log_w, conts, progress=True), metric)
+        _predict(lm, requests, method, retrieve, store, rows, metric=metric, temperature=temperature,
+                 letters=letters, posterior_alpha=posterior_alpha, k=k)
+        if method_finished is not None:
+            method_finished(list(methods[:done]), rows)
     return rows
+
+
+def _predict(lm, requests: Requests, method: str, retrieve, store, rows: list[dict], *, metric: str,
+             temperature: float, letters: bool, posterior_alpha: float, k: int) -> None:
+    """One method's predictions into `rows` (`predictions`)."""
+    conts = requests.continuations
+    passages = [[] for _ in requests.questions]
+    if method != "none" or requests.retrieves_for_none:
+        scores, retrieved = retrieve(method, requests.queries)
+        passages = passages_of(store, retrieved)
+    if method == "replug_posterior":  # x after each passage: its likelihood weighs the passage
+        docs, xs = requests.posterior_split(passages)
+        by_metric = option_text.posterior_option_predictions(
+            lm, docs, xs, scores, conts, temperature=temperature, alpha=posterior_alpha, k=k or scores.shape[1],
+            progress=True)
+        record(rows, method, by_metric, metric)
+        record_passages(rows, method, store, retrieved, by_metric["kept"])
+        return
+    if method != "none":
+        record_passages(rows, method, store, retrieved)
+    prompts = requests.passes(method, passages)  # per question its passes
+    if method == "concat":  # the passages a window-cut prompt still held before every option
+        concat_cuts.mark_options(lm, rows, prompts, passages, conts)
+    mixes = method not in ("none", "concat")
+    if letters:
+        option_lps = mmlu.option_logprobs(lm, prompts, n_options=len(conts[0]), progress=True)  # [Q, K, n]
+        weights = scores[:, : option_lps.shape[1]] if mixes else np.zeros(option_lps.shape[:2])
+        predicted, _ = mmlu.mixture_predictions(option_lps, weights.astype(np.float32), temperature,
+                                                [len(q.choices) for q in requests.questions])
+        for row, p in zip(rows, predicted):
+            row[method] = int(p)
+        return
+    log_w = [option_text.log_lambda(s, len(p), temperature) if mixes else np.zeros(1, np.float32)
+             for s, p in zip(scores if mixes else prompts, prompts)]
+    record(rows, method, option_text.option_predictions(lm, prompts, log_w, conts, progress=True), metric)
 
 
 def record(rows: list[dict], method: str, by_metric: dict, metric: str) -> None:

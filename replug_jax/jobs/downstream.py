@@ -108,11 +108,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                                "config": results_file.config_record(config),
                                **_metrics(kind, config, questions, demos, rows, finished)}, workdir)
 
-    if kind == "qa":
-        results, predictions = _run_qa(config, lm, store, retrievers, [questions[i] for i in mine], demos,
-                                       method_finished)
-    else:
-        results, predictions = multiple_choice.run(config, lm, store, retrievers, [questions[i] for i in mine], demos)
+    run = _run_qa if kind == "qa" else multiple_choice.run
+    results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos, method_finished)
     predictions = [row for part in split.gather(predictions) for row in part]
     results.update(_metrics(kind, config, questions, demos, predictions, config.methods))
     for said in (qa.empty_answers_warning(results.get("empty_answers", {}), len(questions), config.shots),
@@ -148,7 +145,7 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict], metho
         return {"exact_match": {m: s["exact_match"] for m, s in scored.items()},
                 "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()},
                 "answer_nll": nll, "empty_answers": empty, "count": len(questions)}
-    return multiple_choice.metrics(config, questions, demos, predictions)
+    return multiple_choice.metrics(config, questions, demos, predictions, methods)
 
 
 def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=None):
@@ -159,7 +156,7 @@ def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=Non
     results.update(_posterior_settings(config, len(store)))
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers),
                     **({"fields": dict(q.fields)} if q.fields else {})} for q in questions]
-    for method in config.methods:
+    for done, method in enumerate(config.methods, 1):
         started = time.time()
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
         mixing = f", ensemble={ensemble}" if method not in ("none", "concat") else ""  # one pass: nothing to mix
@@ -177,7 +174,7 @@ def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=Non
             row[method] = p
         results["method_seconds"][method] = round(time.time() - started, 2)
         if method_finished is not None:
-            method_finished(list(config.methods[: list(config.methods).index(method) + 1]), predictions)
+            method_finished(list(config.methods[:done]), predictions)
     return results, predictions
 
 

@@ -10,25 +10,27 @@ from replug_jax.evaluate import demo_passages, mmlu, multiple_choice as flow, op
 from replug_jax.jobs.input_checks import retrieval_depth
 
 
-def metrics(config, questions, demos, predictions: list[dict]) -> dict:
-    """Accuracy per method (with the subjects asked zero-shot), every option metric where option texts were scored,
-    and the question count, from all prediction rows."""
+def metrics(config, questions, demos, predictions: list[dict], methods=None) -> dict:
+    """Accuracy per method of `methods` (None: config.methods) with the subjects asked zero-shot, every option
+    metric where option texts were scored, and the question count, from all prediction rows."""
+    methods = list(config.methods if methods is None else methods)
     shots_from_demos = config.shots and not olmes.parse_source(config.questions)  # OLMES: shots inside each request
     zero_shot = sorted({q.subject for q in questions} - set(mmlu.shots_by_subject(demos))) if shots_from_demos else []
-    out = {"accuracy": {m: mmlu.accuracy(questions, [row[m] for row in predictions]) for m in config.methods},
+    out = {"accuracy": {m: mmlu.accuracy(questions, [row[m] for row in predictions]) for m in methods},
            "count": len(questions), "zero_shot_subjects": zero_shot}
-    if f"{config.methods[0]}_options" in predictions[0]:  # option texts scored: every option metric, micro (%)
+    if f"{methods[0]}_options" in predictions[0]:  # option texts scored: every option metric, micro (%)
         out["option_accuracy"] = {
             metric: {m: mmlu.accuracy(questions, [row[f"{m}_options"][metric] for row in predictions])["micro"]
-                     for m in config.methods} for metric in option_text.OPTION_METRICS}
+                     for m in methods} for metric in option_text.OPTION_METRICS}
     return out
 
 
-def run(config, lm, store, retrievers, questions, dev):
+def run(config, lm, store, retrievers, questions, dev, method_finished=None):
     """(settings for results, prediction rows) of `questions` (this process's share) by every method, through the
     one multiple-choice flow (evaluate/multiple_choice.py): MMLU's prompts by option letters (scoring "letters",
     the paper's Table 4 prompt) or option texts ("options"), or OLMES's request files when config.questions names
-    one (the file's primary metric decides unless config.option_metric names another)."""
+    one (the file's primary metric decides unless config.option_metric names another). method_finished(methods
+    finished so far, rows) is called as each method finishes."""
     retriever_for = lambda method: retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
     retrieve = lambda method, queries: retriever_for(method).retrieve(queries, min(retrieval_depth(config, method),
                                                                                     len(store)))
@@ -40,7 +42,8 @@ def run(config, lm, store, retrievers, questions, dev):
         option_text.check_scoring("options", metric)
         results = {"olmes": info, "scoring": "options", "option_metric": metric, "shots": info["num_shots"]}
         requests = flow.olmes_requests(questions, label=":".join(task))
-        return results, flow.predictions(lm, requests, config.methods, retrieve, store, metric=metric, **common)
+        return results, flow.predictions(lm, requests, config.methods, retrieve, store, metric=metric,
+                                         method_finished=method_finished, **common)
     scoring, option_metric = config.get("scoring", "letters"), config.get("option_metric", "acc_per_char")
     option_text.check_scoring(scoring, option_metric)
     if scoring == "letters":
@@ -62,4 +65,4 @@ def run(config, lm, store, retrievers, questions, dev):
     requests = flow.mmlu_requests(questions, prefixes, scoring=scoring, query_with_options=config.query_with_options,
                                   k=config.k)
     return results, flow.predictions(lm, requests, config.methods, retrieve, store, metric=option_metric,
-                                     letters=scoring == "letters", **common)
+                                     letters=scoring == "letters", method_finished=method_finished, **common)

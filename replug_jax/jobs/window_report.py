@@ -38,6 +38,15 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
         console.phase(f"warning: {warning}")  # the console and WORKDIR/log.txt; under the table in results.md
     warnings = said + [w for w in (sweep_depth(config),) if w]  # said before the models loaded (`warn_early`)
     evidence = [] if config.get("windows_file", True) else None  # each window's passages and λ per method
+    run_id = results_file.new_run_id()
+
+    def method_finished(metrics: dict) -> None:
+        """results.json with the methods finished so far, marked incomplete (a run that fails later keeps them)."""
+        if distributed.is_lead():
+            results_file.save({"complete": False, "methods_finished": sorted(metrics["perplexity"]),
+                               "run_id": run_id, "lm": config.lm, "config": results_file.config_record(config),
+                               **metrics}, workdir)
+
     results = lm_eval.evaluate_lm(
         prepared.lm, windows, prepared.store, retrievers, k=config.get("eval_k") or config.k,
         k_sweep=tuple(config.k_sweep), sweep_retrievers=SWEEPING,
@@ -45,7 +54,7 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
         temperatures={"bm25": config.bm25_temperature, **(temperatures or {})},
         temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})),
         posterior_alpha=config.get("posterior_alpha", 1.0) if lm_eval.POSTERIOR in config.methods else None,
-        rerank_depth=config.get("rerank_depth", 0), evidence=evidence)
+        rerank_depth=config.get("rerank_depth", 0), evidence=evidence, method_finished=method_finished)
     results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": prepare.lm_mesh_record(prepared.lm),
                     "lm_backend": results_file.lm_backend(prepared.lm),
                     "datastore_chunks": len(prepared.store),
@@ -54,7 +63,8 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
                     "metric": config.metric, "warnings": warnings, "seconds": time.time() - prepared.started,
                     "config": results_file.config_record(config),
                     "processes": jax.process_count(),
-                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **(extra or {})})
+                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **(extra or {}),
+                    "complete": True, "methods_finished": sorted(results["perplexity"]), "run_id": run_id})
     if hasattr(prepared.lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(prepared.lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
