@@ -474,7 +474,8 @@ def test_a_qa_job_keeps_what_it_finished_when_its_server_stops_and_the_same_comm
     server = BackgroundServer(lms["local"])
     port = int(server.url.rsplit(":", 1)[1].split("/")[0])
     workdir = str(tmp_path / "resumed")
-    settings = dict(methods=("none", "replug", "concat"), lm_cache="workdir", lm_timeout=2.0, lm_retries=0)
+    # a request answered in milliseconds on a quiet machine and in seconds under load; one held times out
+    settings = dict(methods=("none", "replug", "concat"), lm_cache="workdir", lm_timeout=10.0, lm_retries=0)
     engine, held, acquired = server.app.state.engine, threading.Event(), []
 
     def hold_in_the_third_method():
@@ -497,6 +498,7 @@ def test_a_qa_job_keeps_what_it_finished_when_its_server_stops_and_the_same_comm
         time.sleep(3.0)  # the server notices the closed connection (it polls every 0.25 s) while the model is held
         if acquired:
             engine.working.release()
+    assert acquired, "the job failed before its third method held the model"
     deadline = time.time() + 10
     while not engine.abandoned and time.time() < deadline:  # the timed-out request: dropped, never decoded
         time.sleep(0.05)
