@@ -24,6 +24,7 @@ import numpy as np
 
 from replug_jax.method import mixture
 from replug_jax.jobs.config_files import sibling_config
+from replug_jax.jobs.input_checks import check_job_inputs
 from replug_jax.jobs import prepare
 from replug_jax.lm.cache import CachedLM
 from replug_jax.method.passages import DOC_TEMPLATE, document_passes
@@ -62,6 +63,7 @@ def main():
     config.max_eval_docs, config.max_windows_per_doc = 12, 8
     config.cache_dir, config.lm_cache = args.cache_dir, ""
     config.lm = args.lm or config.lm
+    check_job_inputs(config)  # before any model loads (every setting's range: base/settings.py)
     prepared = prepare.prepare(config, args.cache_dir)  # reuses the split, datastore and index found there
     store, encoder, lm, index = prepared.store, prepared.encoder, prepared.lm, prepared.index
     windows = [w for w in prepare.make_windows(prepared.paths["eval"], prepared.tokenizer, config) if w.query][:: args.every]
@@ -107,4 +109,7 @@ def report(out: dict, path: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from replug_jax.jobs.command_line import user_errors_as_one_line
+
+    with user_errors_as_one_line(usage="(REPLUG_JAX_DEBUG=1 shows the traceback)"):  # a mistake: one line, exit 2
+        main()

@@ -29,6 +29,7 @@ from replug_jax.base import console
 from replug_jax.method import mixture, posterior
 from replug_jax.jobs import prepare
 from replug_jax.jobs.config_files import sibling_config
+from replug_jax.jobs.input_checks import check_job_inputs
 from replug_jax.data import evaluation_sets
 from replug_jax.evaluate.answer_nll import answer_nll, query_and_continuation_scores
 from replug_jax.method.mixture import mixture_loglik
@@ -98,6 +99,7 @@ def main():
     started = time.time()
     config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")
     config.update(dict(lm=args.lm, lm_cache=os.path.join(args.workdir, "lm_cache.sqlite")))
+    check_job_inputs(config)  # before any model loads (every setting's range: base/settings.py)
     shared = os.path.join(args.workdir, "shared")
     console.setup(args.workdir, -1)
     dtype = precision.resolve(config.dtype)
@@ -182,4 +184,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from replug_jax.jobs.command_line import user_errors_as_one_line
+
+    with user_errors_as_one_line(usage="(REPLUG_JAX_DEBUG=1 shows the traceback)"):  # a mistake: one line, exit 2
+        main()

@@ -82,4 +82,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from replug_jax.jobs.command_line import user_errors_as_one_line
+
+    with user_errors_as_one_line(usage="(REPLUG_JAX_DEBUG=1 shows the traceback)"):  # a mistake: one line, exit 2
+        main()

@@ -23,6 +23,7 @@ import replug_jax as rj
 from replug_jax.method import mixture
 from replug_jax.jobs import prepare
 from replug_jax.jobs.config_files import sibling_config
+from replug_jax.jobs.input_checks import check_job_inputs
 from replug_jax.data import downstream as data
 from replug_jax.evaluate import qa
 from replug_jax.lm.cache import CachedLM
@@ -51,6 +52,8 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     config = sibling_config(os.path.join("experiments", "configs", "sciq.py"), "sciq.py")
+    config.update(dict(lm=args.lm, k=args.k, rerank_depth=max(args.depth, args.k)))
+    check_job_inputs(config)  # before any model loads (every setting's range: base/settings.py)
     encoder = rj.load_encoder(config.encoder)
     lm = CachedLM(rj.load_lm(args.lm, batch_size=config.lm_batch_size), args.lm_cache)
     store = prepare.build_corpus(config.corpus, lm.tokenizer, config.doc_tokens, args.cache_dir)
@@ -97,4 +100,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from replug_jax.jobs.command_line import user_errors_as_one_line
+
+    with user_errors_as_one_line(usage="(REPLUG_JAX_DEBUG=1 shows the traceback)"):  # a mistake: one line, exit 2
+        main()

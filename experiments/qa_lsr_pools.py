@@ -47,6 +47,7 @@ from lsr_headroom import spearman  # noqa: E402
 
 from replug_jax.jobs import prepare  # noqa: E402
 from replug_jax.jobs.config_files import sibling_config  # noqa: E402
+from replug_jax.jobs.input_checks import check_job_inputs  # noqa: E402
 from replug_jax.data.downstream import load_mc, load_qa  # noqa: E402
 from replug_jax.data import olmes  # noqa: E402
 from replug_jax.data.records import QAExample  # noqa: E402
@@ -145,6 +146,7 @@ def main(argv=None):
 
     config = sibling_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "x"), "qa_lsr.py")
     config.lm_cache = args.lm_cache
+    check_job_inputs(config)  # before any model loads (every setting's range: base/settings.py)
     os.makedirs(args.workdir, exist_ok=True)
     shared = args.cache_dir or os.path.join(args.workdir, "shared")
     encoder = prepare.load_job_encoder(config, None)
@@ -318,4 +320,7 @@ def print_table(report, taus):
 
 
 if __name__ == "__main__":
-    main()
+    from replug_jax.jobs.command_line import user_errors_as_one_line
+
+    with user_errors_as_one_line(usage="(REPLUG_JAX_DEBUG=1 shows the traceback)"):  # a mistake: one line, exit 2
+        main()

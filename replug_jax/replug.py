@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from replug_jax.base import settings
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa, qa_posterior
 from replug_jax.evaluate.demo_passages import few_shot_prefix
@@ -85,6 +86,7 @@ class REPLUG:
         from replug_jax.retrieval.retriever import DenseRetriever, index_meta
 
         check_mixture(k, temperature, None, **mixing)  # bad settings and documents are refused before any model loads
+        settings.check_value("doc_tokens", doc_tokens, prefix="")
         docs = as_documents(documents)
         remote = isinstance(lm, str) and lm.startswith(("http://", "https://"))
         if tokenizer is not None and not remote:
@@ -254,7 +256,9 @@ def check_mixture(k: int, temperature: float, passages: int | None = None, weigh
         raise ValueError(f"weights={weights!r} is now weights={RENAMED[weights]!r}, the method's name in the jobs")
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: use one of {', '.join(WEIGHTS)}")
-    posterior.check_alpha(posterior_alpha)
+    for key, value in (("k", k), ("temperature", temperature), ("posterior_alpha", posterior_alpha),
+                       ("rerank_depth", rerank_depth)):
+        settings.check_value(key, value, prefix="")  # the jobs' ranges (base/settings.py)
     unread = [f"{key}={value!r}" for key, value, default in (("posterior_alpha", posterior_alpha, 1.0),
                                                              ("rerank_depth", rerank_depth, 0)) if value != default]
     if weights == "replug" and unread:
@@ -262,10 +266,6 @@ def check_mixture(k: int, temperature: float, passages: int | None = None, weigh
                          f"{'them' if len(unread) > 1 else 'it'} (weights=\"replug\" is the paper's λ)")
     if rerank_depth and rerank_depth < k:
         raise ValueError(f"rerank_depth={rerank_depth} must be 0 (k) or at least k={k}")
-    if not temperature > 0:  # NaN too
-        raise ValueError(f"temperature={temperature!r} must be positive: λ = softmax(s / τ)")
-    if not k >= 1:
-        raise ValueError(f"k={k} must be at least 1 (passages per input)")
     if passages is not None and k > passages:
         raise ValueError(f"k={k} must be between 1 and the datastore's {passages} passages")
 

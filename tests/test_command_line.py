@@ -1,6 +1,7 @@
 """The first minutes of a user at the command line: mistakes get one line and exit 2 before any model loads,
 --help lists the configs and a config's keys, --debug shows the traceback."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ def run_main(*args, env=None):
     (["--config.lm=smolm2"], "error: --config.lm='smolm2': unknown LM; LMs: smollm2, qwen2.5-coder-0.5b"),
     (["--config.lm=minilm"], "error: --config.lm='minilm' is an encoder, not an LM; LMs: smollm2,"),
     (["--config.encoder=smollm2"], "error: --config.encoder='smollm2' is an LM, not an encoder; encoders: minilm,"),
-    (["--config.job=train"], "error: --config.job='train': unknown job; use one of lm_eval, lsr, qa, mmlu"),
+    (["--config.job=train"], "error: --config.job='train': must be one of 'lm_eval', 'lsr', 'qa', 'mmlu' — the job this config runs"),
     (["--config.methods=replug,bm52"], "error: --config.methods='replug,bm52': unknown method 'bm52'; the lm_eval job"),
     (["--workdir", "README.md"], "error: --workdir='README.md' is a file, not a folder"),  # was a traceback, exit 1
     (["--workdir", "/dev/null/run"], "error: --workdir='/dev/null/run' cannot be made: Not a directory"),
@@ -158,7 +159,8 @@ def test_a_user_error_inside_a_job_is_one_line_and_its_traceback_is_logged(main_
     code, err, log = main_in_process(tmp_path / "w", "--config.k=0", capsys=capsys)
     assert code == 2 and "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        "error: --config.k=0: passages per input must be a whole number, at least 1"]
+        "error: --config.k=0: must be a whole number, at least 1 — passages retrieved per input (LSR: per training "
+        "query; eval_k at evaluation)"]
     assert "Traceback (most recent call last)" in log and "InputError: --config.k=0" in log
 
 
@@ -171,8 +173,11 @@ def test_help_lists_the_configs_or_a_configs_keys():
     done, _ = run_main("--help", "--config", DEMO)
     assert done.returncode == 0 and "keys of" in done.stdout
     assert "qa_lsr.py" not in done.stdout  # the keys alone, not the whole list of configs before them
-    assert "  temperature = 1.0  # λ = softmax(s / τ)" in done.stdout
-    assert "  k = 4  # documents ensembled" in done.stdout  # a base config's comment (lm_eval.py) for demo.py's key
+    keys = done.stdout.split("keys of", 1)[1]
+    assert "  temperature = 1.0  # the paper's τ on cosine similarity\n      τ of REPLUG's weights" in keys  # base's
+    assert "  k = 4  # the reported REPLUG result\n      passages retrieved per input" in keys  # comment (lm_eval.py)
+    assert "[a whole number, at least 1]" in keys.split("  k = 4", 1)[1].splitlines()[1]  # the range, from the schema
+    assert len(re.findall(r"^  \w+ = ", keys, flags=re.MULTILINE)) == len(sibling_config(os.path.join(ROOT, DEMO), "demo.py"))  # each once
     done, _ = run_main("--config", DEMO)
     assert done.returncode == 2 and "error: --workdir is required" in done.stderr
 
@@ -262,33 +267,33 @@ def test_k_and_temperatures_are_refused_in_the_first_second(tmp_path):
     corpus.write_text("".join(f'{{"text": "Document {i} is short."}}\n' for i in range(3)))
     qa = dict(corpus=str(corpus), lm="smollm2", k=3, rerank_depth=0)  # sciq.py's posterior re-ranks 16: too deep
     lm_eval = dict(corpus=str(corpus), eval_data=str(corpus), k=2, k_sweep=(1, 2))
-    cases = [("sciq.py", dict(qa, k=0), r"--config.k=0: passages per input must be a whole number, at least 1"),
-             ("sciq.py", dict(qa, temperature=0.0), r"--config.temperature=0.0: a temperature must be positive"),
-             ("sciq.py", dict(qa, temperature=-1.0), r"--config.temperature=-1.0: a temperature must be positive"),
+    cases = [("sciq.py", dict(qa, k=0), r"--config.k=0: must be a whole number, at least 1 — passages retrieved"),
+             ("sciq.py", dict(qa, temperature=0.0), r"--config.temperature=0.0: must be a number, above 0 — τ of"),
+             ("sciq.py", dict(qa, temperature=-1.0), r"--config.temperature=-1.0: must be a number, above 0"),
              ("sciq.py", dict(qa, k=4), r"--config.k=4 is larger than the datastore \(3 passages at most from "
                                         rf"--config.corpus='{corpus}'\)"),
-             ("lm_eval.py", dict(lm_eval, k_sweep=(1, 0)), r"--config.k_sweep=0: passages per input"),
+             ("lm_eval.py", dict(lm_eval, k_sweep=(1, 0)), r"--config.k_sweep=\(1, 0\): must be a tuple, each item a whole number, at least 1"),
              ("lm_eval.py", dict(lm_eval, k_sweep=(1, 2, 8)), r"--config.k_sweep holds 8, larger than the datastore"),
-             ("lm_eval.py", dict(lm_eval, temperature_sweep=(0.1, 0.0)), r"--config.temperature_sweep=0.0: a temp"),
-             ("lm_eval.py", dict(lm_eval, bm25_temperature=-0.5), r"--config.bm25_temperature=-0.5: a temperature"),
+             ("lm_eval.py", dict(lm_eval, temperature_sweep=(0.1, 0.0)), r"--config.temperature_sweep=\(0.1, 0.0\): must be a tuple, each item a number, above 0"),
+             ("lm_eval.py", dict(lm_eval, bm25_temperature=-0.5), r"--config.bm25_temperature=-0.5: must be a number, above 0"),
              ("lsr.py", dict(lm_eval, train_data=str(corpus), eval_k=0, k=4), r"--config.k=4 is larger than the"),
-             ("lsr.py", dict(lm_eval, train_data=str(corpus), eval_k=-1, k=2), r"--config.eval_k=-1: passages per"),
-             ("lsr.py", dict(lm_eval, train_data=str(corpus), gamma=0.0), r"--config: LSRSettings: gamma=0.0 must be "),
-             ("lsr.py", dict(lm_eval, train_data=str(corpus), beta=-1.0), r"LSRSettings: beta=-1.0 must be positive"),
-             ("qa_lsr.py", dict(qa, direction="kl"), r"--config: LSRSettings: direction must be one of"),
+             ("lsr.py", dict(lm_eval, train_data=str(corpus), eval_k=-1, k=2), r"--config.eval_k=-1: must be a whole number, at least 0"),
+             ("lsr.py", dict(lm_eval, train_data=str(corpus), gamma=0.0), r"--config.gamma=0.0: must be a number, above 0 — LSR: γ"),
+             ("lsr.py", dict(lm_eval, train_data=str(corpus), beta=-1.0), r"--config.beta=-1.0: must be a number, above 0"),
+             ("qa_lsr.py", dict(qa, direction="kl"), r"--config.direction='kl': must be one of 'pr_q', 'q_pr'"),
              ("sciq.py", dict(qa, methods=("replug", "replug_posterior"), posterior_alpha=-1.0),
-              r"--config.posterior_alpha must be a finite number >= 0"),
+              r"--config.posterior_alpha=-1.0: must be a number, at least 0"),
              ("sciq.py", dict(qa, methods=("replug_posterior",), k=2, rerank_depth=1),
               r"--config.k=2 is above --config.rerank_depth=1 \(replug_posterior scores the top rerank_depth"),
-             ("sciq.py", dict(qa, methods=("replug_posterior",), rerank_depth=-1), r"--config.rerank_depth=-1: "),
+             ("sciq.py", dict(qa, methods=("replug_posterior",), rerank_depth=-1), r"--config.rerank_depth=-1: must be a whole number, at least 0"),
              ("sciq_mc.py", dict(qa, methods=("replug_posterior",), scoring="letters"),
               r"set --config.scoring=options"),
-             ("sciq.py", dict(qa, shots=-1), r"--config.shots=-1: a whole number, at least 0"),  # was 1-shot, silently
-             ("qa.py", dict(qa, max_questions=-2), r"--config.max_questions=-2: a whole number, at least 0"),
-             ("qa.py", dict(qa, question_offset=-1), r"--config.question_offset=-1: a whole number, at least 0"),
-             ("lm_eval.py", dict(lm_eval, stride_tokens=0), r"--config.stride_tokens=0: a whole number, at least 1"),
-             ("lm_eval.py", dict(lm_eval, doc_tokens=-5), r"--config.doc_tokens=-5: a whole number, at least 1"),
-             ("qa.py", dict(qa, doc_tokens=0), r"--config.doc_tokens=0: a whole number, at least 1")]
+             ("sciq.py", dict(qa, shots=-1), r"--config.shots=-1: must be a whole number, at least 0"),  # was 1-shot, silently
+             ("qa.py", dict(qa, max_questions=-2), r"--config.max_questions=-2: must be a whole number, at least 0"),
+             ("qa.py", dict(qa, question_offset=-1), r"--config.question_offset=-1: must be a whole number, at least 0"),
+             ("lm_eval.py", dict(lm_eval, stride_tokens=0), r"--config.stride_tokens=0: must be a whole number, at least 1"),
+             ("lm_eval.py", dict(lm_eval, doc_tokens=-5), r"--config.doc_tokens=-5: must be a whole number, at least 1"),
+             ("qa.py", dict(qa, doc_tokens=0), r"--config.doc_tokens=0: must be a whole number, at least 1")]
     started = time.time()
     for name, overrides, message in cases:
         with pytest.raises(input_checks.InputError, match=message):

@@ -76,13 +76,13 @@ def test_mmlu_job_scores_option_texts(files, smollm2, tmp_path):  # noqa: F811
 def test_unknown_scoring_is_refused(files, smollm2, tmp_path):  # noqa: F811
     from replug_jax.jobs.input_checks import InputError, check_job_inputs
 
-    with pytest.raises(InputError, match="scoring must be one of"):  # before any model loads
+    with pytest.raises(InputError, match="scoring='letter': must be one of 'letters', 'options'"):  # no model loaded
         check_job_inputs(mmlu_config(files, scoring="letter"))
-    with pytest.raises(InputError, match="option_metric must be one of"):
+    with pytest.raises(InputError, match="option_metric='acc_norm': must be one of"):
         check_job_inputs(mmlu_config(files, scoring="options", option_metric="acc_norm"))
     with pytest.raises(ValueError, match=r"questions \[1\] have no passes"):
         option_text.option_predictions(smollm2, [["Q: x\nA:"], []], [np.zeros(1), np.zeros(0)], [[" a"], [" b"]])
-    with pytest.raises(ValueError, match="scoring must be one of"):
+    with pytest.raises(ValueError, match="scoring must be one of"):  # the job's own check, past the schema's
         run_job(mmlu_config(files, scoring="letter", methods=("none",)), tmp_path, smollm2)
     with pytest.raises(ValueError, match="option_metric must be one of"):
         run_job(mmlu_config(files, scoring="options", option_metric="acc_norm", methods=("none",)), tmp_path, smollm2)

@@ -200,12 +200,14 @@ def test_bad_settings_and_a_bare_string_are_refused_before_any_model_loads():
 
     store = Datastore(ids=["p0"], titles=[""], texts=["Velmora is a town."], sources=["d0"])
     for temperature in (0.0, -1.0):  # λ = softmax(s / τ) needs τ > 0: refused here, not at the first call
-        with pytest.raises(ValueError, match=rf"temperature={temperature} must be positive"):
+        with pytest.raises(ValueError, match=rf"^temperature={temperature}: must be a number, above 0"):
             rj.REPLUG(None, None, store, temperature=temperature, k=1)
-        with pytest.raises(ValueError, match=rf"temperature={temperature} must be positive"):
+        with pytest.raises(ValueError, match=rf"^temperature={temperature}: must be a number, above 0"):
             rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", temperature=temperature)
-    with pytest.raises(ValueError, match="k=0 must be at least 1"):
+    with pytest.raises(ValueError, match="^k=0: must be a whole number, at least 1"):
         rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", k=0)
+    with pytest.raises(ValueError, match="^doc_tokens=0: must be a whole number, at least 1"):
+        rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", doc_tokens=0)
     with pytest.raises(ValueError, match=r"posterior_alpha=3 and rerank_depth=16 would be ignored: only "
                                          r"weights=\"replug_posterior\" reads them"):
         rj.REPLUG(None, None, store, k=1, weights="replug", posterior_alpha=3, rerank_depth=16)

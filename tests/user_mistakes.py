@@ -64,6 +64,12 @@ MISTAKES = [
     ("no requests in flight", QA, QA_OWN + ["--config.lm=http://127.0.0.1:9/v1", "--config.lm_concurrency=0"]),
     ("an HTTP client setting for a local LM", QA, QA_OWN + ["--config.lm_retries=9"]),
     ("a server that is not there", QA, QA_OWN + ["--config.lm=http://127.0.0.1:9/v1"]),
+    # checked by the settings schema (replug_jax/base/settings.py) alone: no per-key check was written for these
+    ("a dtype misspelt", QA, QA_OWN + ["--config.dtype=bf16"]),
+    ("an LM batch of 0", QA, QA_OWN + ["--config.lm_batch_size=0"]),
+    ("α not a number", QA, QA_OWN + ["--config.posterior_alpha=nan"]),
+    ("a corpus held out whole", DEMO, ["--config.eval_fraction=0.95"]),
+    ("a learning rate of 0", "experiments/configs/demo_lsr.py", ["--config.learning_rate=0"]),
 ]
 
 

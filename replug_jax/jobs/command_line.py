@@ -1,5 +1,6 @@
 """What a person at the command line sees: one-line errors for their mistakes, a fault's type and message with
-where its traceback is, `--help` that lists the configs and a config's keys with their defaults."""
+where its traceback is, `--help` that lists the configs and a config's keys with their defaults, ranges and
+meanings (base/settings.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -118,9 +119,12 @@ def check_config_file(path: str) -> None:
 
 
 def help_text(argv: list[str], usage: str) -> str:
-    """The usage line and either, with --config, that config's keys with their defaults and the comments the config
-    files give them, or the configs (file and the first sentence of its docstring)."""
+    """The usage line and either, with --config, that config's keys in the schema's order with their defaults, the
+    comments the config files give them, and their meanings and ranges (base/settings.py), or the configs (file and
+    the first sentence of its docstring)."""
     import ast
+
+    from replug_jax.base import settings
 
     lines = [usage]
     chosen = config_argument(argv)
@@ -131,16 +135,18 @@ def help_text(argv: list[str], usage: str) -> str:
         path = os.path.abspath(config_path(chosen))
         config = sibling_config(path, os.path.basename(path))
         comments = key_comments(path)
-        lines += ["", f"keys of {chosen} (override with --config.KEY=VALUE):"]
-        lines += [f"  {key} = {value!r}" + (f"  # {comments[key]}" if key in comments else "")
-                  for key, value in sorted(config.items())]
+        lines += ["", f"keys of {chosen} (override with --config.KEY=VALUE), each with its range and meaning "
+                  "(replug_jax/base/settings.py) and the config file's own comment:"]
+        for key in sorted(config.keys(), key=settings.declared_order):
+            lines.append(f"  {key} = {config[key]!r}" + (f"  # {comments[key]}" if key in comments else ""))
+            lines.append(f"      {settings.describe(key) if key in settings.SETTINGS else 'not a declared setting'}")
         lines += ["", "--help alone lists the configs"]
     else:
         lines += ["", f"configs ({config_dir()}):"]
         for path in sorted(glob.glob(os.path.join(config_dir(), "*.py"))):
             doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
             lines.append(f"  {os.path.basename(path):22s} {first_sentence(doc)}")
-        lines += ["", "--help --config CONFIG.py lists that config's keys, defaults and comments"]
+        lines += ["", "--help --config CONFIG.py lists that config's keys, defaults, ranges and meanings"]
     lines += ["", "other flags: --workdir DIR (required), --debug (tracebacks), --verbosity=0 (library log here)"]
     return "\n".join(lines)
 

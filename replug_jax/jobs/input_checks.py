@@ -1,8 +1,10 @@
 """A job's inputs checked in its first second, before any model loads or any corpus is embedded.
 
 `check_job_inputs(config)` raises `InputError` (a ValueError) naming the config key, what is wrong and what
-would work: files that do not exist, unknown model names, unknown methods or data sets, a missing trained
-retriever, k below 1 or beyond a datastore whose size is known, a temperature that is not positive. Every job
+would work: first each key's type and range as base/settings.py declares them (k below 1, a temperature that is
+not positive, a negative count, an unknown choice, a key no job reads), then what ties keys and files together: files
+that do not exist, unknown model names, unknown methods or data sets, a missing trained retriever, k beyond a
+datastore whose size is known, a re-ranking depth below k. Every job
 reads `--config.methods` through `read_methods` (a comma-separated string or a tuple). What can only be known
 later (a hub id without a network, a malformed line deep in a file, k beyond a large corpus's passages) is
 still reported where it is found. main.py prints an InputError as one line and exits 2 (replug_jax/base/errors.py).
@@ -13,7 +15,8 @@ import glob
 import math
 import os
 
-from replug_jax.base.errors import InputError  # noqa: F401 (the jobs' input errors; re-exported)
+from replug_jax.base import settings
+from replug_jax.base.errors import InputError
 from replug_jax.models import registry, split_gguf
 
 DOCUMENT_NAMES = ("gensim_wiki",)  # offline corpora known by name
@@ -62,34 +65,18 @@ def check_model(key: str, name: str) -> None:
 
 
 def _check_olmes(config) -> None:
-    """An OLMES source (olmes:<task>:<form>) whose request file is installed, and a known option metric."""
+    """An OLMES source (olmes:<task>:<form>) whose request file is installed."""
     from replug_jax.data import olmes
-    from replug_jax.evaluate import option_text
 
     try:
         olmes.task_dir(*olmes.parse_source(config.questions))
-        if config.get("option_metric"):
-            option_text.check_scoring("options", config.option_metric)
     except (ValueError, FileNotFoundError) as e:
         raise InputError(f"--config.questions={config.questions!r}: {e}") from None
 
 
-def _check_scoring(config) -> None:
-    """scoring "letters" or "options", and with "options" a known option_metric."""
-    from replug_jax.evaluate import option_text
-
-    try:
-        option_text.check_scoring(config.get("scoring", "letters"), config.get("option_metric") or "acc_per_char")
-    except ValueError as e:
-        raise InputError(f"--config.scoring / --config.option_metric: {e}") from None
-
-
 def check_job_inputs(config) -> None:
     """Everything about `config` that can be checked without loading a model (see the module docstring)."""
-    from replug_jax.jobs import JOBS
-
-    if config.job not in JOBS:
-        raise InputError(f"--config.job={config.job!r}: unknown job; use one of {', '.join(JOBS)}")
+    settings.check_settings(config)  # each key's type and range (base/settings.py); below: what ties keys together
     for key in ("cache_dir", "lm_cache"):
         if "://" in str(config.get(key) or ""):
             raise InputError(f"--config.{key}={config[key]!r}: must be a local path (SQLite, memory-mapped files); "
@@ -98,8 +85,7 @@ def check_job_inputs(config) -> None:
     _check_lm_tokenizer(config)
     _check_http_client_keys(config)
     check_model("encoder", config.encoder)
-    _check_k_and_temperatures(config)
-    _check_counts(config)
+    _check_fractions(config)
     if config.job == "lsr":
         from replug_jax.train.data import QA_SOURCES, first_training_row
 
@@ -125,8 +111,6 @@ def check_job_inputs(config) -> None:
             _check_olmes(config)
         else:
             _check_path_or_name("questions", config.questions, names)
-        if config.job == "mmlu" and not config.questions.startswith("olmes:"):
-            _check_scoring(config)
         if config.get("demos"):
             _check_path_or_name("demos", config.demos, names)
         if "replug_posterior" in job_methods(config):
@@ -181,14 +165,9 @@ def _check_http_client_keys(config) -> None:
 
 
 def _check_lsr_target(config) -> None:
-    """lsr_target is "answer" or "question"; "answer" refuses a question file whose first row has no answers, and text
+    """lsr_target "answer" refuses a question file whose first row has no answers, and text
     windows without a continuation (train_continuation_tokens 0, which the question target takes)."""
-    from replug_jax.train.batch import LSR_TARGETS
-
     target = config.get("lsr_target", "answer")
-    if target not in LSR_TARGETS:
-        raise InputError(f"--config.lsr_target={target!r}: unknown target; use \"answer\" (ℓ = log p(answer | "
-                         "passage, question), the paper) or \"question\" (ℓ = log p(question | passage))")
     windows = not _trains_on_questions(config)
     if windows and config.get("train_continuation_tokens", 1) < (1 if target == "answer" else 0):
         raise InputError(f"--config.train_continuation_tokens={config.train_continuation_tokens}: the answer target "
@@ -266,33 +245,13 @@ def _depths(config) -> list[tuple[str, int]]:
     return found + ([("eval_k", config.eval_k)] if config.get("eval_k") else [])
 
 
-def _check_k_and_temperatures(config) -> None:
-    """Every k at least 1 and every temperature τ of λ = softmax(s / τ) positive (lsr_temperature 0: temperature)."""
-    for key, k in _depths(config):
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InputError(f"--config.{key}={k!r}: passages per input must be a whole number, at least 1")
-    taus = [("temperature", config.get("temperature", 1.0)), ("bm25_temperature", config.get("bm25_temperature", 1.0)),
-            ("lsr_temperature", config.get("lsr_temperature") or 1.0)]
-    for key, tau in taus + [("temperature_sweep", t) for t in config.get("temperature_sweep", ())]:
-        if not tau > 0:  # NaN too
-            raise InputError(f"--config.{key}={tau!r}: a temperature must be positive (λ = softmax(s / τ))")
-
-
-COUNTS = {"shots": 0, "max_questions": 0, "question_offset": 0, "stride_tokens": 1, "doc_tokens": 1,
-          "max_windows_per_doc": 0, "lm_retries": 0, "lm_concurrency": 1}
-# key: the least whole number it may be (max_questions 0: all questions; max_windows_per_doc 0: all windows)
-
-
-def _check_counts(config) -> None:
-    """Counts a config holds are whole numbers of at least their least value (`COUNTS`): a negative shots or
-    max_questions would slice from the end in silence, a stride of 0 tokens never ends."""
-    for key, least in COUNTS.items():
-        value = config.get(key, least)
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise InputError(f"--config.{key}={value!r}: a whole number, at least {least}")
-    timeout = config.get("lm_timeout", 1.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-        raise InputError(f"--config.lm_timeout={timeout!r}: seconds a server request may take, a positive number")
+def _check_fractions(config) -> None:
+    """gensim_wiki's split: the evaluation and training shares leave a datastore."""
+    shares = config.get("eval_fraction", 0.0) + config.get("train_fraction", 0.0)
+    if shares >= 1:
+        raise InputError(f"--config.eval_fraction={config.get('eval_fraction', 0.0)!r} and --config.train_fraction="
+                         f"{config.get('train_fraction', 0.0)!r} add up to {shares:g}: together below 1, the rest is "
+                         "the datastore")
 
 
 def check_depth_fits(config, passages: int, at_most: bool = False) -> None:
@@ -351,22 +310,10 @@ def passages_at_most(config) -> int | None:
 
 
 def check_posterior_settings(config) -> None:
-    """replug_posterior: α a finite number >= 0, rerank_depth 0 or a whole number >= k, a known ℓ (QA), and (mmlu)
-    the options scored by their text, since the letter prompt lists the options between the question and the answer."""
-    from replug_jax.method.posterior import EVIDENCE, EVIDENCES, check_alpha  # jax: imported when the method runs
-
-    try:
-        check_alpha(config.get("posterior_alpha", 1.0))
-    except ValueError as e:
-        raise InputError(f"--config.{e}") from None
-    if config.get("posterior_evidence", EVIDENCE) not in EVIDENCES:
-        raise InputError(f"--config.posterior_evidence={config.posterior_evidence!r}: one of "
-                         f"{', '.join(EVIDENCES)}")
+    """replug_posterior (its settings' ranges: base/settings.py): rerank_depth 0 or at least k, and (mmlu) the options
+    scored by their text, since the letter prompt lists the options between the question and the answer."""
     depth, k = config.get("rerank_depth", 0), config.get("eval_k") or config.k  # the k the job evaluates with
     key = "eval_k" if config.get("eval_k") else "k"
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-        raise InputError(f"--config.rerank_depth={depth!r}: passages scored before keeping {key}={k}: 0 ({key}) or a "
-                         f"whole number >= {key}")
     if 0 < depth < k:  # most often k raised past the default depth
         raise InputError(f"--config.{key}={k} is above --config.rerank_depth={depth} (replug_posterior scores the top "
                          f"rerank_depth passages and keeps the {key} best): raise rerank_depth to at least {k}, or set "

@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from replug_jax.base import settings
 from replug_jax.base.progress import progress_keyword
 from replug_jax.method import mixture
 
@@ -34,9 +35,8 @@ EVIDENCE = "question"  # the dev sweep's (posterior_sweep.py) and every table's 
 
 
 def check_alpha(alpha: float) -> None:
-    """α must be a finite number >= 0 (0: the paper's weights)."""
-    if not (isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"posterior_alpha must be a finite number >= 0 (0: REPLUG's weights), got {alpha!r}")
+    """α must be a finite number >= 0 (0: the paper's weights; its range: base/settings.py)."""
+    settings.check_value("posterior_alpha", alpha, prefix="")
 
 
 def combined_scores(scores, doc_mask, query_logliks, temperature: float, alpha: float) -> np.ndarray:

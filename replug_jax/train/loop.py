@@ -39,16 +39,15 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from replug_jax.base import console
+from replug_jax.base import console, settings
 from replug_jax.base.progress import tqdm
-from replug_jax.method import lsr_loss
 from replug_jax.method.passages import DOC_TEMPLATE
 from replug_jax.models import precision
 from replug_jax.parallel import distributed, sharding
 from replug_jax.retrieval.refresh import IndexRefresher
 from replug_jax.retrieval.retriever import excluded_rows
 from replug_jax.train import step as train_step_lib
-from replug_jax.train.batch import LM_SCORES, LSR_TARGETS, FrozenDocumentVectors, make_batch, supervise
+from replug_jax.train.batch import FrozenDocumentVectors, make_batch, supervise
 from replug_jax.train.checkpoint import Checkpointer
 from replug_jax.train.lm_cache import LMScoreCache
 from replug_jax.train.metrics import MetricsLogger, plot_loss
@@ -84,26 +83,11 @@ class LSRSettings:
     doc_template: str = DOC_TEMPLATE
 
     def __post_init__(self):
-        positive = ("k", "steps", "batch_size", "refresh_every", "checkpoint_every", "keep_checkpoints", "log_every")
-        bad = [f"{name}={getattr(self, name)}" for name in positive if getattr(self, name) < 1]
-        bad += [f"{name}={getattr(self, name)}" for name in ("query_max_tokens", "doc_max_tokens")
-                if getattr(self, name) < 0]
-        bad += [f"{name}={getattr(self, name)}" for name in ("learning_rate", "gamma", "beta")
-                if not getattr(self, name) > 0]
-        if bad:
-            raise ValueError(f"LSRSettings: {', '.join(bad)} must be positive (token lengths: >= 0)")
-        choices = {"direction": lsr_loss.DIRECTIONS, "lm_score": LM_SCORES, "lsr_target": LSR_TARGETS,
-                   "metric": ("cosine", "ip"), "embedding_dtype": ("float32", "float16")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"LSRSettings: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in settings.SETTINGS}
+        settings.check_settings(values, prefix="LSRSettings: ")  # each value's range (base/settings.py)
         if not 0 <= self.swap_after < self.refresh_every:
             raise ValueError(f"LSRSettings: need 0 <= swap_after < refresh_every (one refresh at a time), got "
                              f"swap_after={self.swap_after}, refresh_every={self.refresh_every}")
-        if self.clip_norm is not None and not self.clip_norm > 0:
-            raise ValueError(f"LSRSettings: clip_norm must be positive or None, got {self.clip_norm}")
-        if not 0 <= self.warmup_fraction < 1:
-            raise ValueError(f"LSRSettings: warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
         if "{text}" not in self.doc_template and "{passage}" not in self.doc_template:
             raise ValueError("LSRSettings: doc_template must contain {text} or {passage}")
 
