@@ -244,6 +244,10 @@ class FaultyProxy:
             return handler.reply(400, {"error": {"message": "max_tokens must be at least 1"}})
         if fault == "gen0" and body.get("max_tokens") == 0:
             body = {**body, "max_tokens": 2}
+        if fault == "refuse_echo_from" and "echo_from" in body:  # as OpenAI's API refuses a field it does not know
+            return handler.reply(400, {"error": {"message": "Unrecognized request argument supplied: echo_from"}})
+        if fault == "ignore_echo_from" and body:  # a server without the extension: every prompt token's log-prob
+            body = {k: v for k, v in body.items() if k != "echo_from"}
         request = urllib.request.Request(self.upstream + handler.path, data=None if body is None else json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as r:
@@ -433,6 +437,21 @@ def test_scoring_asks_logprobs_0_where_the_server_allows_it(tiny, tiny_server, p
         remote = HTTPLM(url, tokenizer=lm.tokenizer, **options)
         assert remote.stats()["logprobs"].startswith(chosen) and remote.logprobs == int(chosen[0])
         assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), want)
+
+
+def test_scoring_sends_echo_from_only_where_the_server_honours_it(tiny, tiny_server, proxy):
+    """Our server computes a prompt's log-probs from its continuation on (`echo_from`, docs/http.md): the client
+    sends it there, and never to a server that ignores the field or refuses it (as OpenAI's API refuses a field it
+    does not know); the same scores every way."""
+    lm = tiny[1]
+    want = local_scores(lm, PAIRS)
+    for mode, finding in (("ok", "sent:"), ("ignore_echo_from", "not sent: the server ignores it"),
+                          ("refuse_echo_from", "not sent: the server refused it")):
+        proxy.mode = mode
+        remote = HTTPLM(proxy.url, tokenizer=lm.tokenizer)
+        assert remote.stats()["echo_from"].startswith(finding) and remote.echo_from == (mode == "ok")
+        assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), want)
+        assert remote.stats()["failures"] == 0
 
 
 def test_server_refusing_token_prompts_gets_text_and_says_so(proxy, tiny):

@@ -6,6 +6,7 @@ import http.client
 import json
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -149,3 +150,27 @@ def test_prompts_sharing_a_long_prefix_score_as_whole_rows(served):
         assert got[0] is None and len(got) == len(prompt)
         np.testing.assert_allclose(got[1:], want, atol=1e-5, rtol=0)
     assert reply["choices"][-1]["logprobs"]["token_logprobs"] == [None]  # one token: nothing precedes it
+
+
+def test_echo_from_computes_the_log_probs_asked_for_as_the_local_backend_scores_a_continuation(served):
+    """`echo_from` (this server's extension, docs/http.md): null log-probs before each prompt's start, and from it on
+    the numbers of LocalLM.score_token_pairs, the local backend's scoring of a continuation after its context; a
+    start of 0 echoes every token as before; a malformed value is refused."""
+    lm, server = served
+    prompts = [lm.tokenizer.encode(text) for text in PROMPTS]
+    starts = [1, 0, 9, len(prompts[3]) - 1]
+    reply = post(server.url, {"prompt": prompts, "max_tokens": 0, "echo": True, "logprobs": 0, "echo_from": starts})
+    whole = post(server.url, {"prompt": prompts, "max_tokens": 0, "echo": True, "logprobs": 0})
+    for prompt, start, choice, full in zip(prompts, starts, reply["choices"], whole["choices"]):
+        got, every = choice["logprobs"]["token_logprobs"], full["logprobs"]["token_logprobs"]
+        assert len(got) == len(prompt) and got[:max(start, 1)] == [None] * max(start, 1)
+        if start:
+            assert got[start:] == [float(v) for v in lm.score_token_pairs([(prompt[:start], prompt[start:])])[0]]
+        np.testing.assert_allclose(got[max(start, 1):], every[max(start, 1):], atol=1e-5, rtol=0)
+    for bad in (-1, [1, 2], "3", True):
+        request = urllib.request.Request(server.url + "/completions", json.dumps(
+            {"prompt": prompts, "max_tokens": 0, "echo": True, "logprobs": 0, "echo_from": bad}).encode(),
+            {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 400 and "echo_from" in refused.value.read().decode()

@@ -56,6 +56,19 @@ def _stops(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
+def _echo_from(body: dict, count: int) -> list[int]:
+    """The request's `echo_from` (this server's extension, docs/http.md): per prompt, the first prompt token whose
+    log-prob is computed (earlier ones are echoed with null log-probs); a whole number for every prompt or a list of
+    one per prompt; 0 when absent."""
+    value = body.get("echo_from")
+    if value is None:
+        return [0] * count
+    values = [value] * count if not isinstance(value, list) else value
+    if len(values) != count or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise RequestError("'echo_from' must be a whole number >= 0 or a list of one per prompt", param="echo_from")
+    return values
+
+
 def _is_ids(p) -> bool:
     return isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
 
@@ -145,7 +158,8 @@ async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
         engine.check_length(len(ids), max_tokens)
     all_ids = [ids for ids, *_ in tokenised]
     wants_prompt_values = (echo and logprobs is not None) or prompt_logprobs is not None
-    values = await asyncio.wrap_future(engine.score(all_ids)) if wants_prompt_values else None
+    starts = _echo_from(body, len(all_ids))
+    values = await asyncio.wrap_future(engine.score(all_ids, starts)) if wants_prompt_values else None
     top = max(logprobs if echo and logprobs else 0, prompt_logprobs or 0)
     tops = await asyncio.wrap_future(engine.prompt_tops(all_ids, top)) if top else [[None] * len(i) for i in all_ids]
     decode = _Decoder(engine.lm.tokenizer)

@@ -1,6 +1,8 @@
 """The model thread of the scoring server: batches the prompts of concurrent requests into LocalLM calls.
 
-Scoring (echo log-probs) runs each batch of prompts through LocalLM. Generation prefills each prompt once into a
+Scoring (echo log-probs) runs each batch of prompts through LocalLM: every token's log-prob, or (a request's
+`echo_from`) only those from a given token on, read as the local backend reads a continuation's
+(`LocalLM.score_token_pairs`: the LM head at those positions alone). Generation prefills each prompt once into a
 key/value cache and decodes one token per step (models/decoding.py, the loop the local backend's ensembles use),
 the prompts of concurrent requests decoded together, each stopping at its own stop strings, EOS or token budget.
 A request whose client has gone (its future cancelled) is dropped before the model works on it.
@@ -80,9 +82,10 @@ class ScoringEngine:
         if n == 0:
             raise RequestError("the prompt is empty")
 
-    def score(self, prompts: list[list[int]]) -> Future:
-        """Future of [per prompt: list of log p per token (None where nothing precedes the token)]."""
-        return self._submit("score", prompts)
+    def score(self, prompts: list[list[int]], starts: list[int] | None = None) -> Future:
+        """Future of [per prompt: list of log p per token (None where nothing precedes the token, and before the
+        prompt's `starts` entry: the first token whose log-prob is asked)]."""
+        return self._submit("score", list(zip(prompts, starts or [0] * len(prompts))))
 
     def generate(self, ids: list[int], new_tokens: int, top: int, stop: tuple[str, ...] = ()) -> Future:
         """Future of [(token id, log p, {token text: log p} top entries)] for greedy next tokens, through the first
@@ -147,13 +150,23 @@ class ScoringEngine:
         self.abandoned += 1
         return False
 
-    def _score_rows(self, prompts: list[list[int]]) -> list[list[float | None]]:
-        """Per prompt, log p of each token (None where nothing precedes it); prompts sharing a long prefix score it
-        once (LocalLM.score_prompts)."""
-        if self.add_start_token:
-            scored = self.lm.score_prompts([[self.lm.start_id] + ids for ids in prompts], lead=1)
-            return [[float(v) for v in values] for values in scored]
-        return [[None] + [float(v) for v in values] for values in self.lm.score_prompts(prompts, lead=1)]
+    def _score_rows(self, items: list[tuple[list[int], int]]) -> list[list[float | None]]:
+        """Per (prompt, start), log p of each token from `start` on (None before it and where nothing precedes the
+        token). From the first token: prompts sharing a long prefix score it once (LocalLM.score_prompts); from a
+        later one: as a context and a continuation (LocalLM.score_token_pairs, the local backend's scoring)."""
+        lead = [self.lm.start_id] if self.add_start_token else []
+        out: list = [None] * len(items)
+        whole = [i for i, (_, start) in enumerate(items) if start == 0]
+        if whole:
+            scored = self.lm.score_prompts([lead + items[i][0] for i in whole], lead=1)
+            for i, values in zip(whole, scored):
+                out[i] = ([] if lead else [None]) + [float(v) for v in values]
+        tails = [i for i, (ids, start) in enumerate(items) if 0 < start < len(ids)]
+        if tails:
+            pairs = [(lead + items[i][0][: items[i][1]], items[i][0][items[i][1] :]) for i in tails]
+            for i, values in zip(tails, self.lm.score_token_pairs(pairs)):
+                out[i] = [None] * items[i][1] + [float(v) for v in values]
+        return [[None] * len(items[i][0]) if row is None else row for i, row in enumerate(out)]
 
     def _prompt_tops(self, prompts: list[list[int]], k: int) -> list[list]:
         shift, out = int(self.add_start_token), []

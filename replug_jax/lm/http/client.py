@@ -9,7 +9,9 @@ the model's tokenizer and the server takes token-id prompts (the probe checks bo
 is `context ids + continuation ids`, cut from the left to the server's window, and the last
 len(continuation ids) echoed log-probs are the answer, equal to LocalLM's for any split. The request asks
 `echo=True, logprobs=0` (1 where the probe sees the server need it; vLLM's `prompt_logprobs` form with
-`prompt_logprobs=True`) and `max_tokens=0`, or 1 where the server refuses 0 (the generated token is dropped).
+`prompt_logprobs=True`) and `max_tokens=0`, or 1 where the server refuses 0 (the generated token is dropped), and
+`echo_from` (the continuation's first token) where the probe finds the server computes only the log-probs asked
+for (our server's extension, docs/http.md).
 
 Without a local tokenizer the server's own `/tokenize` builds the token-id prompts (`tokenization.py`;
 `stats()["tokenizer"]` says which), so exact scores are the default. Fallback, stated in `stats()["prompt_format"]`:
@@ -49,7 +51,12 @@ from replug_jax.lm.http.echo import (
     select_continuation,
 )
 from replug_jax.lm.http.generation import http_generate
-from replug_jax.lm.http.probe import BATCH_PROMPTS, probe_batching, probe_logprobs  # noqa: F401 (BATCH_PROMPTS: re-exported)
+from replug_jax.lm.http.probe import (  # noqa: F401 (BATCH_PROMPTS: re-exported)
+    BATCH_PROMPTS,
+    probe_batching,
+    probe_echo_from,
+    probe_logprobs,
+)
 from replug_jax.lm.http.transport import BlackBoxServerError, Transport
 from replug_jax.lm.http.windows import cut_text_context, generation_room, score_window, scoring_room
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, document_start_text, tokenizer_fingerprint
@@ -89,6 +96,7 @@ class HTTPLM:
         self.score_max_tokens, self._start, self._leading, self.top_logprobs = 1, None, 0, 5  # 5: OpenAI's cap
         self._findings: dict = {"alignment": "not probed", "prompt_format": "text (not probed)"}
         self.lookahead = False  # generation: each pass's own continuation in one request (the probe checks it)
+        self.echo_from = False  # scoring: only the continuation's log-probs computed (`echo_from`; the probe checks it)
         self._lock = threading.Lock()
         if probe:
             self.probe()
@@ -205,9 +213,10 @@ class HTTPLM:
         self.lookahead = result.lookahead
         self.logprobs, logprobs = probe_logprobs(self, self._logprobs_setting)  # 0 where the server allows it
         self.prompts_per_request, batching = probe_batching(self, self._batch_setting)
+        self.echo_from, echo_from = probe_echo_from(self)
         with self._lock:
             self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), "prompts_per_request": batching,
-                              "logprobs": logprobs}
+                              "logprobs": logprobs, "echo_from": echo_from}
         return self._findings
 
     def _tokenizer_kind(self) -> str:
@@ -222,10 +231,13 @@ class HTTPLM:
 
     # ---- requests: public for the probe -----------------------------------------------------------------------
 
-    def body(self, prompts: list, max_tokens: int, logprobs: int) -> dict:
-        """A completions request body; prompts are texts or token-id lists."""
+    def body(self, prompts: list, max_tokens: int, logprobs: int, starts: list[int] | None = None) -> dict:
+        """A completions request body; prompts are texts or token-id lists; `starts`: per prompt, the first token
+        whose log-prob is needed, sent as `echo_from` where the probe found the server honours it."""
         body: dict = {"prompt": prompts[0] if len(prompts) == 1 else prompts, "max_tokens": max_tokens,
                       "temperature": 0}
+        if starts is not None and self.echo_from:
+            body["echo_from"] = starts
         if self.model:
             body["model"] = self.model
         if self.prompt_logprobs:
@@ -235,10 +247,10 @@ class HTTPLM:
         return body
 
     def completions(self, prompts: list, max_tokens: int, logprobs: int, optional: bool = False,
-                    retries: int | None = None) -> list[dict]:
+                    retries: int | None = None, starts: list[int] | None = None) -> list[dict]:
         """POST /completions; the choices in prompt order (their count checked). optional, retries: as
-        `Transport.post` (optional with retries=0: one try, and any failure raises `Refused`)."""
-        reply = self.transport.post(self.base_url + "/completions", self.body(prompts, max_tokens, logprobs),
+        `Transport.post` (optional with retries=0: one try, and any failure raises `Refused`); starts: as `body`."""
+        reply = self.transport.post(self.base_url + "/completions", self.body(prompts, max_tokens, logprobs, starts),
                                     optional=optional, retries=retries)
         try:
             choices = sorted(reply["choices"], key=lambda c: c.get("index", 0))
@@ -287,8 +299,9 @@ class HTTPLM:
         """One request's scores; probing: one try, a refusal or failure raises `Refused`, prompts not counted."""
         prompts = [p for p, _ in items]
         retries = 0 if probing else None
-        if self.token_prompts:
-            choices = self.completions(prompts, self.score_max_tokens, self.logprobs, probing, retries)
+        if self.token_prompts:  # each prompt's log-probs are read from its continuation's (query's) first token on
+            starts = [len(ids) - n for ids, n in items]
+            choices = self.completions(prompts, self.score_max_tokens, self.logprobs, probing, retries, starts)
         else:
             echoes = self.text_echoes(prompts, self.score_max_tokens, self.logprobs, probing, retries)
         if not probing:

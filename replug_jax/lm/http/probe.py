@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from replug_jax.lm.http.echo import Echo, echo_values
+from replug_jax.lm.http.echo import Echo, echo_values, id_prompt_values
 from replug_jax.lm.http.transport import BlackBoxServerError, Refused
 from replug_jax.models.tokenizer import DOCUMENT_START_TOKENS
 
@@ -306,7 +306,8 @@ def _alignment_verdict(echo: Echo, token: str, expected: float, at: int):
 
 
 # What the probe finds about scoring requests themselves (after `probe`): how many prompts one request may carry,
-# and whether echoed log-probabilities need `logprobs` >= 1.
+# whether echoed log-probabilities need `logprobs` >= 1, and whether the server computes only the log-probs asked
+# for (`echo_from`).
 #
 # Both keep a value given to HTTPLM's constructor as it is. `logprobs=0` is OpenAI's "the chosen tokens' log-probs,
 # no alternatives": a server that answers it with the same numbers is asked 0, so it computes and sends no top
@@ -356,3 +357,31 @@ def probe_logprobs(client, given: int | None) -> tuple[int, str]:
     if with_top.shape != without.shape or not np.allclose(with_top, without, atol=1e-4):
         return 1, "1: the server's echoed log-probs differ at logprobs=0"
     return 0, "0: the server echoes the prompt's log-probs without alternatives"
+
+
+def probe_echo_from(client) -> tuple[bool, str]:
+    """(whether scoring requests send `echo_from`, the finding): our own server's extension (docs/http.md), by which
+    it computes log-probs from the continuation's first token on (the LM head at those positions alone, as the local
+    backend scores) and echoes null before it. Sent only where a probe pair comes back with nulls before its
+    continuation and the continuation's own numbers (1e-4); another server is never sent the field."""
+    if not client.token_prompts:
+        return False, "not sent: text prompts (a token index means nothing to the server's own tokens)"
+    try:
+        ids, n = client.prepare_prompt(PROBE_TEXT[:24], PROBE_TEXT[24:40])
+    except ValueError:  # a window too small for the probe pair
+        return False, "not sent: not probed (the server's window is too small for the probe pair)"
+    whole = client.score_chunk([(ids, n)], probing=True)[0]
+    start = len(ids) - n
+    client.echo_from = True
+    try:
+        choice = client.completions([ids], client.score_max_tokens, client.logprobs, True, 0, [start])[0]
+        values = id_prompt_values(choice, len(ids), client.leading, client.score_max_tokens, client.prompt_logprobs)
+    except (Refused, BlackBoxServerError) as e:
+        return False, f"not sent: the server refused it ({str(e)[:120]})"
+    finally:
+        client.echo_from = False
+    if any(v is not None for v in values[:start]):
+        return False, "not sent: the server ignores it (every prompt token's log-prob is computed)"
+    if any(v is None for v in values[start:]) or not np.allclose(values[start:], whole, atol=1e-4):
+        return False, "not sent: the server answered it with other numbers than a whole echo"
+    return True, "sent: the server computes each prompt's log-probs from its continuation on"
