@@ -73,6 +73,13 @@ def test_mmlu_job_scores_option_texts(files, smollm2, tmp_path):  # noqa: F811
     assert results["option_accuracy"] == saved["option_accuracy"]
 
 
+def test_an_empty_option_metric_is_the_default_one(files, smollm2, tmp_path):  # noqa: F811
+    """option_metric "" (the schema's "the file's own" for OLMES) on MMLU's own questions: acc_per_char, as the
+    input checks take it, not a refusal after the models have loaded."""
+    run_job(mmlu_config(files, scoring="options", option_metric="", methods=("none",)), tmp_path, smollm2)
+    assert json.load(open(tmp_path / "results.json"))["option_metric"] == "acc_per_char"
+
+
 def test_unknown_scoring_is_refused(files, smollm2, tmp_path):  # noqa: F811
     from replug_jax.jobs.input_checks import InputError, check_job_inputs
 

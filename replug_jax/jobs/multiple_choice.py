@@ -44,7 +44,7 @@ def run(config, lm, store, retrievers, questions, dev, method_finished=None):
         requests = flow.olmes_requests(questions, label=":".join(task))
         return results, flow.predictions(lm, requests, config.methods, retrieve, store, metric=metric,
                                          method_finished=method_finished, **common)
-    scoring, option_metric = config.get("scoring", "letters"), config.get("option_metric", "acc_per_char")
+    scoring, option_metric = config.get("scoring", "letters"), config.get("option_metric") or "acc_per_char"
     option_text.check_scoring(scoring, option_metric)
     if scoring == "letters":
         mmlu.check_option_tokens(lm, max(len(q.choices) for q in questions))
