@@ -190,6 +190,9 @@ def paths(tmp_path_factory):
     lms = {"local": local, "http": HTTPLM(servers[0].url, tokenizer=local.tokenizer, concurrency=4),
            "http_server": HTTPLM(servers[0].url, concurrency=4), "http_ids": HTTPLM(servers[1].url, concurrency=4)}
     assert lms["http_server"].tokenizer.offsets_note is None and lms["http_ids"].tokenizer.offsets_note
+    # every HTTP path scores through echo_from (the server computes the continuation's log-probs alone); the whole
+    # echo it replaces gives the same numbers (tests/test_http.py, a server that ignores the field)
+    assert all(lms[name].stats()["echo_from"].startswith("sent:") for name in ("http", "http_server", "http_ids"))
     yield lms, rj.load_encoder(enc_dir, batch_size=8), lm_dir, enc_dir, servers
     for server in servers:
         server.stop()
