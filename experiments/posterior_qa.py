@@ -146,7 +146,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from replug_jax.jobs.command_line import user_errors_as_one_line
+    from replug_jax.jobs.command_line import run_script
 
-    with user_errors_as_one_line(usage="(REPLUG_JAX_DEBUG=1 shows the traceback)"):  # a mistake: one line, exit 2
-        main()
+    run_script(main)  # a mistake in a setting: one line, exit 2

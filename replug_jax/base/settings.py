@@ -153,7 +153,7 @@ class Setting:
     meaning: str
 
 
-def _s(range_: Range, meaning: str) -> Setting:
+def _s(range_: Range, meaning: str) -> Setting:  # keeps each entry on its line
     return Setting(range_, meaning)
 
 
@@ -276,6 +276,9 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
+HTTP_CLIENT = ("lm_timeout", "lm_retries", "lm_concurrency")  # read only for an LM behind a server URL
+
+
 def check_value(key: str, value: Any, prefix: str = "--config.") -> None:
     """Refuse `value` for `key` when it is outside the declared range (InputError, one line naming both)."""
     if key not in SETTINGS:
@@ -292,9 +295,12 @@ def check_settings(values: Mapping[str, Any], prefix: str = "--config.") -> None
         check_value(key, value, prefix)
 
 
+_PLACES = {key: i for i, key in enumerate(SETTINGS)}
+
+
 def declared_order(key: str) -> int:
     """`key`'s place in `SETTINGS` (grouped by what it sets), for listing a config's keys; undeclared keys last."""
-    return list(SETTINGS).index(key) if key in SETTINGS else len(SETTINGS)
+    return _PLACES.get(key, len(SETTINGS))
 
 
 def describe(key: str) -> str:

@@ -50,6 +50,12 @@ def user_errors_as_one_line(debug: bool = False, usage: str = "", also: tuple = 
         sys.exit(2)
 
 
+def run_script(main) -> None:
+    """An experiments script's `main()`, a user's mistake in its settings said in one line with exit 2."""
+    with user_errors_as_one_line(usage=f"({DEBUG_ENV}=1 shows the traceback)"):
+        main()
+
+
 @contextlib.contextmanager
 def job_failures_reported(debug: bool = False):
     """Inside (a job, whose log file `console.setup` opened and which logs every failure's traceback there, see

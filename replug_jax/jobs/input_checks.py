@@ -150,7 +150,7 @@ def _check_lm_tokenizer(config) -> None:
     check_model("lm_tokenizer", name)
 
 
-HTTP_CLIENT_DEFAULTS = {"lm_timeout": 600.0, "lm_retries": 5, "lm_concurrency": 8}  # the configs' values
+HTTP_CLIENT_DEFAULTS = dict(zip(settings.HTTP_CLIENT, (600.0, 5, 8)))  # the configs' values
 
 
 def _check_http_client_keys(config) -> None:
@@ -185,7 +185,8 @@ def _check_lsr_target(config) -> None:
 
 
 def _check_lsr_settings(config) -> None:
-    """The LSR loop's own checks (γ, β, learning rate, steps, direction, ...) before any model loads."""
+    """The LSR loop's own checks before any model loads: what ties its settings together (swap_after below
+    refresh_every); each value's range was checked by the schema already."""
     from replug_jax.train.loop import LSRSettings
 
     try:

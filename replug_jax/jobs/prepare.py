@@ -14,7 +14,7 @@ import os
 import time
 
 import replug_jax as rj
-from replug_jax.base import console
+from replug_jax.base import console, settings
 from replug_jax.base.errors import InputError
 from replug_jax.data import downstream as downstream_data, wiki
 from replug_jax.evaluate.windows import document_windows
@@ -103,7 +103,7 @@ def load_job_encoder(config, dtype):
                            dtype=dtype, param_dtype=precision.weights_option(config.get("param_dtype")))
 
 
-HTTP_CLIENT_KEYS = {"lm_timeout": "timeout", "lm_retries": "max_retries", "lm_concurrency": "concurrency"}
+HTTP_CLIENT_KEYS = dict(zip(settings.HTTP_CLIENT, ("timeout", "max_retries", "concurrency")))  # key: HTTPLM's argument
 
 
 def load_job_lm(config, dtype):

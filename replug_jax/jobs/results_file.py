@@ -7,8 +7,11 @@ results-<run_id>.json, which later runs in the same workdir leave alone.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
+
+from replug_jax.base import settings
 
 HISTORY = "history"
 
@@ -44,9 +47,10 @@ def software() -> dict:
     return record
 
 
+@functools.cache  # once per process: each method's partial results.json asks again
 def git_commit() -> dict:
     """{"git_commit", "git_dirty"} of the checkout this package runs from (None where it is no checkout, an
-    installed copy, or git cannot say)."""
+    installed copy, or git cannot say), as the process started."""
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
@@ -77,7 +81,7 @@ def lm_backend(lm) -> dict:
 
 # config keys that cannot change a number of the results: where a run caches, how often it logs or checkpoints
 NUMBER_FREE_KEYS = frozenset({"cache_dir", "lm_cache", "log_every", "checkpoint_every", "keep_checkpoints",
-                              "lm_timeout", "lm_retries", "lm_concurrency"})
+                              *settings.HTTP_CLIENT})
 
 
 def finished_run(workdir: str, config) -> dict | None:

@@ -188,7 +188,8 @@ async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
                             for t in tops[i]]
             cursor = len(text) if echo else 0
             for t, (tid, lp, best) in zip(gen_texts, generated):
-                tokens.append(t), offsets.append(cursor), lps.append(lp), top_lps.append(best)
+                tokens.append(t), offsets.append(cursor), lps.append(lp)
+                top_lps.append({decode(j): v for j, v in best})
                 cursor += len(t)
             choice["logprobs"] = {"tokens": tokens, "text_offset": offsets, "token_logprobs": lps,
                                   "top_logprobs": top_lps}

@@ -88,8 +88,9 @@ class ScoringEngine:
         return self._submit("score", list(zip(prompts, starts or [0] * len(prompts))))
 
     def generate(self, ids: list[int], new_tokens: int, top: int, stop: tuple[str, ...] = ()) -> Future:
-        """Future of [(token id, log p, {token text: log p} top entries)] for greedy next tokens, through the first
-        token whose text holds a stop string (a stop string spanning tokens is cut by the caller) or EOS."""
+        """Future of [(token id, log p, [(token id, log p)] top entries, best first)] for greedy next tokens, through
+        the first token whose text holds a stop string (a stop string spanning tokens is cut by the caller) or EOS;
+        the caller decodes texts, off the model thread."""
         return self._submit("generate", [(list(ids), int(new_tokens), int(top), tuple(stop))])
 
     def prompt_tops(self, prompts: list[list[int]], k: int) -> Future:
@@ -179,7 +180,7 @@ class ScoringEngine:
                         for i in range(len(ids))])
         return out
 
-    def _generate_rows(self, requests: list[tuple]) -> list[list[tuple[int, float, dict]]]:
+    def _generate_rows(self, requests: list[tuple]) -> list[list[tuple[int, float, list]]]:
         """Greedy decoding of (ids, new tokens, top, stop strings) requests together: one prefill of every prompt
         into a key/value cache, then one token per step (models/decoding.py)."""
         lm, shift = self.lm, [self.lm.start_id] if self.add_start_token else []
@@ -196,8 +197,7 @@ class ScoringEngine:
         out = []
         for r, (_, _, top, _) in enumerate(requests):
             out.append([(int(tokens[r, j]), float(lps[r, j]),
-                         {self.lm.tokenizer.decode([int(i)]): float(v)
-                          for i, v in zip(top_ids[r, j, :top], top_lps[r, j, :top])})
+                         list(zip(top_ids[r, j, :top].tolist(), top_lps[r, j, :top].tolist())))
                         for j in range(int(counts[r]))])
         return out
 
