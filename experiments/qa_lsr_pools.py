@@ -320,6 +320,6 @@ def print_table(report, taus):
 
 
 if __name__ == "__main__":
-    from replug_jax.jobs.command_line import run_script
+    from replug_jax.jobs.command_line import script_entry
 
-    run_script(main)  # a mistake in a setting: one line, exit 2
+    script_entry(main)  # a mistake in a setting: one line, exit 2

@@ -50,7 +50,7 @@ def user_errors_as_one_line(debug: bool = False, usage: str = "", also: tuple = 
         sys.exit(2)
 
 
-def run_script(main) -> None:
+def script_entry(main) -> None:
     """An experiments script's `main()`, a user's mistake in its settings said in one line with exit 2."""
     with user_errors_as_one_line(usage=f"({DEBUG_ENV}=1 shows the traceback)"):
         main()
