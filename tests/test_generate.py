@@ -10,6 +10,7 @@ from replug_jax.method import mixture
 from replug_jax.parallel import sharding
 from replug_jax.lm.local import LocalLM
 from replug_jax.models import causal_lm
+from replug_jax.models.stop_strings import StopMasks
 from tests import hf_tiny
 from tests.hf_tiny import compiled_programs
 
@@ -72,6 +73,30 @@ def test_stop_strings_end_generation_and_are_cut(tiny_lm):
     first = next(i for i, t in enumerate(free[0].token_ids) if piece in tiny_lm.tokenizer.decode([t]))
     assert stopped[0].token_ids == free[0].token_ids[: first + 1] and stopped[0].finish_reason == "stop"
     assert piece not in stopped[0].text and free[0].text.startswith(stopped[0].text)
+
+
+def test_stop_masks_are_each_tokens_text_decoded_once_and_bounded(tiny_lm):
+    class CountingTokenizer:  # the real tiny tokenizer, counting its decodes
+        def __init__(self, tokenizer):
+            self.tokenizer, self.decodes = tokenizer, 0
+            self.vocab_size, self.eos_id = tokenizer.vocab_size, tokenizer.eos_id
+
+        def decode(self, ids):
+            self.decodes += 1
+            return self.tokenizer.decode(ids)
+
+    tokenizer, size = CountingTokenizer(tiny_lm.tokenizer), tiny_lm.config.vocab_size
+    masks = StopMasks(tokenizer, size, capacity=2)
+    texts = [tiny_lm.tokenizer.decode([i]) for i in range(min(tokenizer.vocab_size, size))]
+    for stop in [("\n",), (texts[7], "zz"), (), (texts[7], "zz")]:
+        want = np.zeros(size, bool)
+        want[: len(texts)] = [any(s in t for s in stop) for t in texts]
+        if tokenizer.eos_id is not None:
+            want[tokenizer.eos_id] = True
+        np.testing.assert_array_equal(masks(stop), want)
+    assert masks((texts[7],))[7]  # a stop string's own token ends a decode
+    assert tokenizer.decodes == len(texts)  # every token's text decoded once, whatever the number of stop tuples
+    assert len(masks._masks) == 2  # only the latest `capacity` tuples' masks kept
 
 
 def test_compiles_once_per_bucket_and_sharded_equals_one_device(tiny_lm):

@@ -32,7 +32,7 @@ from replug_jax.lm.blackbox import (
 from replug_jax.method import mixture, posterior as posterior_module
 from replug_jax.method.posterior import PrefillPosterior
 from replug_jax.models import decoding, kv_cache, partition
-from replug_jax.models.stop_strings import cut_at_stop, stop_token_mask, tokens_through_stop
+from replug_jax.models.stop_strings import StopMasks, cut_at_stop, tokens_through_stop
 from replug_jax.parallel import sharding
 
 NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the loop stops at the real limit)
@@ -103,7 +103,7 @@ class LocalGenerator:
     def __init__(self, lm, questions_per_batch: int = 8):
         self.lm = lm
         self.questions_per_batch = sharding.round_up(questions_per_batch, sharding.data_size(lm.mesh))
-        self._stop_masks: dict[tuple, np.ndarray] = {}
+        self._stop_mask = StopMasks(lm.tokenizer, lm.config.vocab_size)
         self._jitted: dict[tuple, object] = {}
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
@@ -195,12 +195,6 @@ class LocalGenerator:
             self._jitted[key] = jax.jit(functools.partial(_run, config=lm.config, dtype=lm.dtype, slots=slots,
                                                           steps=steps, mesh=lm.mesh, keep=keep), out_shardings=out)
         return self._jitted[key]
-
-    def _stop_mask(self, stop: tuple) -> np.ndarray:
-        """[V] bool: the tokens whose text contains a stop string, and EOS."""
-        if stop not in self._stop_masks:
-            self._stop_masks[stop] = stop_token_mask(self.lm.tokenizer, self.lm.config.vocab_size, stop)
-        return self._stop_masks[stop]
 
     def _to_generation(self, tokens, lps, stop, max_new_tokens) -> Generation:
         """Tokens cut through the one completing a stop string on the decoded text (the device loop stops only

@@ -5,6 +5,7 @@ stop string ends an answer at the same token on both. Numpy only: the HTTP clien
 """
 from __future__ import annotations
 
+import collections
 from typing import Sequence
 
 import numpy as np
@@ -25,14 +26,37 @@ def tokens_through_stop(count: int, prefix_text, stop: Sequence[str]) -> int:
     return count
 
 
-def stop_token_mask(tokenizer, size: int, stop: Sequence[str]) -> np.ndarray:
-    """[size] bool: the token ids whose own text contains a stop string, and EOS: where a decode on the device may
-    end at once (a stop string spanning tokens is found afterwards on the text, by `tokens_through_stop`)."""
-    mask = np.zeros(max(tokenizer.vocab_size, size), bool)
-    if any(stop):
-        for i in range(tokenizer.vocab_size):
-            piece = tokenizer.decode([i])
-            mask[i] = any(s in piece for s in stop if s)
-    if tokenizer.eos_id is not None:
-        mask[tokenizer.eos_id] = True
-    return mask
+class StopMasks:
+    """[size] bool per stop tuple: the token ids whose own text contains a stop string, and EOS: where a decode on
+    the device may end at once (a stop string spanning tokens is found afterwards on the text, by
+    `tokens_through_stop`). Each token's text is decoded once, on the first tuple that needs it; the masks of the
+    latest `capacity` tuples are kept (a server sees whatever stop strings its clients send)."""
+
+    def __init__(self, tokenizer, size: int, capacity: int = 64):
+        self.tokenizer, self.size, self.capacity = tokenizer, size, capacity
+        self._pieces: list[str] | None = None
+        self._masks: collections.OrderedDict[tuple, np.ndarray] = collections.OrderedDict()
+
+    def __call__(self, stop: Sequence[str]) -> np.ndarray:
+        key = tuple(stop)
+        if key in self._masks:
+            self._masks.move_to_end(key)
+            return self._masks[key]
+        mask = np.zeros(self.size, bool)
+        wanted = [s for s in key if s]
+        if wanted:
+            for i, piece in enumerate(self._token_texts()):
+                mask[i] = any(s in piece for s in wanted)
+        eos = self.tokenizer.eos_id
+        if eos is not None and eos < self.size:
+            mask[eos] = True
+        self._masks[key] = mask
+        if len(self._masks) > self.capacity:
+            self._masks.popitem(last=False)
+        return mask
+
+    def _token_texts(self) -> list[str]:
+        """Each id's own text, for the ids the model can emit (below `size`) that the tokenizer knows."""
+        if self._pieces is None:
+            self._pieces = [self.tokenizer.decode([i]) for i in range(min(self.tokenizer.vocab_size, self.size))]
+        return self._pieces

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from replug_jax.models import causal_lm, decoding, kv_cache
-from replug_jax.models.stop_strings import stop_token_mask
+from replug_jax.models.stop_strings import StopMasks
 from replug_jax.parallel import sharding
 
 MAX_NEW_TOKENS = 256  # tokens one request may generate
@@ -46,7 +46,7 @@ class ScoringEngine:
             raise ValueError("--add-start-token: the tokenizer has no document-start token")
         self._top_k = min(MAX_TOP_LOGPROBS, lm.config.vocab_size)
         self._tops = self._compile(functools.partial(_position_tops, config=lm.config, dtype=lm.dtype, k=self._top_k))
-        self._stop_masks: dict[tuple, np.ndarray] = {}
+        self._stop_mask = StopMasks(lm.tokenizer, lm.config.vocab_size)
         self._decoders: dict[tuple, object] = {}
         self.abandoned = 0  # requests dropped because their client had gone
         self.working = threading.Lock()  # held by the model thread from taking a request to answering its batch
@@ -200,12 +200,6 @@ class ScoringEngine:
                          list(zip(top_ids[r, j, :top].tolist(), top_lps[r, j, :top].tolist())))
                         for j in range(int(counts[r]))])
         return out
-
-    def _stop_mask(self, stop: tuple) -> np.ndarray:
-        if stop not in self._stop_masks:
-            mask = stop_token_mask(self.lm.tokenizer, self.lm.config.vocab_size, stop)
-            self._stop_masks[stop] = mask[: self.lm.config.vocab_size]
-        return self._stop_masks[stop]
 
     def _decoder(self, rows: int, width: int, steps: int):
         key = (rows, width, steps)
