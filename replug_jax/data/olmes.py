@@ -34,6 +34,7 @@ class OlmesQuestion:
     answer: int  # the gold option
     subject: str  # the task name (for per-"subject" accuracy)
     query: str = ""  # the file's own question block (doc["query"]), where the context ends with it
+    fields: tuple = ()  # no other fields: the request files' rows are read whole into the above (MCExample's has some)
 
     @property
     def choices(self) -> tuple[str, ...]:
