@@ -97,10 +97,11 @@ def prepended_prompts(method: str, contexts: Sequence[str], passages: Sequence[S
 
 def predictions(lm, requests: Requests, methods: Sequence[str], retrieve, store, *, metric: str, temperature: float,
                 letters: bool = False, posterior_alpha: float = 1.0, k: int = 0, method_finished=None) -> list[dict]:
-    """One row per question: id, subject, answer, the input row's other fields (if any), and per method its prediction (by `metric`; `letters`: the
-    lettered options' mixture) with "<method>_options" (every option metric and the options' log-likelihoods,
-    option texts only) and "<method>_passage_ids" (the passages it mixed, best first). retrieve(method, queries) ->
-    (scores [Q, D], rows [Q, D]); "replug_posterior" keeps the k (0: D) passages of highest posterior.
+    """One row per question: id, subject, answer, "fields" (the input row's others, if any), and per method its
+    prediction (by `metric`; `letters`: the lettered options' mixture) with "<method>_options" (every option metric
+    and the options' log-likelihoods, option texts only) and "<method>_passage_ids" (the passages it mixed, best
+    first). retrieve(method, queries) -> (scores [Q, D], rows [Q, D]); "replug_posterior" keeps the k (0: D)
+    passages of highest posterior.
     method_finished(methods finished so far, rows) is called as each method finishes."""
     rows = [{"id": q.id, "subject": q.subject, "answer": q.answer, **({"fields": dict(q.fields)} if q.fields else {})}
             for q in requests.questions]
