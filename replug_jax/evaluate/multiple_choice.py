@@ -23,6 +23,7 @@ import numpy as np
 
 from replug_jax.base import console
 from replug_jax.data.olmes import split_question_block
+from replug_jax.data.records import fields_entry
 from replug_jax.evaluate import concat_cuts, mmlu, option_text
 from replug_jax.method.passages import knowledge_line, passage_ids, passages_of
 
@@ -103,8 +104,7 @@ def predictions(lm, requests: Requests, methods: Sequence[str], retrieve, store,
     first). retrieve(method, queries) -> (scores [Q, D], rows [Q, D]); "replug_posterior" keeps the k (0: D)
     passages of highest posterior.
     method_finished(methods finished so far, rows) is called as each method finishes."""
-    rows = [{"id": q.id, "subject": q.subject, "answer": q.answer, **({"fields": dict(q.fields)} if q.fields else {})}
-            for q in requests.questions]
+    rows = [{"id": q.id, "subject": q.subject, "answer": q.answer, **fields_entry(q)} for q in requests.questions]
     for done, method in enumerate(methods, 1):
         console.phase(requests.phase(method))
         _predict(lm, requests, method, retrieve, store, rows, metric=metric, temperature=temperature,

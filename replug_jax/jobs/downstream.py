@@ -24,6 +24,7 @@ import numpy as np
 from replug_jax.base import console
 from replug_jax.base.errors import InputError
 from replug_jax.data import evaluation_sets
+from replug_jax.data.records import fields_entry
 from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, qa, qa_posterior
 from replug_jax.jobs import downstream_report, multiple_choice, prepare, report, results_file
 from replug_jax.jobs.input_checks import read_methods, retrieval_depth, unused_settings
@@ -155,7 +156,7 @@ def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=Non
     results = {"ensemble": config.ensemble, "method_seconds": {}}  # each method's wall time, its evaluation included
     results.update(_posterior_settings(config, len(store)))
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers),
-                    **({"fields": dict(q.fields)} if q.fields else {})} for q in questions]
+                    **fields_entry(q)} for q in questions]
     for done, method in enumerate(config.methods, 1):
         started = time.time()
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
