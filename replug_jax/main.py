@@ -70,6 +70,14 @@ def run_job(config, workdir: str, **options) -> dict:
     from replug_jax.jobs.input_checks import check_job_inputs
 
     check_job_inputs(config)  # in the first second: nothing loaded or embedded yet
+    from replug_jax.jobs.input_checks import read_methods
+    from replug_jax.jobs.results_file import keep_earlier_run
+
+    read_methods(config)  # as the jobs read it (a tuple), as results.json records it
+    if distributed.is_lead():
+        earlier = keep_earlier_run(workdir, config)  # said before this run writes over it
+        if earlier:
+            console.phase(f"warning: {earlier}")
     if config.job == "lm_eval":
         from replug_jax.jobs.lm_eval import run_lm_eval as job
     elif config.job == "lsr":

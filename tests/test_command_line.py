@@ -1,5 +1,6 @@
 """The first minutes of a user at the command line: mistakes get one line and exit 2 before any model loads,
 --help lists the configs and a config's keys, --debug shows the traceback."""
+import json
 import os
 import re
 import subprocess
@@ -39,6 +40,7 @@ def test_mistakes_get_one_line_and_exit_2_before_any_model_loads(args, message, 
     assert done.returncode == 2, done.stderr[-2000:]
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len([line for line in done.stderr.splitlines() if line.startswith("error:")]) == 1
+    assert done.stderr.startswith("error:"), done.stderr[:500]  # no library logging before it (FAISS's loader was)
     assert "models:" not in done.stdout and seconds < 60  # refused before the encoder or the LM loaded
 
 
@@ -49,6 +51,8 @@ def _own_data(tmp_path) -> dict[str, str]:
              "no_answers.jsonl": '{"question": "Who is the mayor of Velmora?"}\n',
              "empty.jsonl": "\n",
              "malformed.jsonl": '{"text": "fine"}\n{"text": "a\tb"}\n'}
+    files["table.csv"] = "id,text\n1,Velmora is a town.\n"
+    files["array.json"] = '[{"question": "Who is the mayor of Velmora?", "answers": ["Tobias Grint"]}]\n'
     files["shared_ids.jsonl"] = '{"id": "a", "text": "One."}\n{"id": "b", "text": "Two."}\n{"id": "a", "text": "Three."}\n'
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -74,6 +78,10 @@ def _own_data(tmp_path) -> dict[str, str]:
      "error: --config.corpus='{shared_ids}': two documents share the id 'a'"),
     ("experiments/configs/lm_eval.py", ["--config.corpus={no_txt}"],  # was exit 2 after the models loaded
      "error: --config.corpus='{no_txt}': a folder without .txt files"),
+    ("experiments/configs/qa.py", ["--config.corpus={table}"],  # was "not valid JSON" after the models loaded
+     "error: --config.corpus='{table}' is a CSV file, which the job does not read: give JSON Lines"),
+    ("experiments/configs/qa.py", ["--config.questions={array}"],
+     "error: --config.questions='{array}' is a JSON array file, which the job does not read: give JSON Lines"),
 ])
 def test_a_newcomers_mistakes_on_their_own_data_get_one_line_and_exit_2(config, args, message, tmp_path):
     """Issue 51's error contract: a misspelt config file, a question file without answers, an empty corpus and a
@@ -286,6 +294,8 @@ def test_k_and_temperatures_are_refused_in_the_first_second(tmp_path):
              ("sciq.py", dict(qa, methods=("replug_posterior",), k=2, rerank_depth=1),
               r"--config.k=2 is above --config.rerank_depth=1 \(replug_posterior scores the top rerank_depth"),
              ("sciq.py", dict(qa, methods=("replug_posterior",), rerank_depth=-1), r"--config.rerank_depth=-1: must be a whole number, at least 0"),
+             ("sciq.py", dict(qa, methods=("replug_posterior",), k=8, rerank_depth=4),  # k beyond the corpus first
+              r"--config.k=8 is larger than the datastore \(3 passages at most"),
              ("sciq_mc.py", dict(qa, methods=("replug_posterior",), scoring="letters"),
               r"set --config.scoring=options"),
              ("sciq.py", dict(qa, shots=-1), r"--config.shots=-1: must be a whole number, at least 0"),  # was 1-shot, silently
@@ -342,3 +352,31 @@ def test_a_question_file_without_answers_is_an_input_error(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [
         f'error: {questions}, line 1: needs "answers": a non-empty list of non-empty strings']
+
+
+def test_documents_without_text_are_refused_naming_them_or_left_out_with_a_warning(tmp_path):
+    """Issue 69, item 2: a document with no text (none, or whitespace) would vanish from the datastore or the held-out
+    windows; it is refused in the first second naming how many and which, and --config.drop_empty_documents leaves
+    them out with a warning naming them. Passages of a few tokens are warned about."""
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [{"id": "a", "text": "Velmora is a town."}, {"id": "b", "text": ""}, {"id": "c", "text": " \n "}]
+    rows += [{"id": f"e{i}", "text": ""} for i in range(5)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text('{"question": "Who?", "answers": ["Tobias"]}\n')
+    qa = dict(corpus=str(corpus), questions=str(questions), k=1, shots=0, methods=("none", "replug", "replug_posterior"))
+    lm_eval = dict(corpus=str(tmp_path / "fine.jsonl"), eval_data=str(corpus), k=1, k_sweep=(1,))
+    (tmp_path / "fine.jsonl").write_text('{"text": "Velmora is a town."}\n')
+    for name, overrides, key in (("qa.py", qa, "corpus"), ("lm_eval.py", lm_eval, "eval_data")):
+        with pytest.raises(input_checks.InputError, match=rf"--config.{key}='{corpus}' has 7 documents without text "
+                           r"\(id 'b', 'c', 'e0', 'e1', 'e2' and 2 more\): give them text, or set "
+                           r"--config.drop_empty_documents=True"):
+            input_checks.check_job_inputs(_config(name, **overrides))
+        config = _config(name, **overrides, drop_empty_documents=True)
+        input_checks.check_job_inputs(config)
+        assert input_checks.input_warnings(config) == [
+            f"--config.{key}: left out 7 documents without text (id 'b', 'c', 'e0', 'e1', 'e2' and 2 more) "
+            "(--config.drop_empty_documents)"]
+    assert input_checks.input_warnings(_config("qa.py", **qa, doc_tokens=16)) == []
+    (short,) = input_checks.input_warnings(_config("qa.py", **qa, doc_tokens=3))
+    assert short.startswith("--config.doc_tokens=3: passages of 3 tokens hold a few words each")

@@ -272,3 +272,59 @@ def test_a_bucket_retriever_workdir_is_checked_and_staged(bucket, tmp_path, monk
     qa.retriever_workdir = "gs://bucket/empty"
     with pytest.raises(input_checks.InputError, match="gs://bucket/empty/retriever.safetensors does not exist"):
         input_checks.check_job_inputs(qa)
+
+
+def test_a_finished_run_computed_by_other_code_is_reused_with_a_line_naming_that_code(tmp_path, capsys):
+    """Issue 69, item 6: `results_file.finished_run` (the experiments scripts' reuse) says which code computed a run
+    it reuses when that is not this checkout: another version, another commit, or uncommitted changes; a run of this
+    very code is reused without a word, and one of another config is still refused."""
+    import json
+
+    import ml_collections
+
+    import replug_jax
+    from replug_jax.jobs import results_file
+
+    config = ml_collections.ConfigDict({"job": "qa", "k": 4})
+    here = {"replug_jax": replug_jax.__version__, **results_file.git_commit()}
+
+    def reuse(software: dict) -> str:
+        results = {"complete": True, "config": results_file.config_record(config), "software": software}
+        (tmp_path / "results.json").write_text(json.dumps(results))
+        assert results_file.finished_run(str(tmp_path), config)["software"] == software
+        return capsys.readouterr().err
+
+    assert reuse(dict(here, git_dirty=False)) == ""
+    assert "computed by replug_jax 0.0.1" in reuse(dict(here, replug_jax="0.0.1"))
+    assert "at commit 0123456789ab" in reuse(dict(here, git_commit="0123456789abcdef", git_dirty=False))
+    assert "with uncommitted changes" in reuse(dict(here, git_dirty=True))
+    assert "reusing a finished run" in reuse({})  # a run that recorded no software: said, not taken for this code
+    with pytest.raises(SystemExit, match="another config: k 4"):
+        results_file.finished_run(str(tmp_path), ml_collections.ConfigDict({"job": "qa", "k": 5}))
+
+
+def test_a_rerun_with_another_config_or_changed_files_says_so_and_keeps_the_earlier_results(tmp_path):
+    """Issue 69, item 2: before a run writes over a workdir's results, a run of another config or of input files
+    whose content changed is said in a warning naming what differs, and the earlier results.md and predictions.jsonl
+    are kept under history/ beside its results.json copy; the same run again (a resume) is said nothing."""
+    import ml_collections
+
+    from replug_jax.jobs import results_file
+
+    corpus, workdir = tmp_path / "corpus.jsonl", tmp_path / "w"
+    corpus.write_text('{"text": "Velmora is a town."}\n')
+    workdir.mkdir()
+    config = ml_collections.ConfigDict({"job": "qa", "k": 4, "corpus": str(corpus), "lm_cache": "workdir"})
+    results_file.save({"config": results_file.config_record(config), "run_id": "r1", "complete": True}, str(workdir))
+    (workdir / "results.md").write_text("the earlier table")
+    (workdir / "predictions.jsonl").write_text('{"id": "q1"}\n')
+    assert results_file.keep_earlier_run(str(workdir), config) is None
+    assert results_file.keep_earlier_run(str(workdir), ml_collections.ConfigDict(dict(config, lm_cache=""))) is None
+    said = results_file.keep_earlier_run(str(workdir), ml_collections.ConfigDict(dict(config, k=8)))
+    assert said.startswith(f"{workdir} held the results of another run (k 4 -> 8)")
+    assert (workdir / "history" / "results-r1.md").read_text() == "the earlier table"
+    assert (workdir / "history" / "predictions-r1.jsonl").read_text() == '{"id": "q1"}\n'
+    assert "history/results-r1.json" in said and "history/predictions-r1.jsonl" in said
+    corpus.write_text('{"text": "Velmora is a city."}\n')
+    said = results_file.keep_earlier_run(str(workdir), config)
+    assert "(the content of --config.corpus)" in said

@@ -33,6 +33,7 @@ def get_config():
     c.posterior_alpha = 1.0
     c.rerank_depth = 0
     c.doc_tokens = 128  # the paper's
+    c.drop_empty_documents = False  # a document without text is refused: a user's row never vanishes unsaid
     c.query_tokens = 128
     c.context_tokens = 128
     c.stride_tokens = 128  # a document's first window has no retrieval (its first half is the query); a mostly

@@ -50,6 +50,7 @@ def get_config():
     c.rerank_depth = 16
     c.posterior_evidence = "question"  # the dev sweep's; the answer NLL never changes it
     c.doc_tokens = 128
+    c.drop_empty_documents = False  # a document without text is refused: a user's row never vanishes unsaid
     c.metric = "cosine"  # "ip": the official code's unnormalised inner product
     c.index_factory = "Flat"
     c.cache_dir = ""

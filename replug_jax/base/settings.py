@@ -206,6 +206,8 @@ SETTINGS: dict[str, Setting] = {
     "lm_prompts_per_request": _s(Whole(0), "prompts per completions request (0: the probe decides)"),
     # the datastore and the index
     "doc_tokens": _s(Whole(1), "passage length in LM tokens when documents are cut into the datastore"),
+    "drop_empty_documents": _s(Flag(), "leave out documents with no text (each named in a warning); else they are "
+                                       "refused"),
     "metric": _s(Choice(("cosine", "ip")), "retrieval score: cosine similarity or the unnormalised inner product"),
     "index_factory": _s(Text("a FAISS index_factory string (Flat: exact)"), "the FAISS index built over the passages"),
     "index_backend": _s(Choice(("faiss", "device")), "search in a FAISS index on the host, or exactly on the devices"),

@@ -122,6 +122,9 @@ def _qa_example(id_: str, question: str, record: dict, where: str, answers_requi
     """One QAExample from a JSONL record with "answers" (or "answer") as a string or a list of strings; without
     `answers_required` a row without them (or with an empty list) is a question alone (answers ())."""
     answers = record.get("answers", record.get("answer"))
+    if "answers" in record and "answer" in record and _as_list(record["answer"]) != _as_list(record["answers"]):
+        raise InputError(f"{where}: has both \"answers\" and \"answer\", which differ: keep one (\"answer\" is read "
+                         "as \"answers\")")
     fields = other_fields(record, QA_KEYS)
     if not answers_required and answers in (None, []):
         return QAExample(id_, question, (), id_given="id" in record, fields=fields)
@@ -130,6 +133,10 @@ def _qa_example(id_: str, question: str, record: dict, where: str, answers_requi
         error = MissingAnswers if answers is None else InputError
         raise error(f"{where}: needs \"answers\": a non-empty list of non-empty strings")
     return QAExample(id_, question, tuple(answers), id_given="id" in record, fields=fields)
+
+
+def _as_list(value):
+    return [value] if isinstance(value, str) else value
 
 
 def read_qa_jsonl(path: str, answers_required: bool = True) -> list[QAExample]:

@@ -13,13 +13,18 @@ DEBUG_ENV = "REPLUG_JAX_DEBUG"
 
 def user_errors() -> tuple:
     """What a user's input causes (replug_jax/base/errors.py): a value, file or data set a job refuses on purpose
-    (`InputError`), an unknown model, an index built for something else. Any other exception is a fault.
-    (Imported when needed: FAISS must load after the job's log file is set up, which records its loader.)"""
+    (`InputError`), an unknown model, an index built for something else. Any other exception is a fault. The
+    model and index errors are looked up only where their modules are loaded (an error of a class never imported
+    cannot have been raised): importing FAISS here would print its loader's lines before a first-second mistake's
+    one line, ahead of the job's log file."""
     from replug_jax.base.errors import InputError
-    from replug_jax.models.registry import ModelNotFound
-    from replug_jax.retrieval.index import IndexRefused
 
-    return InputError, ModelNotFound, IndexRefused
+    kinds = [InputError]
+    for module, name in (("replug_jax.models.registry", "ModelNotFound"),
+                         ("replug_jax.retrieval.index", "IndexRefused")):
+        if module in sys.modules:
+            kinds.append(getattr(sys.modules[module], name))
+    return tuple(kinds)
 
 
 def debug_requested() -> bool:

@@ -27,7 +27,7 @@ from replug_jax.data import evaluation_sets
 from replug_jax.data.records import fields_entry
 from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, qa, qa_posterior
 from replug_jax.jobs import downstream_report, multiple_choice, prepare, report, results_file
-from replug_jax.jobs.input_checks import read_methods, retrieval_depth, unused_settings
+from replug_jax.jobs.input_checks import input_warnings, read_methods, retrieval_depth
 from replug_jax.method import posterior
 from replug_jax.method.passages import passage_ids, passages_of
 from replug_jax.parallel import distributed
@@ -78,7 +78,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "lower --config.shots") if removed else ""
         raise InputError(f"no questions to evaluate from {config.questions!r}{why}")
     check_not_trained_on(config, questions)  # QA and multiple choice alike (OLMES sciq holds SciQ's questions)
-    early_warnings = unused_settings(config) + evaluation_sets.fewer_shots(
+    early_warnings = input_warnings(config) + evaluation_sets.fewer_shots(
         kind, config.shots, questions, demos, source=config.get("demos") or config.questions)
     for warning in early_warnings:  # also in results.json and under the table
         console.phase(f"warning: {warning}")

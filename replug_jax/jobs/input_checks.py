@@ -37,10 +37,39 @@ def _check_path_or_name(key: str, value: str, names: tuple[str, ...]) -> None:
     if not os.path.exists(os.path.expanduser(value)):
         raise InputError(f"--config.{key}={value!r}: no such file or directory (or give one of {', '.join(names)})")
     folder = os.path.expanduser(value)
+    if os.path.isfile(folder):
+        _check_format(key, folder)
     if key in ("corpus", "eval_data", "train_data") and os.path.isdir(folder) and not glob.glob(
             os.path.join(folder, "*.txt")):
         raise InputError(f"--config.{key}={value!r}: a folder without .txt files (a folder's documents are its .txt "
                          "files; or give a JSONL file)")
+
+
+# file kinds no job reads, by extension: named in the refusal, with what the key takes
+NOT_READ = {".csv": "a CSV", ".xlsx": "an Excel", ".xls": "an Excel", ".parquet": "a Parquet", ".arrow": "an Arrow",
+            ".pdf": "a PDF", ".docx": "a Word", ".html": "an HTML", ".htm": "an HTML", ".xml": "an XML",
+            ".gz": "a gzip-compressed", ".bz2": "a bzip2-compressed", ".xz": "an xz-compressed", ".zip": "a zip",
+            ".tar": "a tar", ".pkl": "a pickle", ".npy": "a NumPy"}
+DOCUMENT_FORMATS = ('JSON Lines (one {"text": ..., "title"?: ..., "id"?: ...} object per line), a UTF-8 .txt file '
+                    "or a folder of .txt files")
+TAKES = {"corpus": DOCUMENT_FORMATS + ", or DPR's psgs_w100.tsv", "eval_data": DOCUMENT_FORMATS,
+         "train_data": DOCUMENT_FORMATS + ', or JSON Lines of {"question": ..., "answers": [...]}',
+         "questions": 'JSON Lines (one {"question": ..., "answers": [...]} object per line)',
+         "demos": 'JSON Lines (one {"question": ..., "answers": [...]} object per line)'}
+
+
+def _check_format(key: str, path: str) -> None:
+    """A file of a kind the key does not take (CSV, Excel, a JSON array, ...), named for what it is."""
+    if key not in TAKES:
+        return
+    extension = os.path.splitext(path)[1].lower()
+    kind = NOT_READ.get(extension)
+    if kind is None and extension == ".json":
+        with open(path, "rb") as f:
+            start = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+        kind = "a JSON array" if start.startswith(b"[") else None
+    if kind is not None:
+        raise InputError(f"--config.{key}={path!r} is {kind} file, which the job does not read: give {TAKES[key]}")
 
 
 ROLES = {"lm": "an LM", "encoder": "an encoder"}
@@ -99,8 +128,6 @@ def check_job_inputs(config) -> None:
             except ValueError as e:
                 raise InputError(f"--config.train_offset: {e}") from None
     if config.job == "lm_eval" or config.job == "lsr" and not _trains_on_questions(config):
-        if "replug_posterior" in job_methods(config):
-            check_posterior_settings(config)
         _check_path_or_name("corpus", config.corpus, DOCUMENT_NAMES)
         _check_path_or_name("eval_data", config.eval_data, DOCUMENT_NAMES)
         _check_small_documents("eval_data", config.eval_data)
@@ -113,8 +140,6 @@ def check_job_inputs(config) -> None:
             _check_path_or_name("questions", config.questions, names)
         if config.get("demos"):
             _check_path_or_name("demos", config.demos, names)
-        if "replug_posterior" in job_methods(config):
-            check_posterior_settings(config)
         if "replug_lsr" in job_methods(config):
             from replug_jax.jobs import bucket_workdirs
 
@@ -128,9 +153,13 @@ def check_job_inputs(config) -> None:
                 where = f"{given.rstrip('/')}/retriever.safetensors" if bucket_workdirs.is_remote(given) else path
                 raise InputError(f"--config.methods has replug_lsr but {where} does not exist: set "
                                  "--config.retriever_workdir to an LSR job's workdir")
+    _check_empty_documents(config)
     bound = passages_at_most(config)
-    if bound is not None:
+    if bound is not None:  # k beyond the corpus first: a depth below k is the lesser fault when neither fits
         check_depth_fits(config, bound, at_most=True)
+    evaluated = config.job in ("qa", "mmlu", "lm_eval") or config.job == "lsr" and not _trains_on_questions(config)
+    if evaluated and "replug_posterior" in job_methods(config):
+        check_posterior_settings(config)
 
 
 def _check_lm_tokenizer(config) -> None:
@@ -293,6 +322,46 @@ def _check_small_documents(key: str, path: str) -> None:
         raise InputError(f"--config.{key}={path!r} is empty: no document with any text")
 
 
+SHOWN_IDS = 5  # ids named in a message about several documents
+
+
+def empty_documents(config) -> dict[str, list[str]]:
+    """Per document key (corpus, eval_data) of a small file, the ids of its documents without text (only
+    whitespace, or none), which no passage or window would hold."""
+    found = {}
+    for key in ("corpus", "eval_data"):
+        path = config.get(key) or ""
+        documents = _small_documents(key, path) if key in TAKES else None
+        empty = [d.id for d in documents or () if not d.text.strip()]
+        if empty and any(d.text.strip() for d in documents):  # an all-empty file: `_check_small_documents`
+            found[key] = empty
+    return found
+
+
+def _named(ids: list[str]) -> str:
+    shown = ", ".join(map(repr, ids[:SHOWN_IDS]))
+    return f"{len(ids)} document{'s' if len(ids) != 1 else ''} without text (id {shown}" + (
+        f" and {len(ids) - SHOWN_IDS} more)" if len(ids) > SHOWN_IDS else ")")
+
+
+def _check_empty_documents(config) -> None:
+    """Documents without text are refused, naming them, unless --config.drop_empty_documents leaves them out."""
+    if config.get("drop_empty_documents", False):
+        return
+    for key, ids in empty_documents(config).items():
+        them = "it" if len(ids) == 1 else "them"
+        raise InputError(f"--config.{key}={config[key]!r} has {_named(ids)}: give {them} text, or set "
+                         f"--config.drop_empty_documents=True to leave {them} out (named in a warning)")
+
+
+def dropped_documents(config) -> list[str]:
+    """Warnings naming the documents without text that --config.drop_empty_documents leaves out."""
+    if not config.get("drop_empty_documents", False):
+        return []
+    return [f"--config.{key}: left out {_named(ids)} (--config.drop_empty_documents)"
+            for key, ids in empty_documents(config).items()]
+
+
 def passages_at_most(config) -> int | None:
     """An upper bound of the datastore's passages known in the first second, or None: DPR's passages (.tsv) cut at
     max_passages, or a small JSONL / .txt corpus: a document of b UTF-8 bytes has at most b + 2 tokens (each token
@@ -352,3 +421,23 @@ def unused_settings(config) -> list[str]:
         return []
     return [f"{' and '.join(given)} unused: only replug_posterior reads {'them' if len(given) > 1 else 'it'}, and "
             f"--config.methods={','.join(methods)} does not run it"]
+
+
+SHORT_PASSAGE_TOKENS = 16  # passages shorter than this hold a few words each
+
+
+def short_passages(config) -> list[str]:
+    """A warning where --config.doc_tokens cuts passages of a few words."""
+    tokens = config.get("doc_tokens", SHORT_PASSAGE_TOKENS)
+    if tokens >= SHORT_PASSAGE_TOKENS:
+        return []
+    return [f"--config.doc_tokens={tokens}: passages of {tokens} tokens hold a few words each (\"Paris is the\"), "
+            f"too little for the retriever to match or the LM to read; below {SHORT_PASSAGE_TOKENS} is rarely meant "
+            "(the paper: 128)"]
+
+
+def input_warnings(config) -> list[str]:
+    """What a job says of its inputs before its models load (and keeps in results.json): settings no method reads,
+    documents left out, passages of a few words."""
+    return unused_settings(config) + dropped_documents(config) + short_passages(config)
+

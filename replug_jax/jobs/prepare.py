@@ -199,7 +199,8 @@ def data_paths(config, workdir: str) -> dict[str, str]:
 
 def make_windows(eval_path: str, tokenizer, config) -> list:
     """The held-out evaluation windows of the documents in `eval_path` (config: their sizes and counts)."""
-    docs = read_documents(eval_path)[: config.max_eval_docs]
+    docs = [d for d in read_documents(eval_path) if d.text.strip()][: config.max_eval_docs]  # empty: refused or
+    # left out by --config.drop_empty_documents (jobs/input_checks.py)
     windows = []
     for doc in docs:
         windows += document_windows(doc.id, doc.text, tokenizer, stride_tokens=config.stride_tokens,

@@ -10,6 +10,7 @@ import datetime
 import functools
 import json
 import os
+import sys
 
 from replug_jax.base import settings
 
@@ -102,7 +103,25 @@ def finished_run(workdir: str, config) -> dict | None:
     if differ:
         raise SystemExit(f"{workdir} holds a finished run of another config: {'; '.join(differ)}. Give another "
                          "workdir, or delete that run to measure it again")
+    other = other_code(results.get("software") or {})
+    if other:
+        print(f"{workdir}: reusing a finished run of this config computed by {other}; delete its results.json to "
+              "compute it again with this code", file=sys.stderr, flush=True)
     return results
+
+
+def other_code(recorded: dict) -> str | None:
+    """The code that computed a run, in words, where it is not this checkout's (another version or commit, or
+    uncommitted changes then); None where it is, or where neither says which commit it ran."""
+    import replug_jax
+
+    here = {"replug_jax": replug_jax.__version__, **git_commit()}
+    version, commit, dirty = recorded.get("replug_jax"), recorded.get("git_commit"), recorded.get("git_dirty")
+    same_commit = commit == here["git_commit"] or not (commit and here["git_commit"])
+    if version == here["replug_jax"] and same_commit and not dirty:
+        return None
+    where = f" at commit {commit[:12]}" if commit else ""
+    return f"replug_jax {version or '(unrecorded version)'}{where}{' with uncommitted changes' if dirty else ''}"
 
 
 def save(results: dict, workdir: str) -> str:
@@ -112,9 +131,87 @@ def save(results: dict, workdir: str) -> str:
 
     results.setdefault("run_id", new_run_id())
     results.setdefault("software", software())
+    results.setdefault("inputs", input_fingerprints(results.get("config") or {}))
     text = json.dumps(results, indent=2, sort_keys=True, default=str)
     copy = os.path.join(workdir, HISTORY, f"results-{results['run_id']}.json")
     for path in (copy, os.path.join(workdir, "results.json")):
         with atomic_open(path) as f:
             f.write(text)
     return copy
+
+
+INPUT_KEYS = ("corpus", "eval_data", "questions", "demos", "train_data")  # config keys that name the user's files
+HASHED_BYTES = 64 << 20  # a file up to this size is known by its content's hash, a larger one by size and time
+
+
+def input_fingerprints(record: dict) -> dict:
+    """{config key: a short hash of the file or folder it names} for the user's input files (INPUT_KEYS), so a rerun
+    knows whether they changed; names of packaged data sets are left out (their version is in `software`)."""
+    return {key: _fingerprint(os.path.expanduser(record[key])) for key in INPUT_KEYS
+            if isinstance(record.get(key), str) and record[key] and os.path.exists(os.path.expanduser(record[key]))}
+
+
+@functools.lru_cache(maxsize=64)
+def _stamp_hash(path: str, stamp: tuple) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    if os.path.isdir(path):
+        for name in sorted(os.listdir(path)):
+            inner = os.path.join(path, name)
+            if os.path.isfile(inner):
+                digest.update(f"{name}:{_fingerprint(inner)}\n".encode())
+    elif stamp[0] <= HASHED_BYTES:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    else:
+        digest.update(repr(stamp).encode())
+    return digest.hexdigest()[:16]
+
+
+def _fingerprint(path: str) -> str:
+    info = os.stat(path)
+    return _stamp_hash(path, (info.st_size, info.st_mtime_ns))
+
+
+EARLIER_FILES = ("results.md", "predictions.jsonl", "windows.jsonl")  # a run's files besides results.json
+
+
+def keep_earlier_run(workdir: str, config) -> str | None:
+    """Before a run writes: where `workdir` holds the results of a run of another config or other input files, its
+    results.md, predictions.jsonl and windows.jsonl are copied under history/ beside its results.json copy (named by
+    its run_id) and a warning says what differs and where they are; None where the workdir holds none, or the same
+    run (which a rerun resumes)."""
+    import shutil
+
+    path = os.path.join(workdir, "results.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ran, wanted = earlier.get("config") or {}, config_record(config)
+    differ = [f"{key} {ran.get(key, 'unset')!r} -> {wanted.get(key, 'unset')!r}"
+              for key in sorted((set(ran) | set(wanted)) - NUMBER_FREE_KEYS)
+              if json.dumps(ran.get(key), sort_keys=True) != json.dumps(wanted.get(key), sort_keys=True)]
+    before, now = earlier.get("inputs") or {}, input_fingerprints(wanted)
+    differ += [f"the content of --config.{key}" for key in sorted(now) if key in before and before[key] != now[key]]
+    if not differ:
+        return None
+    run_id = earlier.get("run_id") or "earlier"
+    kept = [os.path.join(HISTORY, f"results-{run_id}.json")]
+    os.makedirs(os.path.join(workdir, HISTORY), exist_ok=True)
+    if not os.path.isfile(os.path.join(workdir, kept[0])):
+        shutil.copyfile(path, os.path.join(workdir, kept[0]))
+    for name in EARLIER_FILES:
+        if os.path.isfile(os.path.join(workdir, name)):
+            stem, ext = os.path.splitext(name)
+            kept.append(os.path.join(HISTORY, f"{stem}-{run_id}{ext}"))
+            shutil.copyfile(os.path.join(workdir, name), os.path.join(workdir, kept[-1]))
+    shown = "; ".join(differ[:6]) + (f"; and {len(differ) - 6} more" if len(differ) > 6 else "")
+    return (f"{workdir} held the results of another run ({shown}): this run writes over results.json, results.md "
+            f"and predictions; the earlier ones stay in {', '.join(kept)}")
+

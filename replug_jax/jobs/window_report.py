@@ -15,7 +15,7 @@ from replug_jax.base.atomic_files import atomic_open
 from replug_jax.evaluate import lm as lm_eval
 from replug_jax.evaluate.windows import retrieval_shortfall, small_evaluation
 from replug_jax.jobs import prepare, report, results_file
-from replug_jax.jobs.input_checks import unused_settings
+from replug_jax.jobs.input_checks import input_warnings
 from replug_jax.parallel import distributed
 
 SWEEPING = ("replug", "replug_lsr", "random")  # the methods a k sweep re-mixes (evaluate_lm's sweep_retrievers)
@@ -33,7 +33,7 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
     windows = prepare.make_windows(prepared.paths["eval"], prepared.tokenizer, config)
     logging.info("datastore %d chunks; %d evaluation windows", len(prepared.store), len(windows))
     said = [w for w in (retrieval_shortfall(windows), small_evaluation(windows)) if w]
-    said += prepare.cut_warnings(prepared) + unused_settings(config)
+    said += prepare.cut_warnings(prepared) + input_warnings(config)
     for warning in said if distributed.is_lead() else ():
         console.phase(f"warning: {warning}")  # the console and WORKDIR/log.txt; under the table in results.md
     warnings = said + [w for w in (sweep_depth(config),) if w]  # said before the models loaded (`warn_early`)

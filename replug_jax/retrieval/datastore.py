@@ -186,7 +186,7 @@ def chunk_documents(documents: Iterable[Document], tokenizer: TextTokenizer, chu
     tile the document exactly. A trailing window of fewer than `min_tokens` tokens is
     merged into the previous chunk (which then has up to chunk_tokens + min_tokens - 1
     tokens); a document shorter than `min_tokens` stays one chunk. Documents with no
-    tokens are skipped. Chunk ids are f"{document id}#{chunk number}".
+    text (only whitespace, or none) are skipped. Chunk ids are f"{document id}#{chunk number}".
     """
     ids, titles, texts, sources = [], [], [], []
     for row_id, title, text, source in chunk_rows(documents, tokenizer, chunk_tokens, min_tokens):
@@ -203,6 +203,7 @@ def chunk_rows(documents: Iterable[Document], tokenizer: TextTokenizer, chunk_to
     if chunk_tokens < 1 or min_tokens < 0:
         raise ValueError(f"chunk_tokens must be >= 1 and min_tokens >= 0, got {chunk_tokens}, {min_tokens}")
     for batch in _batches(documents, CHUNK_BATCH):  # one batch encoding per batch: the tokenizer's every core
+        batch = [d for d in batch if d.text.strip()]  # a document without text holds no passage
         for doc, starts in zip(batch, token_starts_batch(tokenizer, [d.text for d in batch])):
             for j, (start, end) in enumerate(_chunk_spans(starts, chunk_tokens, min_tokens)):
                 yield f"{doc.id}#{j}", doc.title, doc.text[start:end], doc.id

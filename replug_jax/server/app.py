@@ -23,7 +23,8 @@ from replug_jax.server.engine import MAX_TOP_LOGPROBS, RequestError, ScoringEngi
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this gets 413 before it is read
 MAX_CONCURRENT = 64  # requests in flight at once; more get 429 (with Retry-After)
 DISCONNECT_POLL = 0.25  # seconds between checks that a waiting request's client is still connected
-ROUTES = "POST /v1/completions, GET /v1/models, POST /tokenize (/v1/tokenize) and GET /health"
+ROUTES = ("POST /v1/completions, GET /v1/models, POST /tokenize (/v1/tokenize), POST /detokenize (/v1/detokenize) "
+          "and GET /health")
 
 
 class BodyTooLarge(RequestError):
@@ -156,6 +157,16 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         ids = await asyncio.to_thread(lm.tokenizer.encode, body["prompt"])
         return {"tokens": ids, "count": len(ids), "max_model_len": lm.max_length}
 
+    async def detokenize(body: dict) -> dict:
+        """ids -> text (vLLM's form): a client that asks for generated tokens by id decodes them here."""
+        check_model(body, limits.model_name)
+        ids = body.get("tokens")
+        if not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+            raise RequestError("'tokens' must be a list of token ids", param="tokens")
+        if any(not 0 <= t < lm.tokenizer.vocab_size for t in ids):
+            raise RequestError(f"token ids must be in [0, {lm.tokenizer.vocab_size})", param="tokens")
+        return {"prompt": await asyncio.to_thread(lm.tokenizer.decode, ids)}
+
     async def models(request: Request):
         early = refused(request)
         return early or JSONResponse({"object": "list", "data": [{"id": limits.model_name, "object": "model",
@@ -177,7 +188,9 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
     completions = endpoint(lambda body: complete(engine, body, limits))
     routes = [Route("/v1/completions", completions, methods=["POST"]),
               Route("/tokenize", endpoint(tokenize), methods=["POST"]),
-              Route("/v1/tokenize", endpoint(tokenize), methods=["POST"]), Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/tokenize", endpoint(tokenize), methods=["POST"]),
+              Route("/detokenize", endpoint(detokenize), methods=["POST"]),
+              Route("/v1/detokenize", endpoint(detokenize), methods=["POST"]), Route("/v1/models", models, methods=["GET"]),
               Route("/health", health, methods=["GET"])]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: internal})
     app.state.engine = engine

@@ -7,7 +7,8 @@ import math
 import time
 import uuid
 
-from replug_jax.models.stop_strings import cut_at_stop, tokens_through_stop
+from replug_jax.models.detokenize import IncrementalText
+from replug_jax.models.stop_strings import cut_at_stop
 from replug_jax.server.engine import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, RequestError, ScoringEngine
 
 MAX_PROMPTS = 1024  # prompts in one completions request
@@ -162,42 +163,38 @@ async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
     values = await asyncio.wrap_future(engine.score(all_ids, starts)) if wants_prompt_values else None
     top = max(logprobs if echo and logprobs else 0, prompt_logprobs or 0)
     tops = await asyncio.wrap_future(engine.prompt_tops(all_ids, top)) if top else [[None] * len(i) for i in all_ids]
-    decode = _Decoder(engine.lm.tokenizer)
+    as_ids = _field(body, "return_tokens_as_token_ids", bool, False)
+    decode = _Decoder(engine.lm.tokenizer, as_ids)
     # every prompt's generation submitted at once: the engine decodes them together
     pending = [engine.generate(ids, max_tokens, logprobs or 0, stop) for ids in all_ids] if max_tokens else []
     generations = [await asyncio.wrap_future(f) for f in pending] if max_tokens else [[] for _ in all_ids]
     choices, used = [], 0
     for i, (ids, starts, ends, text) in enumerate(tokenised):
-        generated = generations[i]
-        gen_texts = [decode(t) for t, _, _ in generated]
-        kept = tokens_through_stop(len(gen_texts), lambda n: "".join(gen_texts[:n]), stop)  # noqa: B023
-        generated, gen_texts = generated[:kept], gen_texts[:kept]
-        answer, stopped = cut_at_stop("".join(gen_texts), stop)
-        eos = bool(generated) and generated[-1][0] == engine.lm.tokenizer.eos_id
-        finish = "stop" if stopped or eos or len(generated) < max_tokens else "length"
-        choice: dict = {"index": i, "text": (text if echo else "") + answer, "logprobs": None, "finish_reason": finish}
+        gen = generated_text(engine.lm.tokenizer, generations[i], stop, max_tokens, top=logprobs or 0)
+        choice: dict = {"index": i, "text": (text if echo else "") + gen.text, "logprobs": None,
+                        "finish_reason": gen.finish}
         if logprobs is not None:
             tokens, offsets, lps, top_lps = [], [], [], []
             if echo:
                 if engine.add_start_token:  # the start token: zero-width, nothing precedes it
                     tokens, offsets, lps, top_lps = [""], [0], [None], [None]
-                tokens += [text[s:e] for s, e in zip(starts, ends)]
+                tokens += [decode.label(t, text[s:e]) for t, s, e in zip(ids, starts, ends)]
                 offsets += starts
                 lps += values[i]
-                top_lps += [None if t is None or not logprobs else {decode(j): v for j, v in t[:logprobs]}
+                top_lps += [None if t is None or not logprobs else _keyed((decode(j), v) for j, v in t[:logprobs])
                             for t in tops[i]]
             cursor = len(text) if echo else 0
-            for t, (tid, lp, best) in zip(gen_texts, generated):
-                tokens.append(t), offsets.append(cursor), lps.append(lp)
-                top_lps.append({decode(j): v for j, v in best})
-                cursor += len(t)
+            for share, (tid, lp, _), alternatives in zip(gen.shares, gen.tokens, gen.alternatives):
+                tokens.append(decode.label(tid, share)), offsets.append(cursor), lps.append(lp)
+                top_lps.append(_keyed((decode.label(j, t), v) for j, t, v in alternatives))
+                cursor += len(share)
             choice["logprobs"] = {"tokens": tokens, "text_offset": offsets, "token_logprobs": lps,
                                   "top_logprobs": top_lps}
         if prompt_logprobs is not None:  # vLLM's form: the token and the top `prompt_logprobs`; null where
             choice["prompt_logprobs"] = [  # nothing precedes the token
                 None if v is None else _vllm_entry(t, text[s:e], v, (best or [])[:prompt_logprobs], decode)
                 for t, s, e, v, best in zip(ids, starts, ends, values[i], tops[i])]
-        used += len(generated)
+        used += len(gen.tokens)
         choices.append(choice)
     prompt_tokens = sum(len(ids) for ids in all_ids)
     return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
@@ -214,13 +211,64 @@ def _vllm_entry(token: int, text: str, value: float, best: list, decode) -> dict
     return entry
 
 
-class _Decoder:
-    """A token id's text, decoded once per request."""
+@dataclasses.dataclass
+class GeneratedText:
+    """A generation as a response gives it: `text` (whole characters, cut before the first stop string, without
+    EOS's text), the tokens kept (through the one that completes a stop string), each token's share of the text
+    (models/detokenize.py), each step's alternatives [(id, share, log p)] best first, and the finish reason."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer, self.seen = tokenizer, {}
+    text: str
+    tokens: list
+    shares: list[str]
+    alternatives: list[list[tuple[int, str, float]]]
+    finish: str
+
+
+def generated_text(tokenizer, generated: list, stop: tuple[str, ...], max_tokens: int, top: int = 0) -> GeneratedText:
+    """The engine's [(id, log p, [(id, log p)] best)] generation -> GeneratedText, detokenized as it grows: a
+    character split over tokens comes out whole, and a stop string is matched on the text, a stop of one
+    multi-byte character too. Each alternative's share is the text it would have added at its step."""
+    stream = IncrementalText(tokenizer)
+    shares, alternatives, stopped = [], [], False
+    for tid, _, best in generated:
+        alternatives.append([(j, stream.share(j), v) for j, v in best[:top]])
+        shares.append(stream.push(tid))
+        if stop and cut_at_stop(stream.text, stop)[1]:
+            stopped = True
+            break
+    kept = generated[: len(shares)]
+    if shares and not stopped:
+        shares[-1] += stream.finish()
+        stopped = cut_at_stop(stream.text, stop)[1]  # a stop string in bytes held back to the end (U+FFFD)
+    eos = bool(kept) and kept[-1][0] == tokenizer.eos_id
+    text = "".join(shares[:-1] if eos else shares)
+    text, _ = cut_at_stop(text, stop)
+    finish = "stop" if stopped or eos or len(kept) < max_tokens else "length"
+    return GeneratedText(text, kept, shares, alternatives, finish)
+
+
+def _keyed(entries) -> dict:
+    """{key: log p} of (key, log p) pairs best first; of equal keys (an unfinished character's "") the best kept."""
+    out: dict = {}
+    for key, value in entries:
+        out.setdefault(key, value)
+    return out
+
+
+class _Decoder:
+    """A token id's text, decoded once per request; `as_ids`: its label "token_id:N" instead (vLLM's
+    `return_tokens_as_token_ids`), which names a token whole where its text is part of a character."""
+
+    def __init__(self, tokenizer, as_ids: bool = False):
+        self.tokenizer, self.as_ids, self.seen = tokenizer, as_ids, {}
 
     def __call__(self, token: int) -> str:
+        if self.as_ids:
+            return f"token_id:{token}"
         if token not in self.seen:
             self.seen[token] = self.tokenizer.decode([token])
         return self.seen[token]
+
+    def label(self, token: int, text: str) -> str:
+        """How a response names a token of known text: the text, or its "token_id:N" label."""
+        return f"token_id:{token}" if self.as_ids else text

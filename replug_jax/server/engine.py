@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from replug_jax.models import causal_lm, decoding, kv_cache
+from replug_jax.models.detokenize import token_shares
 from replug_jax.models.stop_strings import StopMasks
 from replug_jax.parallel import sharding
 
@@ -68,8 +69,9 @@ class ScoringEngine:
         return list(ids), [0] + ends[:-1], ends, text
 
     def pieces(self, ids: list[int]) -> tuple[list[int], list[int], list[int], str]:
-        """(ids, starts, ends, text) of a token-id prompt: each token's own decoded text, concatenated."""
-        texts = [self.lm.tokenizer.decode([t]) for t in ids]
+        """(ids, starts, ends, text) of a token-id prompt: each token's share of the prompt's text (whole characters,
+        models/detokenize.py), concatenated."""
+        texts = token_shares(self.lm.tokenizer, ids)
         ends = list(np.cumsum([len(t) for t in texts])) if texts else []
         ends = [int(e) for e in ends]
         return list(ids), [0] + ends[:-1], ends, "".join(texts)

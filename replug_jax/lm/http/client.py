@@ -56,6 +56,7 @@ from replug_jax.lm.http.probe import (  # noqa: F401 (BATCH_PROMPTS: re-exported
     probe_batching,
     probe_echo_from,
     probe_logprobs,
+    probe_token_ids,
 )
 from replug_jax.lm.http.transport import BlackBoxServerError, Transport
 from replug_jax.lm.http.windows import cut_text_context, generation_room, score_window, scoring_room
@@ -97,6 +98,7 @@ class HTTPLM:
         self._findings: dict = {"alignment": "not probed", "prompt_format": "text (not probed)"}
         self.lookahead = False  # generation: each pass's own continuation in one request (the probe checks it)
         self.echo_from = False  # scoring: only the continuation's log-probs computed (`echo_from`; the probe checks it)
+        self.token_ids = False  # generation: tokens named by id (`return_tokens_as_token_ids`; the probe checks it)
         self._lock = threading.Lock()
         if probe:
             self.probe()
@@ -187,7 +189,7 @@ class HTTPLM:
         """What changes a score here: server, model, window, how prompts are sent and the tokenizer that builds
         token-id prompts (not the remote weights)."""
         key = [self.base_url, self.model, self.max_length, self._findings.get("prompt_format"), self._start,
-               self.start_text, self._leading, self._tokenizer_fingerprint()]
+               self.start_text, self._leading, self._tokenizer_fingerprint(), self.token_ids]
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
 
     def _tokenizer_fingerprint(self) -> str:
@@ -214,9 +216,10 @@ class HTTPLM:
         self.logprobs, logprobs = probe_logprobs(self, self._logprobs_setting)  # 0 where the server allows it
         self.prompts_per_request, batching = probe_batching(self, self._batch_setting)
         self.echo_from, echo_from = probe_echo_from(self)
+        self.token_ids, token_ids = probe_token_ids(self)
         with self._lock:
             self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), "prompts_per_request": batching,
-                              "logprobs": logprobs, "echo_from": echo_from}
+                              "logprobs": logprobs, "echo_from": echo_from, "generated_tokens": token_ids}
         return self._findings
 
     def _tokenizer_kind(self) -> str:

@@ -21,6 +21,7 @@ client sends token prompts, else text. No JAX is imported here.
 from __future__ import annotations
 
 import math
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -33,6 +34,7 @@ from replug_jax.lm.blackbox import (
 from replug_jax.lm.http.transport import BlackBoxServerError
 from replug_jax.lm.http.windows import generation_window
 from replug_jax.method import mixture
+from replug_jax.models.detokenize import UNFINISHED, IncrementalText
 from replug_jax.models.stop_strings import cut_at_stop, tokens_through_stop
 
 
@@ -46,7 +48,7 @@ def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("
         out: dict[int, Generation] = dict(zip(single, pool.map(
             lambda b: _sequence(client, prompts[b][0], max_new_tokens, stop), single)))
         multi = [b for b in range(len(prompts)) if b not in out]
-        state = {b: {"tokens": [], "ids": [], "lps": [], "done": False} for b in multi}
+        state = {b: {"text": _text_stream(client), "tokens": [], "ids": [], "lps": [], "done": False} for b in multi}
         ahead: dict[tuple[int, int], list] = {}  # (question, pass) -> its own next steps: [(greedy token, top-n)]
         for step in range(max_new_tokens):
             live = [b for b in multi if not state[b]["done"]]
@@ -60,18 +62,20 @@ def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("
                 passes = range(len(prompts[b]))
                 token, lp = _mixture_argmax([ahead[(b, i)][0][1] for i in passes], weights[b])
                 s = state[b]
-                s["tokens"].append(token), s["lps"].append(lp)
                 ids = _token_ids(client, token)
-                s["ids"] += ids
+                if label_id(token) is None and not _whole(token):
+                    _warn_split_character(client)
+                s["lps"].append(lp), s["ids"].extend(ids)
+                s["tokens"].append(_token_text(s["text"], token, ids))
                 prompts[b] = [p + (ids if isinstance(p, list) else token) for p in prompts[b]]
                 for i in passes:  # a pass's later steps hold while its own greedy token is the one chosen
                     own = ahead[(b, i)]
                     ahead[(b, i)] = own[1:] if own[0][0] == token and _one_token(client, token, ids) else []
-                text = "".join(s["tokens"])
-                s["done"] = cut_at_stop(text, stop)[1] or _is_eos(client, ids)
+                s["done"] = cut_at_stop(_joined(s), stop)[1] or _is_eos(client, ids)
         for b in multi:
             s = state[b]
-            text = cut_at_stop("".join(s["tokens"]), stop)[0]
+            eos = _is_eos(client, s["ids"][-1:])
+            text = cut_at_stop(_joined(s, finished=True, eos=eos), stop)[0]
             out[b] = Generation(text, s["ids"], s["lps"], "stop" if s["done"] else "length")
     return [out[b] for b in range(len(prompts))]
 
@@ -90,6 +94,8 @@ def _body(client, prompt, max_tokens: int, top: int, stop=()) -> dict:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": top, "echo": False}
     if stop:  # the server stops there too (OpenAI's `stop`, at most 4); the text is cut here either way
         body["stop"] = list(stop)[:4]
+    if getattr(client, "token_ids", False):  # tokens named by id (vLLM's field): a character's bytes never lost
+        body["return_tokens_as_token_ids"] = True
     return {**body, "model": client.model} if client.model else body
 
 
@@ -136,11 +142,30 @@ def continuation_tops(client, prompt, top_n: int, steps: int, stop: list[str]) -
 
 
 def _one_token(client, token: str, ids: list[int]) -> bool:
-    """Whether the chosen token is surely the one the server's own continuation generated: whole characters
-    (no replacement mark of a byte fragment) that re-encode to one token (where the client has a tokenizer). Then
-    the prompt the next step extends is the one that continuation extended; otherwise the pass is asked again from
-    the prompt with the chosen token appended, as its first step was."""
-    return bool(token) and "\ufffd" not in token and (client.tokenizer is None or len(ids) == 1)
+    """Whether the chosen token is surely the one the server's own continuation generated: a token named by id
+    ("token_id:N"), or whole characters (no replacement mark of a byte fragment) that re-encode to one token (where
+    the client has a tokenizer). Then the prompt the next step extends is the one that continuation extended;
+    otherwise the pass is asked again from the prompt with the chosen token appended, as its first step was."""
+    if label_id(token) is not None:
+        return True
+    return _whole(token) and (client.tokenizer is None or len(ids) == 1)
+
+
+def _whole(token: str) -> bool:
+    """Whether a token's text is whole characters: not "" (a server that drops a character's bytes, llama.cpp) nor
+    holding U+FFFD (one that decodes each token alone)."""
+    return bool(token) and UNFINISHED not in token
+
+
+def _warn_split_character(client) -> None:
+    """Say, once per client, that a chosen token was part of a character and the server named it by text only."""
+    client.transport.count("split_characters")
+    if client.transport.stats()["split_characters"] == 1:
+        warnings.warn(f"{client.base_url}: a generated token is part of a character beyond ASCII, and this server "
+                      "names generated tokens by their text only, so that character may be lost or garbled in the "
+                      "answer (stats()['split_characters'] counts them); a server that names them by id "
+                      "(return_tokens_as_token_ids: vLLM, python -m replug_jax.serve) keeps every character whole",
+                      stacklevel=4)
 
 
 def _mixture_argmax(tops: list[dict[str, float]], log_weights: np.ndarray) -> tuple[str, float]:
@@ -154,22 +179,66 @@ def _mixture_argmax(tops: list[dict[str, float]], log_weights: np.ndarray) -> tu
 
 
 def _sequence(client, prompt, max_new: int, stop) -> Generation:
-    """The server's own greedy decoding of one pass, in one request."""
+    """The server's own greedy decoding of one pass, in one request: its whole `text` (per-token texts may split a
+    character), and its tokens' ids where the server names them, else the ids of that text."""
     choice, lp = _choice_logprobs(client, prompt, max_new, 1, [s for s in stop if s])
     tokens = lp.get("tokens") or []
     values = [float(v) for v in lp.get("token_logprobs") or []]
-    keep = tokens_through_stop(len(tokens), lambda n: "".join(tokens[:n]), stop)
-    tokens, values = tokens[:keep], values[:keep]
-    text, stopped = cut_at_stop(choice.get("text") or "".join(tokens), stop)
-    ids = [i for t in tokens for i in _token_ids(client, t)]
+    labelled = [label_id(t) for t in tokens]
+    if tokens and all(i is not None for i in labelled):  # ids: the text decoded here, as the local backend does
+        stream = _text_stream(client)
+        shares = [stream.push(i) for i in labelled]
+        keep = tokens_through_stop(len(shares), lambda n: "".join(shares[:n]), stop)
+        ids = labelled[:keep]
+        if keep == len(shares):
+            shares[-1] += stream.finish()
+        eos = _is_eos(client, ids[-1:])
+        text, stopped = cut_at_stop("".join(shares[: keep - 1] if eos else shares[:keep]), stop)
+        values = values[:keep]
+    else:
+        keep = tokens_through_stop(len(tokens), lambda n: "".join(tokens[:n]), stop)
+        values = values[:keep]
+        text, stopped = cut_at_stop(choice.get("text") or "".join(tokens[:keep]), stop)
+        ids = client.tokenizer.encode(text) if client.tokenizer is not None else []
     finished = stopped or choice.get("finish_reason") == "stop"
     return Generation(text, ids, values, "stop" if finished else "length")
 
 
+TOKEN_ID_LABEL = "token_id:"  # how a server names a token by id (vLLM's `return_tokens_as_token_ids`, ours)
+
+
+def label_id(token) -> int | None:
+    """N of a "token_id:N" label, else None."""
+    if isinstance(token, str) and token.startswith(TOKEN_ID_LABEL) and token[len(TOKEN_ID_LABEL):].isdigit():
+        return int(token[len(TOKEN_ID_LABEL):])
+    return None
+
+
 def _token_ids(client, token: str) -> list[int]:
-    """The ids of a returned token text: its re-encoding (the token's own id for a token that decodes to
-    whole characters; a byte fragment of a character may re-encode differently)."""
+    """The ids of a returned token: its label's id, else its text's re-encoding (the token's own id for a token
+    that decodes to whole characters; a byte fragment of a character may re-encode differently)."""
+    labelled = label_id(token)
+    if labelled is not None:
+        return [labelled]
     return client.tokenizer.encode(token) if client.tokenizer is not None else []
+
+
+def _text_stream(client) -> IncrementalText | None:
+    """The answer's text as its ids grow, where tokens come as ids (decoded by the client's tokenizer)."""
+    return IncrementalText(client.tokenizer) if getattr(client, "token_ids", False) else None
+
+
+def _token_text(stream: IncrementalText | None, token: str, ids: list[int]) -> str:
+    """A chosen token's share of the answer's text: from its id where tokens come as ids, else its text."""
+    return "".join(stream.push(i) for i in ids) if stream is not None else token
+
+
+def _joined(state: dict, finished: bool = False, eos: bool = False) -> str:
+    """A question's answer text so far (`finished`: with any held-back bytes; `eos`: without EOS's text)."""
+    shares = list(state["tokens"])
+    if finished and state["text"] is not None and shares:
+        shares[-1] += state["text"].finish()
+    return "".join(shares[:-1] if eos else shares)
 
 
 def _is_eos(client, ids: list[int]) -> bool:

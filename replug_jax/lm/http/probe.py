@@ -385,3 +385,37 @@ def probe_echo_from(client) -> tuple[bool, str]:
     if any(v is None for v in values[start:]) or not np.allclose(values[start:], whole, atol=1e-4):
         return False, "not sent: the server answered it with other numbers than a whole echo"
     return True, "sent: the server computes each prompt's log-probs from its continuation on"
+
+
+def probe_token_ids(client) -> tuple[bool, str]:
+    """(whether generation asks for tokens by id, the finding): vLLM's `return_tokens_as_token_ids` (our server
+    honours it too), by which every generated token and top entry is named "token_id:N". A token's own text may be
+    part of a character beyond ASCII (byte-level BPE splits them), so a client that mixes and appends token texts
+    loses those bytes; by id, nothing is lost and the text is decoded here as the sequence grows. Asked where the
+    client sends token-id prompts and can decode ids, and kept where a two-token continuation comes back with every
+    token and top entry labelled and the labels decode to the server's own text."""
+    from replug_jax.lm.http.generation import TOKEN_ID_LABEL, label_id, pass_prompt
+
+    if not client.token_prompts:
+        return False, "texts: text prompts"
+    if not hasattr(client.tokenizer, "decode"):
+        return False, "texts: the client cannot decode ids (no local tokenizer, no /detokenize)"
+    prompt = pass_prompt(client, "", PROBE_TEXT, 2)
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "logprobs": 2, "echo": False,
+            "return_tokens_as_token_ids": True, **({"model": client.model} if client.model else {})}
+    try:
+        reply = client.transport.post(client.base_url + "/completions", body, optional=True, retries=0)
+        choice = reply["choices"][0]
+        tokens, tops = choice["logprobs"]["tokens"], choice["logprobs"]["top_logprobs"]
+        ids = [label_id(t) for t in tokens]
+        labelled = bool(tokens) and all(i is not None for i in ids) and all(
+            all(k.startswith(TOKEN_ID_LABEL) for k in top) for top in tops)
+        same_text = labelled and client.tokenizer.decode(ids) == choice["text"]
+    except (Refused, BlackBoxServerError, KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+        return False, f"texts: tokens by id are not usable here ({str(e)[:120]})"
+    if not labelled:
+        return False, "texts: the server ignores return_tokens_as_token_ids (a character split over tokens may be lost)"
+    if not same_text:
+        return False, "texts: the server's token ids decode here to another text than its own"
+    return True, "ids: the server names tokens by id (return_tokens_as_token_ids), decoded here as the answer grows"
+

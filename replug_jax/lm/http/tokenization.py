@@ -20,14 +20,31 @@ from replug_jax.models.tokenizer import piece_token_starts
 
 
 class ServerTokenizer:
-    """`encode(text) -> ids` by the server (no start token added), cached per text. Only what token-id prompts
-    need: no decode; `bos_id` is the start token the server's tokenizer adds when asked to (else None)."""
+    """`encode(text) -> ids` by the server (no start token added), cached per text; `decode(ids) -> text` by its
+    `/detokenize` (vLLM's, llama.cpp's and ours), cached per id tuple, for generated tokens named by id. `bos_id` is
+    the start token the server's tokenizer adds when asked to (else None)."""
 
     bos_id = eos_id = pad_id = None
 
     def __init__(self, client):
         self.client = client  # an HTTPLM: its transport and (once probed) model name
         self.encode = functools.lru_cache(maxsize=65536)(self._encode)
+        self._decode = functools.lru_cache(maxsize=65536)(self._detokenize)
+
+    def decode(self, ids) -> str:
+        return self._decode(tuple(int(i) for i in ids))
+
+    def _detokenize(self, ids: tuple[int, ...]) -> str:
+        if not ids:
+            return ""
+        c = self.client
+        reply = c.transport.post(c.transport.root_url + "/detokenize",
+                                 {"tokens": list(ids), **({"model": c.model} if c.model else {})}, optional=True)
+        text = reply.get("prompt", reply.get("content")) if isinstance(reply, dict) else None  # vLLM, llama.cpp
+        if not isinstance(text, str):
+            raise BlackBoxServerError(f"{c.transport.root_url}/detokenize: expected {{'prompt': str}}, got "
+                                      f"{str(reply)[:200]}")
+        return text
 
     @classmethod
     def connect(cls, client) -> "ServerTokenizer | None":
