@@ -192,7 +192,7 @@ def _same_generations(got, want):
         assert g.log_weights == w.log_weights and g.query_logliks == w.query_logliks
 
 
-def test_a_generation_killed_mid_call_resumes_at_the_question_it_reached(tiny_lm, tmp_path):
+def test_a_generation_killed_mid_call_resumes_at_the_question_it_reached(tiny_lm, tmp_path, capsys):
     settings = dict(max_new_tokens=4, stop=("\n",), shared_prefix="Demo: one\n\n")
     want = tiny_lm.generate(PASSES, WEIGHTS, **settings)
     dying = CachedLM(GeneratingLM(tiny_lm, dies_at=3), str(tmp_path / "lm.sqlite"))
@@ -201,8 +201,10 @@ def test_a_generation_killed_mid_call_resumes_at_the_question_it_reached(tiny_lm
         dying.generate(PASSES, WEIGHTS, progress=True, **settings)
     assert dying.lm.questions == 4
     again = CachedLM(GeneratingLM(tiny_lm), str(tmp_path / "lm.sqlite"))  # the re-run
+    capsys.readouterr()
     _same_generations(again.generate(PASSES, WEIGHTS, **settings), want)
     assert again.lm.questions == 1
+    assert f"LM cache: 4 of 5 answers read back from {again.path}, 1 to compute" in capsys.readouterr().out
     assert again.cache_stats() == {"cache_hits": 0, "cache_misses": 0, "cache_hit_rate": 0.0,
                                    "generations_from_cache": 4, "generations_decoded": 1}
     # any input that changes a decoding is a miss: another weight, budget, prefix or stop string

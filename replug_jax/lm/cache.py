@@ -33,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from replug_jax.base import console
 from replug_jax.base.progress import progress_keyword, tqdm
 from replug_jax.lm.blackbox import (
     Generation,
@@ -46,7 +47,8 @@ class CachedLM:
     """`score`, `score_with_query` and `generate` through an on-disk cache; every other attribute is the LM's."""
 
     store_every = 512  # misses scored (in one call of the LM) between commits: minutes of a small LM on a CPU
-    generations_every = 32  # questions generated (in one call of the LM) between commits: minutes, likewise
+    generations_every = 8  # questions generated (in one call of the LM) between commits: a killed run loses at most
+    # these (the local backend decodes 8 questions a batch; a server gets 8 questions' passes at once)
 
     def __init__(self, lm, path: str):
         self.path = os.path.abspath(path)
@@ -142,6 +144,10 @@ class CachedLM:
         missing = list(first.values())
         if self._lockstep():
             missing = self._agreed_misses(keys, missing)
+        if found and (progress or not arrays):  # a job's call: what a rerun read back, said
+            what = "scores" if arrays else "answers"
+            console.phase(f"LM cache: {len(keys) - len(missing)} of {len(keys)} {what} read back from {self.path}, "
+                          f"{len(missing)} to compute")
         every, unit = (self.store_every, "pair") if arrays else (self.generations_every, "question")
         chunks = [missing[start : start + every] for start in range(0, len(missing), every)]
         over_chunks = progress and len(chunks) > 1  # one bar over the chunks, else the LM's own for its one call

@@ -167,7 +167,12 @@ async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
     decode = _Decoder(engine.lm.tokenizer, as_ids)
     # every prompt's generation submitted at once: the engine decodes them together
     pending = [engine.generate(ids, max_tokens, logprobs or 0, stop) for ids in all_ids] if max_tokens else []
-    generations = [await asyncio.wrap_future(f) for f in pending] if max_tokens else [[] for _ in all_ids]
+    try:
+        generations = [await asyncio.wrap_future(f) for f in pending] if max_tokens else [[] for _ in all_ids]
+    except asyncio.CancelledError:  # the client has gone: none of its prompts is worth decoding (those the engine
+        for future in pending:  # has not taken yet are dropped; a batch already decoding finishes)
+            future.cancel()
+        raise
     choices, used = [], 0
     for i, (ids, starts, ends, text) in enumerate(tokenised):
         gen = generated_text(engine.lm.tokenizer, generations[i], stop, max_tokens, top=logprobs or 0)
