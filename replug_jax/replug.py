@@ -31,6 +31,7 @@ from replug_jax.method.passages import DOC_TEMPLATE, document_passes, passage_te
 from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, document_from_record
 
 WEIGHTS = ("replug", "replug_posterior")  # the jobs' method names: the paper's λ, the LM's posterior
+QA = settings.QA_DEFAULTS  # the object's defaults are the QA job's (qa.py): one declaration
 RENAMED = {"retrieval": "replug", "posterior": "replug_posterior"}  # the names before 2026-11-28
 
 
@@ -55,10 +56,12 @@ class REPLUG:
     (`weights="replug_posterior"`, α = `posterior_alpha`, method/posterior.py), which may score the input after the
     top `rerank_depth` passages and keep the k best."""
 
-    def __init__(self, lm, retriever, datastore: Datastore, *, k: int = 4, temperature: float = 1.0,
-                 doc_template: str = DOC_TEMPLATE, weights: str = "replug", posterior_alpha: float = 1.0,
-                 rerank_depth: int = 0):
+    def __init__(self, lm, retriever, datastore: Datastore, *, k: int = QA["k"], temperature: float = QA["temperature"],
+                 doc_template: str = DOC_TEMPLATE, weights: str = settings.QA_WEIGHTS,
+                 posterior_alpha: float | None = None, rerank_depth: int | None = None):
         check_mixture(k, temperature, len(datastore), weights, posterior_alpha, rerank_depth)
+        posterior_alpha = QA["posterior_alpha"] if posterior_alpha is None else posterior_alpha
+        rerank_depth = QA["rerank_depth"] if rerank_depth is None else rerank_depth
         if not callable(getattr(retriever, "retrieve", None)):
             raise TypeError(f"REPLUG(lm, retriever, datastore): the retriever is a {type(retriever).__name__}, with no "
                             "retrieve(queries, k) (REPLUG.from_documents builds one from an encoder)")
@@ -72,8 +75,9 @@ class REPLUG:
         self._warned_zero_shot = False
 
     @classmethod
-    def from_documents(cls, documents, *, lm="smollm2", encoder="minilm", k: int = 4, temperature: float = 1.0,
-                       doc_tokens: int = 128, tokenizer=None, **mixing) -> "REPLUG":
+    def from_documents(cls, documents, *, lm="smollm2", encoder="minilm", k: int = QA["k"],
+                       temperature: float = QA["temperature"], doc_tokens: int = QA["doc_tokens"], tokenizer=None,
+                       **mixing) -> "REPLUG":
         """Chunk `documents` (see `as_documents`: texts, {"text", "title"?, "id"?} dicts, `Document`s, or a path as
         the jobs read it) into `doc_tokens`-token passages with the LM's tokenizer, embed them with `encoder` (a
         name or a DenseEncoder) into an exact cosine index. `lm`: a name, a server URL, or a loaded LM. With a URL,
@@ -247,24 +251,24 @@ def demo_pair(demo):
     return demo
 
 
-def check_mixture(k: int, temperature: float, passages: int | None = None, weights: str = "replug",
-                  posterior_alpha: float = 1.0, rerank_depth: int = 0) -> None:
+def check_mixture(k: int, temperature: float, passages: int | None = None, weights: str = settings.QA_WEIGHTS,
+                  posterior_alpha: float | None = None, rerank_depth: int | None = None) -> None:
     """Refuse k outside [1, `passages`] (the datastore's size, when known), a temperature τ of λ = softmax(s / τ)
     that is not positive, unknown weights, a negative α, a re-ranking depth below k, and posterior settings given
-    with the retrieval weights (which would ignore them)."""
+    with the retrieval weights (which would ignore them). None: not given (the posterior's defaults, QA_DEFAULTS)."""
     if weights in RENAMED:
         raise ValueError(f"weights={weights!r} is now weights={RENAMED[weights]!r}, the method's name in the jobs")
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: use one of {', '.join(WEIGHTS)}")
-    for key, value in (("k", k), ("temperature", temperature), ("posterior_alpha", posterior_alpha),
-                       ("rerank_depth", rerank_depth)):
+    given = {key: value for key, value in (("posterior_alpha", posterior_alpha), ("rerank_depth", rerank_depth))
+             if value is not None}
+    for key, value in (("k", k), ("temperature", temperature), *given.items()):
         settings.check_value(key, value, prefix="")  # the jobs' ranges (base/settings.py)
-    unread = [f"{key}={value!r}" for key, value, default in (("posterior_alpha", posterior_alpha, 1.0),
-                                                             ("rerank_depth", rerank_depth, 0)) if value != default]
-    if weights == "replug" and unread:
+    if weights == "replug" and given:
+        unread = [f"{key}={value!r}" for key, value in given.items()]
         raise ValueError(f"{' and '.join(unread)} would be ignored: only weights=\"replug_posterior\" reads "
                          f"{'them' if len(unread) > 1 else 'it'} (weights=\"replug\" is the paper's λ)")
-    if rerank_depth and rerank_depth < k:
+    if rerank_depth and rerank_depth < k:  # given (the default re-ranks max(16, k))
         raise ValueError(f"rerank_depth={rerank_depth} must be 0 (k) or at least k={k}")
     if passages is not None and k > passages:
         raise ValueError(f"k={k} must be between 1 and the datastore's {passages} passages")

@@ -373,8 +373,8 @@ def test_replug_object_gives_the_jobs_numbers(paths, tmp_path):
     for name in ("local", "http", "http_server"):
         store, retriever = datastore(lms[name], encoder, tmp_path)
         for weighting, setting in WEIGHTINGS.items():
-            mixing = {} if setting is None else {"weights": "replug_posterior", "posterior_alpha": setting[0],
-                                                 "rerank_depth": setting[1]}
+            mixing = {"weights": "replug"} if setting is None else {
+                "weights": "replug_posterior", "posterior_alpha": setting[0], "rerank_depth": setting[1]}
             obj = rj.REPLUG(lms[name], retriever, store, k=K, temperature=TAU, **mixing)
             out[name, weighting] = obj.score("The river Avon flows to the", " sea past the old mill.",
                                              query="river Avon")
@@ -395,7 +395,7 @@ def test_replug_object_gives_the_jobs_numbers(paths, tmp_path):
     for name in ("local", "http", "http_server"):  # the passages it shows as kept, and their λ, on every path
         store, retriever = datastore(lms[name], encoder, tmp_path)
         obj = rj.REPLUG(lms[name], retriever, store, k=K, temperature=TAU, weights="replug_posterior",
-                        posterior_alpha=1.0)
+                        posterior_alpha=1.0, rerank_depth=0)  # posterior_a1: the top k alone
         answer, kept = obj.answer(question, demos=DEMOS, max_new_tokens=3, with_passages=True)
         if name == "local":  # the decoded text: over HTTP the mixture runs over each pass's top-20 tokens
             assert answer == preds[1]["prediction"] == obj.answer(question, demos=DEMOS, max_new_tokens=3)

@@ -18,7 +18,7 @@ DOCS = ["Velmora is a small town in the hills. Its mayor is Tobias Grint, electe
 
 @pytest.fixture(scope="module")
 def rag(smollm2, minilm):
-    return rj.REPLUG.from_documents(DOCS, lm=smollm2, encoder=minilm, k=2, temperature=0.5)
+    return rj.REPLUG.from_documents(DOCS, lm=smollm2, encoder=minilm, k=2, temperature=0.5, weights="replug")
 
 
 def test_score_is_the_per_token_mixture_of_the_passes(rag, smollm2):
@@ -164,7 +164,7 @@ def test_the_project_files_read_into_what_the_object_takes(rag, smollm2, minilm,
     assert [(d.id, d.question, d.answers) for d in demos] == [("river", rows[0]["question"], ("the Oster", "Oster")),
                                                               ("2", rows[1]["question"], ("Tobias Grint",))]
     assert dict(demos[0].fields) == {"gold_doc": "d1"}
-    again = rj.REPLUG.from_documents(read, lm=smollm2, encoder=minilm, k=2, temperature=0.5)
+    again = rj.REPLUG.from_documents(read, lm=smollm2, encoder=minilm, k=2, temperature=0.5, weights="replug")
     assert again.datastore.texts == rag.datastore.texts
     question, pairs = "Where was Marisol Fenn born?", [(r.question, r.answers[0]) for r in demos]
     with warnings.catch_warnings():
@@ -185,7 +185,7 @@ def test_an_empty_answer_is_warned_about(smollm2, minilm):
     import replug_jax as rj
 
     docs = ["Velmora is a harbour town whose lighthouse keeper is Ada Quill.", "A violin has four strings."]
-    r = rj.REPLUG.from_documents(docs, lm=smollm2, encoder=minilm, k=2)
+    r = rj.REPLUG.from_documents(docs, lm=smollm2, encoder=minilm, k=2, weights="replug")
     with pytest.warns(UserWarning, match="empty answer.*demos="):
         assert r.answer("Who is the lighthouse keeper of Velmora?") == ""
 
@@ -212,7 +212,9 @@ def test_bad_settings_and_a_bare_string_are_refused_before_any_model_loads():
                                          r"weights=\"replug_posterior\" reads them"):
         rj.REPLUG(None, None, store, k=1, weights="replug", posterior_alpha=3, rerank_depth=16)
     with pytest.raises(ValueError, match="rerank_depth=2 would be ignored"):
-        rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", k=1, rerank_depth=2)
+        rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", k=1, weights="replug", rerank_depth=2)
+    with pytest.raises(ValueError, match="rerank_depth=2 must be 0"):  # the default weights: the posterior's
+        rj.REPLUG.from_documents(DOCS, lm="/no/such/lm", k=4, rerank_depth=2)
     with pytest.raises(ValueError, match=r"documents='Velmora is a small town.*' is not a file or folder: pass a list "
                                          "of texts"):
         rj.REPLUG.from_documents(DOCS[0], lm="/no/such/lm")

@@ -78,6 +78,11 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
             ids = row[method]["passage_ids"]
             assert len(ids) == 4 and {i.split("#")[0] for i in ids} <= corpus_ids
     assert qa["shots"] == 2 and lm["k"] == 4
+    # one default (issue 69, item 5): the REPLUG object given the corpus alone answers each question as the QA job's
+    # replug_posterior did, with the job's demos (it gave other answers at τ 1 with the paper's weights)
+    rag = replug_jax.REPLUG.from_documents(os.path.join(ROOT, "examples/own_data/corpus.jsonl"))
+    demos = replug_jax.read_questions(os.path.join(ROOT, "examples/own_data/demos.jsonl"))[: qa["shots"]]
+    assert [rag.answer(r["question"], demos=demos) for r in rows] == [r["replug_posterior"]["prediction"] for r in rows]
     assert any("bytes of held-out text are scored" in w for w in lm["warnings"])
     assert any("bytes of held-out text are scored" in w for w in outputs[1])
     # each held-out window's evidence: its passages and λ per method, summing to the table's perplexities
@@ -97,18 +102,15 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
 
 def test_the_readmes_python_prints_the_weights_it_shows():
     """The README's Python blocks run as written; the answer and every weight line they show in comments are what
-    they print (the posterior block's lines in the same format, with log p(x | d))."""
-    first, second = code_blocks(section("In Python: answers, and the weights behind them"), "python")
+    they print: the default (the QA job's posterior, with log p(x | d)) and the paper's weights."""
+    blocks = code_blocks(section("In Python: answers, and the weights behind them"), "python")
+    assert len(blocks) == 2
     namespace: dict = {}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(first, "README.md", "exec"), namespace)
-    shown = [line[2:] for line in first.splitlines() if line.startswith("# ")]
-    printed = out.getvalue().splitlines()
-    said = re.search(r"print\(answer\)\s+# (.+)", first).group(1)
-    assert printed == [said] + shown, (printed, shown)
-    exec(compile(second, "README.md", "exec"), namespace)
-    lines = [f"λ={p.weight:.2f}  s={p.score:.3f}  log p(x|d)={p.log_p_input:.1f}  {p.id:5s} {p.title}"
-             for p in namespace["kept"]]
-    assert lines == [line[2:] for line in second.splitlines() if line.startswith("# ")]
-    assert namespace["answer"] == said
+    said = re.search(r"print\(answer\)\s+# (.+)", blocks[0]).group(1)
+    for i, block in enumerate(blocks):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(block, "README.md", "exec"), namespace)
+        shown = [line[2:] for line in block.splitlines() if line.startswith("# ")]
+        assert out.getvalue().splitlines() == ([said] if i == 0 else []) + shown, (out.getvalue(), shown)
+        assert namespace["answer"] == said

@@ -113,3 +113,30 @@ def test_the_replug_object_and_lsr_settings_refuse_through_the_schema():
     with pytest.raises(InputError, match=r"^LSRSettings: clip_norm=0.0: must be a number, above 0 \(or None"):
         LSRSettings(clip_norm=0.0)
     assert LSRSettings(clip_norm=None, k=np.int64(4)).k == 4  # None: no clipping; numpy's integers are whole numbers
+
+
+def test_the_replug_object_and_the_qa_job_take_one_default():
+    """Issue 69, item 5: the REPLUG object given nothing and experiments/configs/qa.py mix alike: the object's
+    weights, k, τ, α, re-ranking depth and passage length are the QA config's (QA_DEFAULTS, declared once), and
+    posterior settings given with the paper's weights are refused rather than ignored."""
+    import inspect
+
+    import replug_jax as rj
+    from replug_jax.retrieval.datastore import Datastore
+
+    qa = sibling_config(os.path.join(ROOT, "experiments", "configs", "qa.py"), "qa.py")
+    store = Datastore(ids=[f"p{i}" for i in range(20)], titles=[""] * 20, texts=["text"] * 20, sources=["d"] * 20)
+    retriever = type("Retriever", (), {"retrieve": lambda self, queries, k: None})()
+    lm = type("LM", (), {"score": lambda self, contexts, continuations: None})()
+    rag = rj.REPLUG(lm, retriever, store)
+    assert rag.weights in qa.methods and rag.weights == settings.QA_WEIGHTS == "replug_posterior"
+    assert (rag.k, rag.temperature, rag.posterior_alpha, rag.depth) == (qa.k, qa.temperature, qa.posterior_alpha,
+                                                                        max(qa.k, qa.rerank_depth))
+    given = inspect.signature(rj.REPLUG.from_documents).parameters
+    assert (given["k"].default, given["temperature"].default, given["doc_tokens"].default) == (
+        qa.k, qa.temperature, qa.doc_tokens)
+    assert rj.REPLUG(lm, retriever, store, k=18).depth == 18  # the default depth never below k
+    paper = rj.REPLUG(lm, retriever, store, weights="replug", temperature=1.0)
+    assert (paper.weights, paper.depth) == ("replug", qa.k)
+    with pytest.raises(ValueError, match="posterior_alpha=0.5 would be ignored"):
+        rj.REPLUG(lm, retriever, store, weights="replug", posterior_alpha=0.5)

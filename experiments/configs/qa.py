@@ -12,6 +12,8 @@ prints them); the comments here say why a value was chosen.
 """
 import ml_collections
 
+from replug_jax.base.settings import QA_DEFAULTS
+
 
 def get_config():
     c = ml_collections.ConfigDict()
@@ -29,7 +31,7 @@ def get_config():
     c.lm_timeout = 600.0
     c.lm_retries = 5
     c.lm_concurrency = 8
-    c.k = 10  # the paper: top-10
+    c.k = QA_DEFAULTS["k"]  # the REPLUG object's too; the paper's top-10: nq.py, tqa.py
     c.shots = 16  # the paper: 16-shot (fewer for small LMs)
     c.max_new_tokens = 16
     c.max_questions = 0
@@ -45,11 +47,11 @@ def get_config():
     # within about 0.1 of each other, so the paper's τ = 1 mixes them nearly evenly: τ 0.03 was REPLUG's best there
     # (dev answer NLL 9.483 against 10.087 at τ 1 with SmolLM2; 5.237 against 6.335 with the 0.5B reader), and the
     # posterior at α 0.5 over the top 16 near-best for both (SmolLM2 9.388; at τ 0.1 the 0.5B reader 4.903)
-    c.temperature = 0.03
-    c.posterior_alpha = 0.5
-    c.rerank_depth = 16
+    c.temperature = QA_DEFAULTS["temperature"]  # 0.03, α 0.5 and depth 16 (base/settings.py QA_DEFAULTS: the
+    c.posterior_alpha = QA_DEFAULTS["posterior_alpha"]  # REPLUG object's defaults too)
+    c.rerank_depth = QA_DEFAULTS["rerank_depth"]
     c.posterior_evidence = "question"  # the dev sweep's; the answer NLL never changes it
-    c.doc_tokens = 128
+    c.doc_tokens = QA_DEFAULTS["doc_tokens"]
     c.drop_empty_documents = False  # a document without text is refused: a user's row never vanishes unsaid
     c.metric = "cosine"  # "ip": the official code's unnormalised inner product
     c.index_factory = "Flat"

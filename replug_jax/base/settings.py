@@ -309,3 +309,12 @@ def describe(key: str) -> str:
     """`key`'s meaning and range on one line, as `--help --config FILE` prints them."""
     setting = SETTINGS[key]
     return f"{setting.meaning} [{setting.range.says()}]"
+
+
+# REPLUG's recommended QA setting (README "Recommended"; experiments/configs/qa.py says how it was chosen), declared
+# once: the REPLUG object's defaults (replug.py) and experiments/configs/qa.py's values, so that the object and the QA
+# job, given nothing, mix alike (tests/test_settings.py). The LM evaluation and multiple-choice configs keep the paper's
+# weights at τ 1.
+QA_WEIGHTS = "replug_posterior"  # the object's `weights`; the QA job runs it among its methods
+QA_DEFAULTS = {"k": 4, "temperature": 0.03, "posterior_alpha": 0.5, "rerank_depth": 16, "doc_tokens": 128}
+
