@@ -96,6 +96,8 @@ def reference_chunks(documents, tokenizer, chunk_tokens, min_tokens=16) -> list[
     """The chunking before batch encoding (issue 52), document by document from `encode_with_offsets`: (id, text)."""
     out = []
     for doc in documents:
+        if not doc.text.strip():  # a document without text (only whitespace) holds no passage (issue 69)
+            continue
         _, offsets = tokenizer.encode_with_offsets(doc.text)
         starts = [a for a, _ in offsets]
         for i in range(1, len(starts)):
