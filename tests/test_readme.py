@@ -82,7 +82,8 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
     # replug_posterior did, with the job's demos (it gave other answers at τ 1 with the paper's weights)
     rag = replug_jax.REPLUG.from_documents(os.path.join(ROOT, "examples/own_data/corpus.jsonl"))
     demos = replug_jax.read_questions(os.path.join(ROOT, "examples/own_data/demos.jsonl"))[: qa["shots"]]
-    assert [rag.answer(r["question"], demos=demos) for r in rows] == [r["replug_posterior"]["prediction"] for r in rows]
+    asked = rows[:3]  # three questions: each posterior answer re-ranks 12 passages (seconds each on 2 cores)
+    assert [rag.answer(r["question"], demos=demos) for r in asked] == [r["replug_posterior"]["prediction"] for r in asked]
     assert any("bytes of held-out text are scored" in w for w in lm["warnings"])
     assert any("bytes of held-out text are scored" in w for w in outputs[1])
     # each held-out window's evidence: its passages and λ per method, summing to the table's perplexities
