@@ -15,11 +15,12 @@ import JAX.
 import importlib
 
 from replug_jax.base import progress  # noqa: F401 (first: a notebook without ipywidgets gets text bars, unwarned)
+from replug_jax.base.version import VERSION as __version__  # noqa: F401
 
 _EXPORTS = {
-    "load_encoder": "replug_jax.api",
-    "load_lm": "replug_jax.api",
-    "load_tokenizer": "replug_jax.api",
+    "load_encoder": "replug_jax.loading",
+    "load_lm": "replug_jax.loading",
+    "load_tokenizer": "replug_jax.loading",
     "read_documents": "replug_jax.api",
     "read_questions": "replug_jax.api",
     "REPLUG": "replug_jax.replug",
@@ -35,7 +36,6 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

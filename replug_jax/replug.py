@@ -85,7 +85,7 @@ class REPLUG:
         token-id prompts and cuts the passages; None: the server's own /tokenize does both (passages cut by
         `models.tokenizer.piece_token_starts`), as the jobs' `lm_tokenizer` key. `mixing`: the constructor's
         weights, posterior_alpha, rerank_depth."""
-        import replug_jax as rj
+        from replug_jax.loading import load_encoder, load_lm
         from replug_jax.retrieval.index import DenseIndex
         from replug_jax.retrieval.retriever import DenseRetriever, index_meta
 
@@ -96,11 +96,11 @@ class REPLUG:
         if tokenizer is not None and not remote:
             raise TypeError("tokenizer= is for an LM given as a server URL (a local or loaded LM has its own)")
         if isinstance(lm, str):
-            lm = rj.load_lm(lm, **({"tokenizer": tokenizer} if tokenizer is not None else {}))
+            lm = load_lm(lm, **({"tokenizer": tokenizer} if tokenizer is not None else {}))
         if getattr(lm, "tokenizer", None) is None:
             raise ValueError(f"{lm!r} has no tokenizer to cut passages with (a server without /tokenize): pass "
                              "tokenizer=, the server's model's tokenizer")
-        encoder = rj.load_encoder(encoder) if isinstance(encoder, str) else encoder
+        encoder = load_encoder(encoder) if isinstance(encoder, str) else encoder
         store = chunk_documents(docs, lm.tokenizer, chunk_tokens=doc_tokens)
         index = DenseIndex.build(encoder.embed(store.texts), metric="cosine", meta=index_meta(encoder, store))
         return cls(lm, DenseRetriever(encoder, index, store), store, k=k, temperature=temperature, **mixing)

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import uvicorn
 
-    import replug_jax as rj
+    from replug_jax.loading import load_lm
 
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         check_exposure(args.host, api_key)
     except ValueError as e:
         parser.error(f"--{e}")
-    lm = rj.load_lm(args.lm, batch_size=args.batch_size, max_length=args.max_length or None, dtype=args.dtype)
+    lm = load_lm(args.lm, batch_size=args.batch_size, max_length=args.max_length or None, dtype=args.dtype)
     app = make_app(lm, model_name=args.model_name or args.lm, max_batch_rows=args.max_batch_rows,
                    batch_wait=args.batch_wait_ms / 1000, add_start_token=args.add_start_token, api_key=api_key,
                    max_top_logprobs=args.max_top_logprobs, start_token_on_text=args.start_token_on_text,

@@ -24,7 +24,8 @@ def modules() -> dict[str, str]:
 
 ROOT = os.path.dirname(PACKAGE)
 LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), "lint-imports")
-ROOT_MODULES = {"__init__", "main", "serve", "launch", "api", "replug"}  # the entry points and the public API
+ROOT_MODULES = {"__init__", "main", "serve", "launch", "api", "replug", "loading"}  # the entry points, the public API
+# and its loaders (loading.py: a layer of its own, below the jobs)
 ALARM_LINES = 600  # not a cap to cut by: a module this long probably holds two concepts
 
 
@@ -54,6 +55,26 @@ def test_the_contract_refuses_an_upward_import_even_inside_a_function(tmp_path):
     assert run.returncode != 0
     assert "replug_jax.method.mixture -> replug_jax.jobs.prepare" in run.stdout, run.stdout
     assert "replug_jax.jobs.lm_eval -> replug_jax.jobs.downstream" in run.stdout, run.stdout
+
+
+def root_importers(package_dir: str) -> set[str]:
+    """The package's modules that import the package root itself (`import replug_jax`), in grimp's graph (what
+    import-linter reads): through the root's lazy `rj.*` names such a module reaches any layer unseen."""
+    code = ("import grimp, sys; g = grimp.build_graph('replug_jax', cache_dir=None); "
+            "print('\\n'.join(sorted(g.find_modules_that_directly_import('replug_jax'))))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=package_dir, capture_output=True, text=True, check=True)
+    return set(run.stdout.split())
+
+
+def test_no_module_of_the_package_imports_the_package_root(tmp_path):
+    """Issue 70's contract made true: every module imports what it uses by name (the loaders from
+    replug_jax.loading, the version from replug_jax.base.version), so import-linter sees every arrow. The check
+    catches what it guards: a copy of the package with one `import replug_jax as rj` added fails it."""
+    assert root_importers(ROOT) == set()
+    shutil.copytree(PACKAGE, tmp_path / "replug_jax", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "replug_jax" / "jobs" / "prepare.py", "a", encoding="utf-8") as f:
+        f.write("\n\nimport replug_jax as rj  # noqa: E402, F401\n")
+    assert root_importers(str(tmp_path)) == {"replug_jax.jobs.prepare"}
 
 
 def test_the_http_client_does_not_import_jax():

