@@ -84,6 +84,12 @@ NUMBER_FREE_KEYS = frozenset({"cache_dir", "lm_cache", "log_every", "checkpoint_
                               *settings.HTTP_CLIENT})
 
 
+def differing_keys(ran: dict, wanted: dict) -> list[str]:
+    """The config keys (NUMBER_FREE_KEYS aside) whose recorded values differ between two config records, sorted."""
+    return [key for key in sorted((set(ran) | set(wanted)) - NUMBER_FREE_KEYS)
+            if json.dumps(ran.get(key), sort_keys=True) != json.dumps(wanted.get(key), sort_keys=True)]
+
+
 def finished_run(workdir: str, config) -> dict | None:
     """The results.json of a finished run in `workdir` when it ran `config` (every key recorded equal, the keys of
     NUMBER_FREE_KEYS aside); None when `workdir` holds no finished run (none, or one marked incomplete); SystemExit naming every key that differs
@@ -97,8 +103,7 @@ def finished_run(workdir: str, config) -> dict | None:
         return None
     ran, wanted = results.get("config") or {}, config_record(config)
     differ = [f"{key} {ran.get(key, 'unrecorded')!r} (wanted {wanted.get(key, 'absent')!r})"
-              for key in sorted((set(ran) | set(wanted)) - NUMBER_FREE_KEYS)
-              if json.dumps(ran.get(key), sort_keys=True) != json.dumps(wanted.get(key), sort_keys=True)]
+              for key in differing_keys(ran, wanted)]
     if differ:
         raise SystemExit(f"{workdir} holds a finished run of another config: {'; '.join(differ)}. Give another "
                          "workdir, or delete that run to measure it again")
@@ -191,9 +196,7 @@ def keep_earlier_run(workdir: str, config) -> str | None:
     except (OSError, ValueError):
         return None
     ran, wanted = earlier.get("config") or {}, config_record(config)
-    differ = [f"{key} {ran.get(key, 'unset')!r} -> {wanted.get(key, 'unset')!r}"
-              for key in sorted((set(ran) | set(wanted)) - NUMBER_FREE_KEYS)
-              if json.dumps(ran.get(key), sort_keys=True) != json.dumps(wanted.get(key), sort_keys=True)]
+    differ = [f"{key} {ran.get(key, 'unset')!r} -> {wanted.get(key, 'unset')!r}" for key in differing_keys(ran, wanted)]
     before, now = earlier.get("inputs") or {}, input_fingerprints(wanted)
     differ += [f"the content of --config.{key}" for key in sorted(now) if key in before and before[key] != now[key]]
     if not differ:

@@ -90,17 +90,20 @@ def pass_prompt(client, prefix: str, context: str, max_new: int):
     return prefix_ids + context_ids
 
 
-def _body(client, prompt, max_tokens: int, top: int, stop=()) -> dict:
+def completion_body(client, prompt, max_tokens: int, top: int, stop=(), token_ids: bool | None = None) -> dict:
+    """A generation request's body; `token_ids` (None: the client's probed setting) asks for tokens by id."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": top, "echo": False}
     if stop:  # the server stops there too (OpenAI's `stop`, at most 4); the text is cut here either way
         body["stop"] = list(stop)[:4]
-    if getattr(client, "token_ids", False):  # tokens named by id (vLLM's field): a character's bytes never lost
+    token_ids = getattr(client, "token_ids", False) if token_ids is None else token_ids
+    if token_ids:  # tokens named by id (vLLM's field): a character's bytes never lost
         body["return_tokens_as_token_ids"] = True
     return {**body, "model": client.model} if client.model else body
 
 
 def _choice_logprobs(client, prompt, max_tokens: int, top: int, stop=()) -> tuple[dict, dict]:
-    reply = client.transport.post(client.base_url + "/completions", _body(client, prompt, max_tokens, top, stop))
+    body = completion_body(client, prompt, max_tokens, top, stop)
+    reply = client.transport.post(client.base_url + "/completions", body)
     try:
         choice = reply["choices"][0]
         lp = choice["logprobs"]

@@ -394,15 +394,14 @@ def probe_token_ids(client) -> tuple[bool, str]:
     loses those bytes; by id, nothing is lost and the text is decoded here as the sequence grows. Asked where the
     client sends token-id prompts and can decode ids, and kept where a two-token continuation comes back with every
     token and top entry labelled and the labels decode to the server's own text."""
-    from replug_jax.lm.http.generation import TOKEN_ID_LABEL, label_id, pass_prompt
+    from replug_jax.lm.http.generation import TOKEN_ID_LABEL, completion_body, label_id, pass_prompt
 
     if not client.token_prompts:
         return False, "texts: text prompts"
     if not hasattr(client.tokenizer, "decode"):
         return False, "texts: the client cannot decode ids (no local tokenizer, no /detokenize)"
     prompt = pass_prompt(client, "", PROBE_TEXT, 2)
-    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "logprobs": 2, "echo": False,
-            "return_tokens_as_token_ids": True, **({"model": client.model} if client.model else {})}
+    body = completion_body(client, prompt, 2, 2, token_ids=True)
     try:
         reply = client.transport.post(client.base_url + "/completions", body, optional=True, retries=0)
         choice = reply["choices"][0]
