@@ -228,14 +228,25 @@ def ranked(matrix: np.ndarray, queries: np.ndarray, cand_q: np.ndarray, cand_r: 
     exact = np.empty(len(cand_q), np.float64)
     for start in range(0, len(cand_q), RESCORE_PAIRS):
         part = slice(start, start + RESCORE_PAIRS)
-        exact[part] = np.einsum("md,md->m", matrix[cand_r[part]].astype(np.float64),
-                                queries[cand_q[part]].astype(np.float64))
-    q = len(queries)
+        exact[part] = float64_scores(matrix[cand_r[part]], queries[cand_q[part]])
+    return best_by_exact_score(cand_q, cand_r, exact, len(queries), k)
+
+
+def float64_scores(vectors: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """[m] float64 inner products of vectors [m, D] with queries [m, D] (any float dtypes, bfloat16 too), pair by
+    pair: one pair's sum never depends on the others."""
+    return np.einsum("md,md->m", vectors.astype(np.float64), queries.astype(np.float64))
+
+
+def best_by_exact_score(cand_q: np.ndarray, cand_r: np.ndarray, exact: np.ndarray, num_queries: int,
+                        k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, its best k candidates (queries [m], rows [m], float64 scores [m]) ranked by score, ties to the lower
+    row: (scores [Q, k] float32, rows [Q, k] int64; -inf / -1 where a query has fewer)."""
     order = np.lexsort((cand_r, -exact, cand_q))  # per query: score descending, then the lower row
-    sizes = np.bincount(cand_q, minlength=q)
+    sizes = np.bincount(cand_q, minlength=num_queries)
     place = np.arange(len(order)) - (np.cumsum(sizes) - sizes)[cand_q[order]]  # rank within its query
     first = order[place < k]
-    scores, rows = np.full((q, k), -np.inf, np.float32), np.full((q, k), -1, np.int64)
+    scores, rows = np.full((num_queries, k), -np.inf, np.float32), np.full((num_queries, k), -1, np.int64)
     scores[cand_q[first], place[place < k]] = exact[first]
     rows[cand_q[first], place[place < k]] = cand_r[first]
     return scores, rows
