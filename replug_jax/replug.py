@@ -39,7 +39,8 @@ RENAMED = {"retrieval": "replug", "posterior": "replug_posterior"}  # the names 
 class KeptPassage:
     """One passage REPLUG mixes for an input: its datastore `id`, `title` and `text`, the retriever's `score`
     s(d, x), `log_p_input` = log p(x | d) where the posterior weighs (None with the retrieval weights), and `weight`
-    λ, its share of the mixture (the kept passages' weights sum to 1). Best weight first."""
+    λ, its share of the mixture (the kept passages' weights sum to 1), and `fields`, its document's own fields (the
+    keys of its row besides "id", "title" and "text"). Best weight first."""
 
     id: str
     title: str
@@ -47,6 +48,7 @@ class KeptPassage:
     score: float
     log_p_input: float | None
     weight: float
+    fields: dict = dataclasses.field(default_factory=dict)
 
 
 class REPLUG:
@@ -142,8 +144,10 @@ class REPLUG:
     def _kept(self, rows, scores, log_weights, log_p_input) -> list[KeptPassage]:
         """`KeptPassage`s of datastore `rows` [k'] with their scores, log λ and log p(x | d) (None: retrieval
         weights), best weight first."""
-        kept = [KeptPassage(self.datastore.ids[r], self.datastore.titles[r], self.datastore.texts[r], float(s),
-                            None if log_p_input is None else float(log_p_input[i]), float(np.exp(w)))
+        store = self.datastore
+        kept = [KeptPassage(store.ids[r], store.titles[r], store.texts[r], float(s),
+                            None if log_p_input is None else float(log_p_input[i]), float(np.exp(w)),
+                            store.fields.get(store.sources[r], {}))
                 for i, (r, s, w) in enumerate(zip(rows, scores, log_weights))]
         return sorted(kept, key=lambda p: -p.weight)
 

@@ -486,14 +486,26 @@ def test_predictions_carry_each_question_and_the_evidence_of_every_number(files,
     questions = _jsonl(tmp_path / "own.jsonl", [QUESTIONS[0],  # the demo
                                                 dict(QUESTIONS[1], id="q-7", gold_doc="flags#0", tags=["colour"]),
                                                 QUESTIONS[2]])
-    run_job(qa_config(files, questions=questions, methods=("replug_posterior",), rerank_depth=3), tmp_path / "run",
-            smollm2)
+    own = {"quenland": {"source": "atlas, p. 12", "year": 1998}, "darrow": {"url": "https://example.org/darrow"}}
+    corpus = _jsonl(tmp_path / "own_corpus.jsonl",  # a user's own fields, one named as the datastore's "source" column
+                    [{"id": i, "title": t, "text": x, **own.get(i, {})} for i, t, x in CORPUS])
+    run_job(qa_config(files, questions=questions, corpus=corpus, methods=("replug_posterior", "concat"), rerank_depth=3),
+            tmp_path / "run", smollm2)
     first, second = [json.loads(line) for line in open(tmp_path / "run" / "predictions.jsonl")]
     assert first["id"] == "q-7" and first["fields"] == {"gold_doc": "flags#0", "tags": ["colour"]}
     assert second["id"] == "3" and "fields" not in second  # no id given: its line number
     post = first["replug_posterior"]
     assert len(post["passage_ids"]) == len(post["passage_scores"]) == len(post["log_weights"]) == 2
     assert np.exp(post["log_weights"]).sum() == pytest.approx(1, abs=1e-5)
+    # issue 69, item 2: each passage's document's own fields beside its id; the datastore keeps them under "fields"
+    for row in (first, second):
+        for method in ("replug_posterior", "concat"):
+            ids, fields = row[method]["passage_ids"], row[method]["passage_fields"]
+            assert fields == [own.get(i.split("#")[0], {}) for i in ids]
+    assert own["quenland"] in first["replug_posterior"]["passage_fields"]  # the flag question finds its document
+    store = {row["id"]: row for row in _read_store(tmp_path / "run")}
+    assert store["quenland#0"]["source"] == "quenland" and store["quenland#0"]["fields"] == own["quenland"]
+    assert "fields" not in store["velmora#0"]
 
 
 def test_empty_answers_and_unused_settings_are_said(files, smollm2, tmp_path, capsys):

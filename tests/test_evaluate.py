@@ -274,7 +274,8 @@ def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeyp
     for name, part in (("corpus", docs("c", 8)), ("heldout", docs("h", 2))):
         with open(tmp_path / f"{name}.jsonl", "w") as f:
             for d in part:
-                f.write(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n")
+                own = {"source": f"book {d.id}", "page": 3} if name == "corpus" else {}  # a user's own fields
+                f.write(json.dumps({"id": d.id, "title": d.title, "text": d.text, **own}) + "\n")
     config = config_dict.ConfigDict(dict(
         job="lm_eval", corpus=str(tmp_path / "corpus.jsonl"), eval_data=str(tmp_path / "heldout.jsonl"),
         encoder=enc_dir, lm=lm_dir, k=2, k_sweep=(1, 2), temperature=1.0, bm25_temperature=1.0, doc_tokens=24,
@@ -292,6 +293,10 @@ def test_lm_eval_job_writes_results_and_reuses_the_index(tiny, tmp_path, monkeyp
     assert "| replug |" in open(os.path.join(workdir, "results.md")).read()
     assert os.path.getsize(os.path.join(workdir, "perplexity_vs_k.png")) > 1000
     assert saved["lm_mesh"] == {"data": 8, "model": 1}
+    windows = [json.loads(line) for line in open(os.path.join(workdir, "windows.jsonl"))]
+    mixed = [r[m] for r in windows for m in ("replug", "concat", "bm25") if m in r]
+    assert mixed and all(r["passage_fields"] == [{"source": f"book {i.split('#')[0]}", "page": 3}
+                                                 for i in r["passage_ids"]] for r in mixed)  # issue 69, item 2
     # a second run with the same workdir reuses datastore, embeddings and index; its LM split over 4 devices
     monkeypatch.setattr(build, "embed_corpus_split", lambda *a, **k: pytest.fail("re-embedded a valid corpus"))
     again = run.run_lm_eval(config_dict.ConfigDict({**config.to_dict(), "lm_model_parallel": 4}), workdir)

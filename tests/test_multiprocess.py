@@ -414,7 +414,8 @@ def test_datastore_chunked_in_shares_by_two_processes_equals_one(tmp_path):
     from replug_jax.jobs.prepare import build_datastore
     from tests.test_retrieval import EDGE_TEXTS
 
-    documents = load_wiki_articles()[:12] + [Document(f"edge{i}", "", t) for i, t in enumerate(EDGE_TEXTS)]
+    documents = load_wiki_articles()[:12] + [Document(f"edge{i}", "", t, (("source", f"edge file {i}"),))
+                                             for i, t in enumerate(EDGE_TEXTS)]  # own fields ride in the shares too
     write_jsonl(documents, str(tmp_path / "corpus.jsonl"))
     one = build_datastore(str(tmp_path / "corpus.jsonl"), rj.load_tokenizer("smollm2"), 64, str(tmp_path / "one"))
     child = os.path.join(ROOT, "tests", "chunk_shares_child.py")
@@ -427,4 +428,5 @@ def test_datastore_chunked_in_shares_by_two_processes_equals_one(tmp_path):
         assert out.count(f"{call}: passages={len(one)} fingerprint={one.fingerprint()}") == 2, out[-2000:]
     assert out.count("chunked here") == 2
     assert (tmp_path / "two" / "datastore.jsonl").read_bytes() == (tmp_path / "one" / "datastore.jsonl").read_bytes()
+    assert one.fields and set(one.fields) <= {d.id for d in documents[12:]}
     assert sorted(os.listdir(tmp_path / "two")) == ["datastore.jsonl", "datastore.jsonl.source.json"]  # parts removed

@@ -108,9 +108,10 @@ def test_posterior_weights_are_the_lms_posterior_over_the_top_passages(rag, smol
         rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, weights="replug_posterior", rerank_depth=1)
 
 
-def test_kept_passages_are_the_retrieval_weights_mixed(rag):
+def test_kept_passages_are_the_retrieval_weights_mixed(rag, minilm):
     """With the paper's weights every top-k passage is kept: its id, title and score as retrieved, no posterior,
-    λ = softmax(s/τ) by hand; `answer(with_passages=True)` shows the same passages for a question."""
+    λ = softmax(s/τ) by hand; `answer(with_passages=True)` shows the same passages for a question. A document's
+    own fields (its row's keys besides id, title and text; "source" too) come with each of its passages."""
     context = "The mayor of Velmora is"
     scores, rows = rag.retrieve([context])
     _, lam = _hand_weights(scores[0], 0.5)
@@ -125,6 +126,13 @@ def test_kept_passages_are_the_retrieval_weights_mixed(rag):
     _, shown = rag.answer(question, max_new_tokens=2, with_passages=True)
     assert sorted(p.id for p in shown) == sorted(rag.datastore.ids[r] for r in rows[0])
     assert sum(p.weight for p in shown) == pytest.approx(1.0, abs=1e-6)
+    own = [{"id": f"d{i}", "text": d, **({"source": "register", "page": i} if i % 2 else {})} for i, d in enumerate(DOCS)]
+    with_fields = rj.REPLUG.from_documents(own, lm=rag.lm, encoder=minilm, k=2, temperature=0.5, weights="replug")
+    shown = with_fields.kept_passages(context)
+    assert {p.id.split("#")[0] for p in shown} & {"d1", "d3"}  # a passage with fields of its own is shown
+    for p in shown:
+        index = int(p.id.split("#")[0][1:])
+        assert p.fields == ({"source": "register", "page": index} if index % 2 else {})
 
 
 def test_answer_takes_demo_pairs_shown_as_the_qa_job_shows_them(rag):

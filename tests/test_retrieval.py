@@ -63,6 +63,28 @@ def test_chunks_are_exact_windows_that_tile_the_document(byte_tokenizer):
     assert chunk_documents(docs, byte_tokenizer, 32, 8).ids == ds.ids  # stable
 
 
+def test_a_documents_own_fields_are_kept_through_the_datastore_file(byte_tokenizer, tmp_path):
+    """A document row's keys besides id, title and text (a user's own "source" too) ride with each of its chunks,
+    through datastore.jsonl and back, and beside each passage id in a job's records; a store without any leaves
+    records unchanged."""
+    from replug_jax.retrieval.datastore import Datastore, document_from_record, with_passage_fields
+
+    rows = [{"id": "a", "text": "x" * 70, "source": "atlas", "tags": ["é", 2]}, {"id": "b", "text": "short"}]
+    docs = [document_from_record(r, str(i)) for i, r in enumerate(rows)]
+    ds = chunk_documents(docs, byte_tokenizer, chunk_tokens=32, min_tokens=8)
+    ds.save(str(tmp_path / "ds.jsonl"))
+    loaded = Datastore.load(str(tmp_path / "ds.jsonl"))
+    assert loaded.fields == ds.fields == {"a": {"source": "atlas", "tags": ["é", 2]}}
+    assert loaded.sources == ["a", "a", "b"]  # the project's column, beside the user's own "source"
+    record = {"replug": {"passage_ids": ["b#0", "a#1"]}, "mc_passage_ids": ["a#0"], "passage_scores": [1.0]}
+    assert with_passage_fields(record, loaded) == {
+        "replug": {"passage_ids": ["b#0", "a#1"], "passage_fields": [{}, {"source": "atlas", "tags": ["é", 2]}]},
+        "mc_passage_ids": ["a#0"], "mc_passage_fields": [{"source": "atlas", "tags": ["é", 2]}],
+        "passage_scores": [1.0]}
+    plain = chunk_documents([docs[1]], byte_tokenizer, chunk_tokens=32)
+    assert with_passage_fields(record, plain) is record
+
+
 def test_chunks_with_a_real_wordpiece_tokenizer(minilm):
     text = " ".join(SENTENCES * 3) + "  Ünïcödé tail…"
     ds = chunk_documents([Document("d", "", text)], minilm.tokenizer, chunk_tokens=24)

@@ -247,7 +247,8 @@ def passages_datastore(documents: Iterable[Document]) -> Datastore:
     """A Datastore with each passage as one row (not re-chunked); source = the passage id."""
     docs = list(documents)
     ids = [d.id for d in docs]
-    return Datastore(ids, [d.title for d in docs], [d.text for d in docs], list(ids))
+    return Datastore(ids, [d.title for d in docs], [d.text for d in docs], list(ids),
+                     {d.id: dict(d.fields) for d in docs if d.fields})
 
 
 def covered_questions(examples: list[QAExample], documents: list[Document],

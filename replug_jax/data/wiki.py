@@ -252,13 +252,14 @@ def _cut_at_paragraph(text: str, fraction: float) -> tuple[str, str]:
 
 
 def write_jsonl(docs: Iterable[Document], path: str) -> int:
-    """Write {"id", "title", "text"} lines (read back by `retrieval.datastore.read_jsonl`), atomically; a file
-    that already holds exactly these lines is left alone (its modification time too, so what was built from it
-    is reused).
+    """Write {"id", "title", "text", the document's own fields} lines (read back by `retrieval.datastore.read_jsonl`),
+    atomically; a file that already holds exactly these lines is left alone (its modification time too, so what was
+    built from it is reused).
 
     Returns the number of documents.
     """
-    lines = [json.dumps({"id": doc.id, "title": doc.title, "text": doc.text}, ensure_ascii=False) + "\n"
+    lines = [json.dumps({"id": doc.id, "title": doc.title, "text": doc.text, **dict(doc.fields)}, ensure_ascii=False)
+             + "\n"
              for doc in docs]
     data = "".join(lines).encode("utf-8")
     if os.path.isfile(path) and os.path.getsize(path) == len(data):

@@ -30,6 +30,7 @@ from replug_jax.jobs import downstream_report, multiple_choice, prepare, report,
 from replug_jax.jobs.input_checks import input_warnings, read_methods, retrieval_depth
 from replug_jax.method import posterior
 from replug_jax.method.passages import passage_ids, passages_of
+from replug_jax.retrieval.datastore import with_passage_fields
 from replug_jax.parallel import distributed
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.data import check_disjoint_questions
@@ -131,7 +132,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
         stats = distributed.allgather_json(lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
     if distributed.is_lead():  # one writer
-        print(report.for_console(downstream_report.write(results, predictions, workdir), results["warnings"]))
+        rows = with_passage_fields(predictions, store)  # each passage's document's own fields beside its id
+        print(report.for_console(downstream_report.write(results, rows, workdir), results["warnings"]))
     return results
 
 

@@ -63,7 +63,8 @@ def read_documents(source: str) -> list[ds.Document]:
 def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) -> ds.Datastore:
     """Chunk the corpus into `doc_tokens`-token passages; reuse WORKDIR/datastore.jsonl if built from the same input.
     With several processes a collective call: each chunks a share of the documents (`chunk_shares`)."""
-    stamp = {"corpus": corpus_path, "doc_tokens": doc_tokens, "tokenizer": tokenizer_fingerprint(tokenizer)}
+    stamp = {"corpus": corpus_path, "doc_tokens": doc_tokens, "tokenizer": tokenizer_fingerprint(tokenizer),
+             "format": ds.FILE_FORMAT}
     if os.path.isfile(corpus_path):  # a changed file is re-chunked; a directory or TFDS source is trusted by name
         stamp.update(corpus=os.path.abspath(corpus_path), size=os.path.getsize(corpus_path),
                      mtime_ns=os.stat(corpus_path).st_mtime_ns)

@@ -17,6 +17,7 @@ from replug_jax.evaluate.windows import retrieval_shortfall, small_evaluation
 from replug_jax.jobs import prepare, report, results_file
 from replug_jax.jobs.input_checks import input_warnings
 from replug_jax.parallel import distributed
+from replug_jax.retrieval.datastore import with_passage_fields
 
 SWEEPING = ("replug", "replug_lsr", "random")  # the methods a k sweep re-mixes (evaluate_lm's sweep_retrievers)
 
@@ -71,7 +72,8 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
     if distributed.is_lead():  # several processes: one writer
         if evidence is not None:
             with atomic_open(os.path.join(workdir, WINDOWS_FILE)) as f:
-                f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in evidence)
+                f.writelines(json.dumps(row, ensure_ascii=False) + "\n"
+                             for row in with_passage_fields(evidence, prepared.store))
         print(report.for_console(report.write_results(results, workdir), warnings))
         print(f"results in {os.path.join(workdir, 'results.json')}")
     return results

@@ -1,13 +1,17 @@
 """The retrieval corpus: documents in, token-window chunks out, saved as JSONL.
 
     docs = read_jsonl("corpus.jsonl")                  # or read_text_files / read_tfds
-    ds = chunk_documents(docs, lm.tokenizer, 128)      # Datastore: ids, titles, texts, sources
+    ds = chunk_documents(docs, lm.tokenizer, 128)      # Datastore: ids, titles, texts, sources, fields
     ds.save("ds.jsonl"); ds = Datastore.load("ds.jsonl")
 
 A chunk is a window of `chunk_tokens` consecutive tokens of one document. Chunk text is
 cut from the document with the tokenizer's character offsets (never decoded), so every
 chunk is an exact substring and a document's chunks concatenate back to its text.
 Row i of the datastore is row i of the embeddings and of the index.
+
+A document's own fields (a JSONL row's keys besides "id", "title" and "text") are kept as given, by its id: under
+"fields" on each of its chunks in the datastore file, and beside each passage in the jobs' records
+(`with_passage_fields`), so the project's columns ("source", the chunk's "id") never overwrite a user's.
 """
 from __future__ import annotations
 
@@ -25,18 +29,25 @@ from replug_jax.base.errors import InputError, invalid_json
 from replug_jax.models.tokenizer import TextTokenizer, token_starts_batch
 
 
+FILE_FORMAT = 2  # the datastore file's: 2 keeps a document's own fields (a file of format 1 is re-chunked)
+DOCUMENT_KEYS = ("id", "title", "text")  # what a document row means to the project; its other keys are its own
+
+
 @dataclasses.dataclass(frozen=True)
 class Document:
     id: str
     title: str
     text: str
+    fields: tuple = dataclasses.field(default=(), compare=False)  # the row's other keys as (key, value) pairs
 
 
 def document_from_record(record, default_id: str) -> Document:
-    """A `Document` from a {"text": ..., "title"?: ..., "id"?: ...} mapping; id defaults to `default_id`."""
+    """A `Document` from a {"text": ..., "title"?: ..., "id"?: ..., other keys} mapping; id defaults to
+    `default_id`, the other keys are kept as its `fields`."""
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise InputError("expected an object with a string \"text\" field")
-    return Document(str(record.get("id", default_id)), str(record.get("title") or ""), record["text"])
+    fields = tuple((key, value) for key, value in record.items() if key not in DOCUMENT_KEYS)
+    return Document(str(record.get("id", default_id)), str(record.get("title") or ""), record["text"], fields)
 
 
 def read_jsonl(path: str) -> Iterator[Document]:
@@ -123,12 +134,14 @@ def hash_strings(*columns: Iterable[str]) -> str:
 
 @dataclasses.dataclass
 class Datastore:
-    """Chunks as parallel lists: row i is (ids[i], titles[i], texts[i], sources[i] = its document's id)."""
+    """Chunks as parallel lists: row i is (ids[i], titles[i], texts[i], sources[i] = its document's id); `fields`: a
+    document's own fields by its id (documents that have any)."""
 
     ids: list[str]
     titles: list[str]
     texts: list[str]
     sources: list[str]
+    fields: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         n = len(self.ids)
@@ -141,6 +154,7 @@ class Datastore:
             dup = next(i for i in self.ids if i in seen or seen.add(i))
             raise InputError(f"duplicate chunk id {dup!r} (are two documents sharing an id?)")
         self._rows_by_source: dict[str, np.ndarray] | None = None
+        self._rows_by_id: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -159,22 +173,50 @@ class Datastore:
         found = [self._rows_by_source[s] for s in set(sources) if s in self._rows_by_source]
         return np.concatenate(found) if found else np.zeros(0, np.int64)
 
+    def passage_fields(self, chunk_ids: Iterable[str]) -> list[dict]:
+        """The own fields of each chunk's document ({} where it has none), for chunk ids [n]."""
+        if self._rows_by_id is None:
+            self._rows_by_id = {chunk_id: row for row, chunk_id in enumerate(self.ids)}
+        return [self.fields.get(self.sources[self._rows_by_id[c]], {}) for c in chunk_ids]
+
     def save(self, path: str) -> None:
         """One JSON object per chunk, written atomically."""
-        save_rows(zip(self.ids, self.titles, self.texts, self.sources), path)
+        save_rows(zip(self.ids, self.titles, self.texts, self.sources,
+                      (self.fields.get(s, {}) for s in self.sources)), path)
 
     @classmethod
     def load(cls, path: str) -> "Datastore":
         columns: dict[str, list[str]] = {"id": [], "title": [], "text": [], "source": []}
+        fields: dict[str, dict] = {}
         with open(path, encoding="utf-8") as f:
             for line_no, line in enumerate(f, start=1):
                 try:
                     record = json.loads(line)
                     for key, column in columns.items():
                         column.append(record[key])
+                    if record.get("fields"):
+                        fields[record["source"]] = record["fields"]
                 except (json.JSONDecodeError, KeyError, TypeError) as e:
                     raise ValueError(f"{path}, line {line_no}: not a datastore chunk ({e!r})") from None
-        return cls(columns["id"], columns["title"], columns["text"], columns["source"])
+        return cls(columns["id"], columns["title"], columns["text"], columns["source"], fields)
+
+
+def with_passage_fields(record, store: Datastore):
+    """`record` (a job's predictions or windows row) with, beside every "passage_ids" and "<method>_passage_ids"
+    list at any depth, "passage_fields" ("<method>_passage_fields"): each passage's document's own fields, {} where
+    it has none. Unchanged where no document of `store` has fields of its own."""
+    if not store.fields:
+        return record
+    if isinstance(record, list):
+        return [with_passage_fields(item, store) for item in record]
+    if not isinstance(record, dict):
+        return record
+    out = {}
+    for key, value in record.items():
+        out[key] = with_passage_fields(value, store)
+        if (key == "passage_ids" or key.endswith("_passage_ids")) and isinstance(value, list):
+            out[key[: -len("ids")] + "fields"] = store.passage_fields(value)
+    return out
 
 
 def chunk_documents(documents: Iterable[Document], tokenizer: TextTokenizer, chunk_tokens: int = 128,
@@ -188,33 +230,37 @@ def chunk_documents(documents: Iterable[Document], tokenizer: TextTokenizer, chu
     tokens); a document shorter than `min_tokens` stays one chunk. Documents with no
     text (only whitespace, or none) are skipped. Chunk ids are f"{document id}#{chunk number}".
     """
-    ids, titles, texts, sources = [], [], [], []
-    for row_id, title, text, source in chunk_rows(documents, tokenizer, chunk_tokens, min_tokens):
+    ids, titles, texts, sources, fields = [], [], [], [], {}
+    for row_id, title, text, source, own in chunk_rows(documents, tokenizer, chunk_tokens, min_tokens):
         ids.append(row_id)
         titles.append(title)
         texts.append(text)
         sources.append(source)
-    return Datastore(ids, titles, texts, sources)
+        if own:
+            fields[source] = own
+    return Datastore(ids, titles, texts, sources, fields)
 
 
 def chunk_rows(documents: Iterable[Document], tokenizer: TextTokenizer, chunk_tokens: int = 128,
-               min_tokens: int = 16) -> Iterator[tuple[str, str, str, str]]:
-    """`chunk_documents`' chunks as (id, title, text, source) rows, none for no document (not an error here)."""
+               min_tokens: int = 16) -> Iterator[tuple[str, str, str, str, dict]]:
+    """`chunk_documents`' chunks as (id, title, text, source, the document's own fields) rows, none for no document
+    (not an error here)."""
     if chunk_tokens < 1 or min_tokens < 0:
         raise ValueError(f"chunk_tokens must be >= 1 and min_tokens >= 0, got {chunk_tokens}, {min_tokens}")
     for batch in _batches(documents, CHUNK_BATCH):  # one batch encoding per batch: the tokenizer's every core
         batch = [d for d in batch if d.text.strip()]  # a document without text holds no passage
         for doc, starts in zip(batch, token_starts_batch(tokenizer, [d.text for d in batch])):
             for j, (start, end) in enumerate(_chunk_spans(starts, chunk_tokens, min_tokens)):
-                yield f"{doc.id}#{j}", doc.title, doc.text[start:end], doc.id
+                yield f"{doc.id}#{j}", doc.title, doc.text[start:end], doc.id, dict(doc.fields)
 
 
-def save_rows(rows: Iterable[tuple[str, str, str, str]], path: str) -> None:
-    """(id, title, text, source) rows as a datastore file (`Datastore.load` reads it): one JSON object per chunk,
-    written atomically."""
+def save_rows(rows: Iterable[tuple[str, str, str, str, dict]], path: str) -> None:
+    """(id, title, text, source, the document's own fields) rows as a datastore file (`Datastore.load` reads it): one
+    JSON object per chunk, "fields" only where the document has some, written atomically."""
     with atomic_open(path) as f:
-        for row in rows:
-            f.write(json.dumps(dict(zip(("id", "title", "text", "source"), row)), ensure_ascii=False) + "\n")
+        for chunk_id, title, text, source, own in rows:
+            row = {"id": chunk_id, "title": title, "text": text, "source": source, **({"fields": own} if own else {})}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 CHUNK_BATCH = 1024  # documents tokenised together
