@@ -150,6 +150,9 @@ def test_read_qa_jsonl(tmp_path):
                   + json.dumps({"question": "q3?", "answer": ["d", "e"]}) + "\n")
     assert ds.load_qa(path) == [ds.QAExample("x", "q1?", ("a", "b")), ds.QAExample("3", "q2?", ("c",), id_given=False),
                                 ds.QAExample("4", "q3?", ("d", "e"), id_given=False)]  # line numbers: no identity
+    read = ds.load_qa(path)  # the job's phase line says how many rows gave their answers as "answer"
+    assert ds.answer_key_note(read) == ', gold answers of 2 from "answer" (read as "answers")'
+    assert ds.answer_key_note(read[:1]) == ""
     bad = _jsonl(tmp_path, "bad.jsonl", [{"question": "q?", "answers": ["a"]}, {"question": "no answers"}])
     with pytest.raises(ValueError, match=r"bad\.jsonl, line 2: .*answers"):
         ds.read_qa_jsonl(bad)

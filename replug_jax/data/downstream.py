@@ -132,7 +132,14 @@ def _qa_example(id_: str, question: str, record: dict, where: str, answers_requi
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
         error = MissingAnswers if answers is None else InputError
         raise error(f"{where}: needs \"answers\": a non-empty list of non-empty strings")
-    return QAExample(id_, question, tuple(answers), id_given="id" in record, fields=fields)
+    return QAExample(id_, question, tuple(answers), id_given="id" in record, fields=fields,
+                     answers_key="answers" if "answers" in record else "answer")
+
+
+def answer_key_note(examples) -> str:
+    """", gold answers of N from \"answer\" (read as \"answers\")" where rows gave them under "answer"; else ""."""
+    singular = sum(getattr(e, "answers_key", "answers") == "answer" for e in examples)
+    return f", gold answers of {singular} from \"answer\" (read as \"answers\")" if singular else ""
 
 
 def _as_list(value):

@@ -25,6 +25,7 @@ class QAExample:
     id_given: bool = True  # False: the data gave no id and `id` is a JSONL line number (no identity across files)
     # the input row's other fields as (key, value) pairs (a JSONL file's "gold_doc", say), passed on to predictions
     fields: tuple = dataclasses.field(default=(), compare=False)
+    answers_key: str = dataclasses.field(default="answers", compare=False)  # the key its row gave them under
 
 
 @dataclasses.dataclass(frozen=True)

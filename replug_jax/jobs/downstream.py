@@ -24,6 +24,7 @@ import numpy as np
 from replug_jax.base import console
 from replug_jax.base.errors import InputError
 from replug_jax.data import evaluation_sets
+from replug_jax.data.downstream import answer_key_note
 from replug_jax.data.records import fields_entry
 from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, qa, qa_posterior
 from replug_jax.jobs import downstream_report, multiple_choice, prepare, report, results_file
@@ -84,7 +85,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     for warning in early_warnings:  # also in results.json and under the table
         console.phase(f"warning: {warning}")
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
-                  f"{len(demos)} demo candidates")
+                  f"{len(demos)} demo candidates" + answer_key_note([*questions, *demos]))
     prepared = prepare.prepare_downstream(config, workdir, lm)  # models (the LM behind lm_cache), datastore, index
     lm, store = prepared.lm, prepared.store
     for warning in prepare.cut_warnings(prepared):  # also in results.json and under the table
