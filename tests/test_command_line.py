@@ -314,6 +314,27 @@ def test_k_and_temperatures_are_refused_in_the_first_second(tmp_path):
     assert time.time() - started < 5
 
 
+def test_k_above_the_passages_is_refused_before_the_lm_loads_where_the_byte_bound_cannot_tell(tmp_path, monkeypatch):
+    """Issue 69, item 3: three documents of ~40 tokens (over 128 bytes) make three passages of 128 tokens, but their
+    bytes bound the count at 6: k=5 is refused by the exact count, cut by the LM's tokenizer alone (no model loaded), naming 3
+    passages; k=3 passes without cutting (three documents with text give three passages or more)."""
+    from replug_jax import loading
+
+    corpus = tmp_path / "corpus.jsonl"
+    sentence = "the river runs north past the old mill, the bridge and the three farms of the valley"
+    corpus.write_text("".join(json.dumps({"text": f"Document {i} says that {sentence}, and that {sentence}."}) + "\n"
+                              for i in range(3)))
+    config = _config("qa.py", corpus=str(corpus), questions="demo", lm="smollm2", k=5, rerank_depth=0)
+    assert input_checks.passages_at_most(config) == 6
+    monkeypatch.setattr(loading, "load_lm", lambda *a, **k: pytest.fail("an LM loaded"))
+    with pytest.raises(input_checks.InputError, match=rf"--config.k=5 is larger than the datastore \(3 passages from "
+                                                      rf"--config.corpus='{corpus}'\)"):
+        input_checks.check_job_inputs(config)
+    monkeypatch.setattr(loading, "load_tokenizer", lambda *a, **k: pytest.fail("cut to count"))
+    input_checks.check_job_inputs(_config("qa.py", corpus=str(corpus), questions="demo", lm="smollm2", k=3,
+                                          rerank_depth=0))
+
+
 @pytest.mark.parametrize("script", sorted(f for f in os.listdir(os.path.join(ROOT, "experiments")) if f.endswith(".py")))
 def test_experiment_scripts_import_and_explain_themselves(script):
     done = subprocess.run([sys.executable, os.path.join("experiments", script), "--help"], cwd=ROOT,

@@ -16,6 +16,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QA, LM_EVAL, DEMO = "experiments/configs/qa.py", "experiments/configs/lm_eval.py", "experiments/configs/demo.py"
 
+RIVER = "the river runs north past the old mill, the bridge and the three farms of the valley"
 FILES = {
     "corpus.jsonl": '{"text": "Velmora is a town. Its mayor is Tobias Grint.", "title": "Velmora"}\n',
     "questions.jsonl": '{"question": "Who is the mayor of Velmora?", "answers": ["Tobias Grint"]}\n',
@@ -26,6 +27,7 @@ FILES = {
     "some_empty.jsonl": '{"id": "v", "text": "Velmora is a town."}\n{"id": "w", "text": ""}\n',
     "two_answers.jsonl": '{"question": "Who is the mayor of Velmora?", "answers": ["Tobias Grint"], "answer": "Tobias"}\n',
     "malformed.jsonl": '{"text": "fine"}\n{"text": "a\tb"}\n',
+    "long_docs.jsonl": "".join('{"text": "Document %d says that %s, and that %s."}\n' % (i, RIVER, RIVER) for i in range(3)),
     "shared_ids.jsonl": '{"id": "a", "text": "One."}\n{"id": "b", "text": "Two."}\n{"id": "a", "text": "Three."}\n',
 }
 
@@ -50,6 +52,8 @@ MISTAKES = [
     ("a document without text", QA, QA_OWN + ["--config.corpus={some_empty}"]),
     ("\"answers\" and \"answer\" that differ", QA, QA_OWN + ["--config.questions={two_answers}"]),
     ("k beyond the corpus and above the re-ranking depth", QA, QA_OWN + ["--config.k=8", "--config.rerank_depth=4"]),
+    ("k beyond the passages where the bytes cannot tell (3 documents of ~250 bytes)", QA,
+     QA_OWN + ["--config.corpus={long_docs}", "--config.k=5"]),
     ("the questions file given as the corpus", QA, QA_OWN + ["--config.corpus={questions}"]),
     ("an empty corpus", QA, QA_OWN + ["--config.corpus={empty}"]),
     ("an empty held-out file", LM_EVAL, LM_OWN + ["--config.eval_data={empty}"]),

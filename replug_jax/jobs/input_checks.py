@@ -157,6 +157,9 @@ def check_job_inputs(config) -> None:
     bound = passages_at_most(config)
     if bound is not None:  # k beyond the corpus first: a depth below k is the lesser fault when neither fits
         check_depth_fits(config, bound, at_most=True)
+        exact = passages_exactly(config)  # where the bound leaves it open: the LM's tokenizer alone cuts the corpus
+        if exact is not None:
+            check_depth_fits(config, exact)
     evaluated = config.job in ("qa", "mmlu", "lm_eval") or config.job == "lsr" and not _trains_on_questions(config)
     if evaluated and "replug_posterior" in job_methods(config):
         check_posterior_settings(config)
@@ -374,6 +377,25 @@ def passages_at_most(config) -> int | None:
         return None
     sizes = [len(d.text.encode("utf-8")) for d in documents]
     return sum(math.ceil((b + 2) / config.doc_tokens) for b in sizes if b)
+
+
+def passages_exactly(config) -> int | None:
+    """The datastore's passage count, cut by the LM's tokenizer before any model loads, where a small JSONL / .txt
+    corpus has fewer documents with text than the k asked (each gives a passage or more, so more documents settle
+    it without cutting) and the tokenizer is local (not a server's /tokenize); else None."""
+    documents = _small_documents("corpus", config.corpus)
+    if documents is None or config.get("doc_tokens", 0) < 1:
+        return None
+    needed = max(k for key, k in _depths(config) if key != "rerank_depth")
+    if sum(bool(d.text.strip()) for d in documents) >= needed:
+        return None
+    name = config.get("lm_tokenizer") or config.lm
+    if name.startswith(("http://", "https://")):
+        return None
+    from replug_jax.loading import load_tokenizer
+    from replug_jax.retrieval.datastore import chunk_rows
+
+    return sum(1 for _ in chunk_rows(documents, load_tokenizer(name), config.doc_tokens))
 
 
 # replug_posterior's settings (the method itself: method/posterior.py)
