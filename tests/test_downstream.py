@@ -139,9 +139,9 @@ def test_mmlu_prompt_is_table_4():
     prefix = mmlu.shots_block([SHOT], [SHOT_PASSAGE])
     assert prefix == (f"Knowledge: {SHOT_PASSAGE}\nQuestion: Which planet is known as the Red Planet?\n"
                       "A. Venus B. Mars C. Jupiter D. Saturn\nAnswer: B\n\n")
-    assert mmlu.question_block(MC[0], "P.") == ("Knowledge: P.\nQuestion: What is the largest planet in the Solar "
+    assert mmlu.lettered_block(MC[0], "P.") == ("Knowledge: P.\nQuestion: What is the largest planet in the Solar "
                                                 "System?\nA. Mars B. Earth C. Jupiter D. Mercury\nAnswer:")
-    assert mmlu.question_block(MC[0], None).startswith("Question: ")
+    assert mmlu.lettered_block(MC[0], None).startswith("Question: ")
     assert mmlu.retrieval_query(MC[0], False) == MC[0].question
     assert mmlu.retrieval_query(MC[0], True).endswith("A. Mars B. Earth C. Jupiter D. Mercury")
 
@@ -152,7 +152,7 @@ def test_mmlu_option_mixture_equals_hand_computation(smollm2):
     lm = smollm2
     mmlu.check_option_tokens(lm)  # " A" .. " D" are single SmolLM2 tokens
     prefix = mmlu.shots_block([SHOT], [SHOT_PASSAGE])
-    prompts = [[prefix + mmlu.question_block(q, p) for p in ps] for q, ps in zip(MC, MC_PASSAGES)]
+    prompts = [[prefix + mmlu.lettered_block(q, p) for p in ps] for q, ps in zip(MC, MC_PASSAGES)]
     prompts.append([prompts[0][0]])  # question 3: question 0 with its first pass only
     tau = 0.5
     scores = np.array([[0.9, 0.2], [0.1, 0.7], [0.5, 0.45], [0.3, 10.0]], np.float32)
@@ -597,7 +597,7 @@ def test_mmlu_job_accuracy_per_category_and_subject(files, smollm2, tmp_path, mo
            for r in MC_DEV}
     order = [next(q for q in MC_TEST if q["id"] == r["id"]) for r in rows]
     as_mc = lambda q: MCExample(q["id"], q["question"], tuple(q["choices"]), 0, q["subject"])  # noqa: E731
-    expected_none = [mmlu.shots_block([dev[q["subject"]]], [None]) + mmlu.question_block(as_mc(q), None)
+    expected_none = [mmlu.shots_block([dev[q["subject"]]], [None]) + mmlu.lettered_block(as_mc(q), None)
                      for q in order]
     assert none["contexts"] == [c for c in expected_none for _ in range(4)]
     assert len(replug["contexts"]) == 4 * 2 * 4 and len(concat["contexts"]) == 4 * 4

@@ -10,6 +10,7 @@ from replug_jax.method import mixture
 from replug_jax.parallel import sharding
 from replug_jax.lm.local import LocalLM
 from replug_jax.models import causal_lm
+from replug_jax.models.detokenize import whole_characters
 from replug_jax.models.stop_strings import StopMasks
 from tests import hf_tiny
 from tests.hf_tiny import compiled_programs
@@ -62,7 +63,8 @@ def test_mixture_decode_equals_full_recomputation(tiny_lm, prefix):
     for gen, (tokens, lps) in zip(gens, reference(tiny_lm, CONTEXTS, WEIGHTS, 8, prefix)):
         assert gen.token_ids == tokens
         np.testing.assert_allclose(gen.logprobs, lps, atol=1e-4)
-        assert gen.finish_reason == "length" and gen.text == tiny_lm.tokenizer.decode(tokens)
+        # a character the budget cut is left out (its U+FFFD), as the server and vLLM leave it
+        assert gen.finish_reason == "length" and gen.text == whole_characters(tiny_lm.tokenizer.decode(tokens))
     assert len({t for g in gens for t in g.token_ids}) > 3  # the decoder really moves between tokens
 
 

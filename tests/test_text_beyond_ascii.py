@@ -87,6 +87,14 @@ def test_the_server_returns_text_whole_and_stops_at_a_multibyte_character(smollm
     through = next(n for n in range(1, len(ids) + 1) if "国" in tok.decode(ids[:n]))
     assert stopped["text"] == whole["text"][: whole["text"].index("国")] and stopped["finish_reason"] == "stop"
     assert len(stopped["logprobs"]["tokens"]) == through
+    # a token budget that ends inside a character: the character is left out (as vLLM does), on every path alike
+    cut = next(n for n in range(1, len(ids)) if tok.decode(ids[:n]).endswith(UNFINISHED))
+    short = post(server.url, {"prompt": prompt, "max_tokens": cut, "temperature": 0})["choices"][0]
+    assert short["text"] == tok.decode(ids[:cut]).rstrip(UNFINISHED) and short["finish_reason"] == "length"
+    context = [[tok.decode(prompt)]]
+    local = smollm2.generate(context, [[0.0]], max_new_tokens=cut, stop=())[0]
+    remote = HTTPLM(server.url, tokenizer=tok).generate(context, [[0.0]], max_new_tokens=cut, stop=())[0]
+    assert local.text == remote.text == short["text"] and UNFINISHED not in local.text
 
 
 @pytest.mark.parametrize("tokenizer", ["local", "server"])

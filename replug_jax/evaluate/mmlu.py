@@ -25,22 +25,21 @@ import numpy as np
 from replug_jax.base.progress import progress_keyword
 from replug_jax.data.downstream import MMLU_CATEGORIES
 from replug_jax.method import mixture
-from replug_jax.method.passages import knowledge_line
+from replug_jax.method.passages import knowledge, knowledge_line
 
 LETTERS = ("A", "B", "C", "D", "E", "F")
 # what the mmlu job's --config.methods may name; "replug_posterior" needs scoring="options" (option_text.py)
 METHODS = ("none", "replug", "concat", "replug_lsr", "replug_posterior")
 
 
-def question_block(example, passage: str | None, with_answer: bool = False) -> str:
+def lettered_block(example, passage: str | None, with_answer: bool = False) -> str:
     """One Table 4 block; the test question's ends at "Answer:"."""
-    knowledge = f"Knowledge: {passage}\n" if passage is not None else ""
     options = " ".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(example.choices))
     end = f" {LETTERS[example.answer]}\n\n" if with_answer else ""
-    return f"{knowledge}Question: {example.question}\n{options}\nAnswer:{end}"
+    return f"{knowledge(passage)}Question: {example.question}\n{options}\nAnswer:{end}"
 
 
-def shots_block(shots, shot_passages: Sequence[str | None], block=question_block) -> str:
+def shots_block(shots, shot_passages: Sequence[str | None], block=lettered_block) -> str:
     """The few-shot prefix: each shot as `block` builds it, with its passage and its answer."""
     return "".join(block(s, p, with_answer=True) for s, p in zip(shots, shot_passages))
 
@@ -54,10 +53,10 @@ def shots_by_subject(dev) -> dict[str, list]:
 
 
 def method_prompts(method: str, questions, passages: list[list[str]], prefixes: dict[str, str],
-                   block=question_block) -> list[list[str]]:
+                   block=lettered_block) -> list[list[str]]:
     """Per question its prompts, after its subject's few-shot prefix: one without a passage ("none"), one with the
     passages joined best last ("concat"), else one per retrieved passage (REPLUG's passes). `block`: the
-    question's prompt (`question_block`: lettered options; `option_text.cloze_block`: the question alone)."""
+    question's prompt (`lettered_block`: lettered options; `option_text.cloze_block`: the question alone)."""
     head = lambda q: prefixes.get(q.subject, "")
     if method == "none":
         return [[head(q) + block(q, None)] for q in questions]

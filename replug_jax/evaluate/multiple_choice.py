@@ -46,17 +46,17 @@ class Requests:
     retrieves_for_none: bool = False  # MMLU retrieved for "none" too (its passages unused): kept, nothing else
 
 
-def question_block(scoring: str):
+def block_for_scoring(scoring: str):
     """MMLU's question block for a scoring: lettered options ("letters", the paper's Table 4) or the cloze prompt
     scored by option texts ("options"); the few-shot blocks use it too."""
-    return mmlu.question_block if scoring == "letters" else option_text.cloze_block
+    return mmlu.lettered_block if scoring == "letters" else option_text.cloze_block
 
 
 def mmlu_requests(questions, prefixes: Callable[[str], dict[str, str]], *, scoring: str, query_with_options: bool,
                   k: int) -> Requests:
     """MMLU's prompts: `prefixes(method)` gives each subject's few-shot block for a method (with the shots' own
-    passages where the method retrieves), then the `question_block` of the scoring."""
-    block = question_block(scoring)
+    passages where the method retrieves), then the `block_for_scoring` of the scoring."""
+    block = block_for_scoring(scoring)
     n_options = max(len(q.choices) for q in questions)
     conts = [option_text.continuations(q) if scoring == "options" else mmlu.letter_continuations(n_options)
              for q in questions]

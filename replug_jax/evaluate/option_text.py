@@ -20,7 +20,7 @@ import numpy as np
 from replug_jax.evaluate.answer_nll import continuation_logliks, query_and_continuation_scores
 from replug_jax.method import mixture, posterior
 from replug_jax.method.mixture import mixture_loglik
-from replug_jax.method.passages import QA_DOC_TEMPLATE
+from replug_jax.method.passages import knowledge, question_block
 
 SCORINGS = ("letters", "options")
 OPTION_METRICS = ("acc", "acc_per_char", "acc_per_token")
@@ -34,16 +34,15 @@ def check_scoring(scoring: str, option_metric: str) -> None:
 
 
 def cloze_block(example, passage: str | None, with_answer: bool = False) -> str:
-    """The question without its options; a shot's ends with its correct option's text."""
-    knowledge = QA_DOC_TEMPLATE.format(passage=passage) if passage is not None else ""
-    end = f" {example.choices[example.answer]}\n\n" if with_answer else ""
-    return f"{knowledge}Question: {example.question}\nAnswer:{end}"
+    """The question without its options (QA's Table 5 block, `question_block`); a shot's ends with its correct
+    option's text."""
+    return question_block(example.question, passage, example.choices[example.answer] if with_answer else None)
 
 
 def cloze_passes(questions, passages: Sequence[Sequence[str]], prefixes: dict[str, str]):
     """("replug_posterior"'s passes) per question: [subject prefix ∘ "Knowledge: <passage>\\n"] and the question
     block that follows each (`cloze_block` without a passage): cloze_block's prompt split where x begins."""
-    docs = [[prefixes.get(q.subject, "") + QA_DOC_TEMPLATE.format(passage=p) for p in ps]
+    docs = [[prefixes.get(q.subject, "") + knowledge(p) for p in ps]
             for q, ps in zip(questions, passages)]
     return docs, [cloze_block(q, None) for q in questions]
 

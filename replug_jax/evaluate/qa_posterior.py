@@ -21,7 +21,7 @@ from replug_jax.evaluate.answer_nll import answer_nll, query_and_continuation_sc
 from replug_jax.evaluate.qa import generate_answers, method_passes
 from replug_jax.method import posterior
 from replug_jax.method.mixture import mixture_loglik
-from replug_jax.method.passages import QA_DOC_TEMPLATE, question_block
+from replug_jax.method.passages import knowledge, question_block
 
 
 @dataclasses.dataclass
@@ -45,7 +45,7 @@ def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarra
     empty = [i for i, ps in enumerate(passages) if not ps]
     if empty:
         raise ValueError(f"questions {empty[:5]} have no retrieved passage: replug_posterior has nothing to weigh")
-    docs = [[prefix + QA_DOC_TEMPLATE.format(passage=p) for p in ps] for ps in passages]
+    docs = [[prefix + knowledge(p) for p in ps] for ps in passages]
     queries = [question_block(q.question, None) for q in questions]
     golds = [[f" {a.strip()}" for a in q.answers] if with_answers else [] for q in questions]
     query_ll, cont_scores = query_and_continuation_scores(lm, docs, queries, golds, progress)

@@ -55,7 +55,7 @@ def run(config, lm, store, retrievers, questions, dev, method_finished=None):
     results = {"query_with_options": bool(config.query_with_options), "scoring": scoring}
     if scoring == "options":
         results["option_metric"] = option_metric
-    shots_block = functools.partial(mmlu.shots_block, block=flow.question_block(scoring))
+    shots_block = functools.partial(mmlu.shots_block, block=flow.block_for_scoring(scoring))
 
     @functools.cache
     def prefixes(method: str) -> dict[str, str]:  # each subject's few-shot block, the shots' passages by `method`

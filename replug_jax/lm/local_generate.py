@@ -32,6 +32,7 @@ from replug_jax.lm.blackbox import (
 from replug_jax.method import mixture, posterior as posterior_module
 from replug_jax.method.posterior import PrefillPosterior
 from replug_jax.models import decoding, kv_cache, partition
+from replug_jax.models.detokenize import whole_characters
 from replug_jax.models.stop_strings import StopMasks, cut_at_stop, tokens_through_stop
 from replug_jax.parallel import sharding
 
@@ -202,9 +203,9 @@ class LocalGenerator:
         ids = [int(t) for t in tokens]
         keep = tokens_through_stop(len(ids), lambda n: self.lm.tokenizer.decode(ids[:n]), stop)
         ids, lps = ids[:keep], lps[:keep]
-        text, stopped = cut_at_stop(self.lm.tokenizer.decode(ids), stop)
+        text, stopped = cut_at_stop(whole_characters(self.lm.tokenizer.decode(ids)), stop)
         eos = bool(ids) and ids[-1] == self.lm.tokenizer.eos_id
         if eos:
-            text = cut_at_stop(self.lm.tokenizer.decode(ids[:-1]), stop)[0]
+            text = cut_at_stop(whole_characters(self.lm.tokenizer.decode(ids[:-1])), stop)[0]
         finished = stopped or eos or len(tokens) < max_new_tokens
         return Generation(text, ids, [float(x) for x in lps], "stop" if finished else "length")

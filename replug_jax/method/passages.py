@@ -33,12 +33,17 @@ def passage_ids(store, rows, kept=None) -> list[list[str]]:
     return [[store.ids[r] for r in (f if kept is None else f[np.asarray(kept[i], int)])] for i, f in enumerate(found)]
 
 
+def knowledge(passage: str | None) -> str:
+    """A block's passage line, QA_DOC_TEMPLATE's "Knowledge: <passage>\n" ("" without a passage): the QA (Table 5)
+    and MMLU (Table 4) blocks alike."""
+    return QA_DOC_TEMPLATE.format(passage=passage) if passage is not None else ""
+
+
 def question_block(question: str, passage: str | None, answer: str | None = None) -> str:
     """One Table 5 block; without `answer` it ends at "Answer:" (the test question). With a passage it is
     QA_DOC_TEMPLATE's document followed by the closed-book block."""
-    knowledge = QA_DOC_TEMPLATE.format(passage=passage) if passage is not None else ""
     end = f" {answer}\n\n" if answer is not None else ""
-    return f"{knowledge}Question: {question}\nAnswer:{end}"
+    return f"{knowledge(passage)}Question: {question}\nAnswer:{end}"
 
 
 def knowledge_line(passages: Sequence[str]) -> str:

@@ -6,7 +6,9 @@ emoji up to four, and one token alone decodes to U+FFFD. Joining each token's ow
 the incremental detokenizer of vLLM and of `tokenizers`' decode streams: the text of ids[prefix:] less the text of
 ids[prefix:read] is the new text, emitted only when it does not end inside a character (U+FFFD), so each token's
 share is "" while its character is unfinished and the whole character on the token that completes it. The shares
-join to the text of the whole sequence, and a stop string matched on them is matched on that text.
+join to the text of the whole sequence, and a stop string matched on them is matched on that text. A sequence that
+ends inside a character (decoding cut by its token budget) ends before it: its bytes are never emitted, as in vLLM,
+so a text holds no U+FFFD of an unfinished character (`whole_characters`), on every path alike.
 
 Used by the scoring server (its `text`, `tokens` and stop strings), the local backend's decoding and the HTTP client
 (the answer's text from the ids a server returns). Pure Python: the HTTP client imports it without JAX.
@@ -16,6 +18,11 @@ from __future__ import annotations
 from typing import Sequence
 
 UNFINISHED = "\ufffd"  # what a tokenizer decodes the bytes of an unfinished character to
+
+
+def whole_characters(text: str) -> str:
+    """A decoded sequence's text without the U+FFFD of a character left unfinished at its end."""
+    return text.rstrip(UNFINISHED)
 
 
 class IncrementalText:
@@ -46,9 +53,10 @@ class IncrementalText:
         return delta
 
     def finish(self) -> str:
-        """The text still held back at the end of the sequence (an unfinished character's U+FFFD); then all of
-        `text` is the whole sequence's decode."""
-        rest = self.tokenizer.decode(self.ids[self._prefix:])[len(self._context):] if self._read < len(self.ids) else ""
+        """The text still held back at the end of the sequence, less a character left unfinished there; then
+        `text` is `whole_characters` of the whole sequence's decode."""
+        held = self.tokenizer.decode(self.ids[self._prefix:])[len(self._context):] if self._read < len(self.ids) else ""
+        rest = whole_characters(held)
         self.text += rest
         self._prefix = self._read = len(self.ids)
         self._context = ""
@@ -56,7 +64,7 @@ class IncrementalText:
 
 
 def token_shares(tokenizer, ids: Sequence[int]) -> list[str]:
-    """Each token's share of the text of `ids` (module docstring); they join to its whole decode."""
+    """Each token's share of the text of `ids` (module docstring); they join to `whole_characters` of its decode."""
     stream = IncrementalText(tokenizer)
     shares = [stream.push(t) for t in ids]
     if shares:
