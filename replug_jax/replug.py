@@ -133,7 +133,7 @@ class REPLUG:
         contexts, log_w, scores, rows = self._retrieved_passes(query, text)
         if self.weights == "replug":
             return contexts, log_w, None, self._kept(rows, scores, log_w, None)
-        docs = [c[: len(c) - len(text)] for c in contexts]  # the passage part of each pass
+        docs = [posterior.passage_part(c, text) for c in contexts]
         scored = self.lm.score_with_query(docs, [text] * len(docs), [continuation] * len(docs))
         query_ll = np.array([np.sum(q, dtype=np.float64) for q, _ in scored])  # the passages retrieved come first
         order, kept = posterior.kept_passes(log_w[None], [query_ll], 1.0, self.posterior_alpha, self.k)

@@ -100,6 +100,18 @@ def test_posterior_generation_over_http_weighs_as_the_local_prefill(tiny, tiny_s
     np.testing.assert_allclose(got[0].query_logliks, local[0].query_logliks, atol=1e-4)
     np.testing.assert_allclose(got[0].log_weights, local[0].log_weights, atol=1e-4)
     assert np.isfinite(got[0].log_weights).sum() == 2
+    # the same through the HTTP client in a process of its own (the server's /tokenize): it never imports JAX, and
+    # its weights (numpy, float64) are the local prefill's
+    code = ("import json, sys\nfrom replug_jax.lm.http.client import HTTPLM\nfrom replug_jax.method import posterior\n"
+            f"args = json.loads({json.dumps(json.dumps([tiny_server.url, contexts, x, retrieval[0].tolist(), demos]))})\n"
+            "url, contexts, x, retrieval, demos = args\n"
+            "got = posterior.generate(HTTPLM(url), contexts, [x], [retrieval], alpha=1.0, keep=2, max_new_tokens=3, "
+            "shared_prefix=demos)\n"
+            "assert 'jax' not in sys.modules, 'jax imported'\nprint(json.dumps(got[0].log_weights))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_allclose(json.loads(done.stdout.splitlines()[-1]), local[0].log_weights, atol=1e-4)
 
 
 def test_server_that_adds_a_start_token(tiny):

@@ -188,3 +188,29 @@ def test_the_host_form_is_the_jax_form_in_float64(tau):
     got = mixture.mixture_logprobs(np.log([0.25, 0.75]), offered)
     np.testing.assert_allclose(np.exp(got), [0.25 * np.exp(-1.0) + 0.75 * np.exp(-2.0), 0.75 * np.exp(-0.5)])
     assert mixture.mixture_logprobs([-np.inf, 0.0], offered)[1] == -0.5  # a weight-0 pass adds nothing
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.1, 0.001])
+def test_host_weights_are_the_reference_in_float64(tau):
+    """`host_log_weights` (the posterior's and the HTTP client's weights, numpy float64) against the float64
+    reference and the JAX form: masked and -inf-scored passes weigh 0, a row without any is all -inf (no NaN), and
+    BM25-sized scores over a small τ keep their precision; `renormalised` makes any kept weights sum to 1."""
+    _, scores, mask = case(seed=4)
+    scores = scores.astype(np.float64) * 300 + 1000  # BM25-sized
+    mask[1, 2:] = False
+    scores[3, 1] = -np.inf
+    mask[4] = False  # no passage at all
+    got = mixture.host_log_weights(scores, mask, tau)
+    assert got.dtype == np.float64 and not np.isnan(got).any()
+    valid = mask & np.isfinite(scores)
+    for b in range(4):  # in log space (exp would underflow): z - log Σ exp z over the valid passes, z = s / τ
+        z = scores[b, valid[b]] / tau
+        np.testing.assert_allclose(got[b, valid[b]], z - np.logaddexp.reduce(z), rtol=1e-9, atol=1e-9)
+    assert np.isneginf(got[4]).all() and np.isneginf(got[1, 2:]).all() and np.isneginf(got[3, 1])
+    if tau >= 0.1:  # the JAX form in float32
+        jax_form = np.asarray(mixture.ensemble_log_weights(scores.astype(np.float32), mask, tau), np.float64)
+        np.testing.assert_allclose(got, jax_form, atol=2e-4 / tau)
+    kept = mixture.renormalised(np.where(mask, got - 3.0, -np.inf))  # any shift: renormalised back
+    np.testing.assert_allclose(np.exp(kept[:4]).sum(-1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(kept[:4], got[:4], atol=1e-12)
+    assert np.isneginf(mixture.renormalised([[-np.inf, -np.inf]])).all()

@@ -80,8 +80,8 @@ def posterior_choice(scores: np.ndarray, rows: np.ndarray, query_logliks: np.nda
     scores shifted by τ·α·ℓ (α 0: REPLUG bit for bit)."""
     valid = rows[:, :depth] >= 0  # [W, D]
     combined = posterior.combined_scores(scores[:, :depth], valid, query_logliks[:, :depth], temperature, alpha)
-    kept = posterior.kept_mask(np.asarray(mixture.ensemble_log_weights(combined, valid, temperature)), k)  # [W, D]
-    return combined, valid & kept
+    weights = posterior.posterior_log_weights(scores[:, :depth], valid, query_logliks[:, :depth], temperature, alpha)
+    return combined, valid & posterior.kept_mask(weights, k)  # [W, D] each
 
 
 def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: int, k_sweep: Sequence[int] = (),

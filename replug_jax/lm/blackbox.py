@@ -39,7 +39,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from replug_jax.method.posterior import check_ends_with_query
+from replug_jax.method.posterior import passage_part
 from replug_jax.models.tokenizer import TextTokenizer
 
 
@@ -180,8 +180,7 @@ def query_boundary(tokenizer: TextTokenizer, context: str, query: str) -> tuple[
 def query_token_count(tokenizer: TextTokenizer, context: str, query: str) -> int:
     """How many of `context`'s tokens (`tokenizer.encode(context)`, as `generation_prompt_ids` has them) are the
     query's it ends with: those starting at or after the query's first character (`query_token_ids`'s rule)."""
-    check_ends_with_query(context, query)
-    ids, n_ctx = query_boundary(tokenizer, context[: len(context) - len(query)], query)
+    ids, n_ctx = query_boundary(tokenizer, passage_part(context, query), query)
     n = len(ids) - n_ctx
     if not n:
         raise ValueError(f"query {query[:40]!r} has no tokens of its own after its passage: there is nothing to score")

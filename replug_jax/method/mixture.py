@@ -1,6 +1,6 @@
 """The REPLUG ensemble (Shi et al., 2023, §3.2) as pure functions: one mixture, in a JAX form for jitted code
-(`ensemble_log_weights`, `ensemble_logprobs`, float32) and a numpy form for the host (`mixture_logprobs`,
-`mixture_loglik`, float64), held equal by tests/test_mixture.py.
+(`ensemble_log_weights`, `ensemble_logprobs`, float32) and a numpy form for the host (`host_log_weights`,
+`renormalised`, `mixture_logprobs`, `mixture_loglik`, float64), held equal by tests/test_mixture.py.
 
 Each of the K retrieved documents d_k is prepended to the input x and scored by the
 black-box LM separately; the K predictions are mixed in probability space with weights
@@ -41,9 +41,32 @@ if TYPE_CHECKING:  # annotations only
 __all__ = [
     "ensemble_log_weights",
     "ensemble_logprobs",
+    "host_log_weights",
     "mixture_loglik",
     "mixture_logprobs",
+    "renormalised",
 ]
+
+
+def host_log_weights(scores, doc_mask, temperature: float = 1.0) -> np.ndarray:
+    """`ensemble_log_weights` on the host, float64: log softmax(scores / τ) over the valid documents of each row,
+    [..., K] -> [..., K], -inf for masked or -inf-scored documents (a row without any: all -inf)."""
+    _check_temperature(temperature)
+    s = np.asarray(scores, np.float64)
+    valid = np.asarray(doc_mask, bool) & (s != -np.inf)
+    top = np.max(np.where(valid, s, -np.inf), axis=-1, keepdims=True)  # centred before dividing by τ, as the JAX form
+    top = np.where(np.isfinite(top), top, 0.0)
+    return renormalised(np.where(valid, (np.where(valid, s, 0.0) - top) / temperature, -np.inf))
+
+
+def renormalised(log_weights) -> np.ndarray:
+    """Log weights [..., K] (-inf: none) shifted to sum to 1 over each row's others, float64; a row without any stays
+    all -inf. The one renormalisation of the host: REPLUG's softmax and the posterior's kept passages alike."""
+    w = np.asarray(log_weights, np.float64)
+    valid = w > -np.inf
+    with np.errstate(invalid="ignore"):  # a row without any weight: its norm is -inf, never subtracted
+        norm = np.logaddexp.reduce(np.where(valid, w, -np.inf), axis=-1, keepdims=True)
+    return np.where(valid, w - np.where(np.isfinite(norm), norm, 0.0), -np.inf)
 
 
 def mixture_logprobs(log_weights, per_pass) -> np.ndarray:

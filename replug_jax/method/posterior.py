@@ -13,11 +13,12 @@ generates (`generate`); the QA job's default reads it from zero-shot passes of i
 (`rerank`): of the top `depth` passages, the k with the highest posterior weight are kept and their weights
 renormalised.
 
-Here, in one module: the weights and the re-ranking (numpy, float64 where it counts), their JAX form for a jitted
-prefill (`prefill_log_weights`, held equal to `kept_passes`), the request a generation carries (`PrefillPosterior`)
-and ensembled generation with the posterior's weights through any black box (`generate`). The QA method on top of
-it is evaluate/qa_posterior.py; its settings are checked in jobs/input_checks.py. JAX is imported at the JAX form's
-first call: the HTTP client reads `PrefillPosterior` from here and imports no JAX.
+Here, in one module: the weights (`posterior_log_weights`, numpy float64: the one host form every caller uses) and
+the re-ranking, their JAX form for a jitted prefill (`prefill_log_weights`, held equal to `kept_passes`), a pass's
+passage part (`passage_part`), the request a generation carries (`PrefillPosterior`) and ensembled generation with
+the posterior's weights through any black box (`generate`). The QA method on top of it is evaluate/qa_posterior.py;
+its settings are checked in jobs/input_checks.py. JAX is imported at the JAX form's first call alone: a
+`replug_posterior` run through the HTTP client imports no JAX (tests/test_architecture.py).
 """
 from __future__ import annotations
 
@@ -39,21 +40,23 @@ def check_alpha(alpha: float) -> None:
     settings.check_value("posterior_alpha", alpha, prefix="")
 
 
-def combined_scores(scores, doc_mask, query_logliks, temperature: float, alpha: float) -> np.ndarray:
-    """s + τ·α·log p(x | d), float32 [B, K], so that softmax(combined / τ) = softmax(s/τ + α·ℓ): the retrieval
-    softmax's own stable centring serves both terms, and α 0 gives the scores back unchanged (REPLUG's weights).
-    scores, query_logliks: [B, K] (query_logliks: Σ_t log p(x_t | d_k, x_<t)); doc_mask: [B, K] bool."""
+def combined_scores(scores, doc_mask, query_logliks, temperature: float, alpha: float,
+                    dtype=np.float32) -> np.ndarray:
+    """s + τ·α·log p(x | d), [B, K] in `dtype`, so that softmax(combined / τ) = softmax(s/τ + α·ℓ): the retrieval
+    softmax's own stable centring serves both terms, and α 0 gives the scores back unchanged (REPLUG's weights; the
+    LM evaluation mixes float32 scores in JAX, bit for bit REPLUG's). scores, query_logliks: [B, K] (query_logliks:
+    Σ_t log p(x_t | d_k, x_<t)); doc_mask: [B, K] bool."""
     check_alpha(alpha)
     mask = np.asarray(doc_mask, bool)
     evidence = np.where(mask, np.asarray(query_logliks, np.float64), 0.0)  # never read where masked
-    return (np.asarray(scores, np.float64) + temperature * alpha * evidence).astype(np.float32)  # [B, K]
+    return (np.asarray(scores, np.float64) + temperature * alpha * evidence).astype(dtype)  # [B, K]
 
 
 def posterior_log_weights(scores, doc_mask, query_logliks, temperature: float, alpha: float) -> np.ndarray:
-    """log λ = log softmax(s / τ + α · log p(x | d)) over the valid passages of each row: float32 [B, K], -inf for
-    masked passages (`mixture.ensemble_log_weights`'s conventions)."""
-    combined = combined_scores(scores, doc_mask, query_logliks, temperature, alpha)
-    return np.asarray(mixture.ensemble_log_weights(combined, np.asarray(doc_mask, bool), temperature), np.float32)
+    """log λ = log softmax(s / τ + α · log p(x | d)) over the valid passages of each row: float64 [B, K], -inf for
+    masked passages (`mixture.host_log_weights`' conventions). Every host caller's posterior weights."""
+    combined = combined_scores(scores, doc_mask, query_logliks, temperature, alpha, dtype=np.float64)
+    return mixture.host_log_weights(combined, doc_mask, temperature)
 
 
 def kept_mask(log_weights: np.ndarray, k: int) -> np.ndarray:
@@ -72,10 +75,7 @@ def rerank(log_weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     kept = min(k, log_weights.shape[1])
     order = np.argsort(-log_weights, axis=1, kind="stable")[:, :kept]  # [B, k']
     top = np.take_along_axis(log_weights, order, axis=1)  # [B, k']
-    valid = np.isfinite(top)
-    norm = np.logaddexp.reduce(np.where(valid, top, -np.inf), axis=1, keepdims=True)  # [B, 1]
-    renormalised = np.where(valid, top - np.where(np.isfinite(norm), norm, 0.0), -np.inf)
-    return np.where(valid, order, -1), renormalised.astype(np.float32)
+    return np.where(np.isfinite(top), order, -1), mixture.renormalised(top).astype(np.float32)
 
 
 def kept_passes(scores: np.ndarray, query_logliks, temperature: float, alpha: float,
@@ -104,8 +104,7 @@ def prefill_log_weights(log_weights, query_logliks, alpha, keep: int):
         _, top = jax.lax.top_k(combined, keep)  # [B, keep]; ties: the lower position first, as `rerank`
         chosen = jnp.zeros(combined.shape, bool).at[jnp.arange(combined.shape[0])[:, None], top].set(True)
         combined = jnp.where(chosen, combined, -jnp.inf)
-    norm = jax.nn.logsumexp(combined, axis=1, keepdims=True)  # [B, 1]; -inf for a row without passes
-    return jnp.where(combined > -jnp.inf, combined - norm, -jnp.inf)
+    return mixture.ensemble_log_weights(combined, combined > -jnp.inf, 1.0)  # renormalised: softmax at τ 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +125,12 @@ def check_ends_with_query(context: str, query: str, where: str = "a pass context
         raise ValueError(f"{where} does not end with its query {query[:40]!r}: the posterior needs x last")
 
 
+def passage_part(context: str, query: str, where: str = "a pass context") -> str:
+    """A pass context's text before its query x (checked to end with it): the passage and whatever precedes x."""
+    check_ends_with_query(context, query, where)
+    return context[: len(context) - len(query)]
+
+
 def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max_new_tokens: int, stop=("\n",),
              shared_prefix: str = "", progress: bool = False) -> list:
     """Ensembled generation with the weights fixed at prefill by the posterior: question b's passes `contexts[b]`
@@ -139,9 +144,8 @@ def generate(lm, contexts, queries, log_weights, *, alpha: float, keep: int, max
         return lm.generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop, shared_prefix=shared_prefix,
                            progress=progress, posterior=PrefillPosterior(list(queries), alpha, keep))
     flat = [(b, c) for b, ctx in enumerate(contexts) for c in ctx]  # x scored in the generation's own tokens
-    for b, c in flat:
-        check_ends_with_query(c, queries[b], f"a pass context of question {b}")
-    scored = lm.score_with_query([c[: len(c) - len(queries[b])] for b, c in flat], [queries[b] for b, _ in flat],
+    docs = [passage_part(c, queries[b], f"a pass context of question {b}") for b, c in flat]
+    scored = lm.score_with_query(docs, [queries[b] for b, _ in flat],
                                  [""] * len(flat), **({"prefix": shared_prefix} if shared_prefix else {}))
     base = np.full((len(contexts), max(len(c) for c in contexts)), -np.inf, np.float32)  # [B, K]
     query_ll, at = [], 0  # [B][K_b]
