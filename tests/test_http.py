@@ -787,3 +787,21 @@ def test_a_response_over_the_cap_is_refused_before_the_model_runs(tiny, monkeypa
             assert status == 400 and "over this server's limit of 4000" in answer["error"]["message"], answer
             assert jobs == [], body
         assert _post(url, {"prompt": [7] * 40, "max_tokens": 0, "echo": True, "logprobs": 0})[0] == 200 and jobs
+
+
+def test_the_server_serves_what_declares_its_needs_and_names_what_another_lacks(tiny):
+    """Issue 70: the server's needs of a local LM are declared (models/served_model.py); LocalLM meets them, and a
+    model without them is refused at once, naming what it lacks."""
+    from replug_jax.models.served_model import ServedModel
+
+    assert isinstance(tiny[1], ServedModel)
+
+    class Scorer:  # a black box that scores but holds no parameters of its own
+        name, tokenizer = "remote", tiny[1].tokenizer
+
+        def score(self, contexts, continuations):
+            return []
+
+    with pytest.raises(TypeError, match=r"Scorer cannot be served: it lacks config, dtype, max_length, "
+                                        r"length_multiple, pad_id, start_id, params, score_prompts, score_token_pairs"):
+        BackgroundServer(Scorer())

@@ -21,6 +21,7 @@ import numpy as np
 
 from replug_jax.models import causal_lm, decoding, kv_cache
 from replug_jax.models.detokenize import token_shares
+from replug_jax.models.served_model import ServedModel, check_served
 from replug_jax.models.stop_strings import StopMasks
 from replug_jax.parallel import sharding
 
@@ -40,7 +41,9 @@ class RequestError(ValueError):
 class ScoringEngine:
     """One worker thread owns the model: it batches the prompts of concurrent requests into LocalLM calls."""
 
-    def __init__(self, lm, *, max_batch_rows: int = 32, batch_wait: float = 0.01, add_start_token: bool = False):
+    def __init__(self, lm: ServedModel, *, max_batch_rows: int = 32, batch_wait: float = 0.01,
+                 add_start_token: bool = False):
+        check_served(lm)
         self.lm, self.max_batch_rows, self.add_start_token = lm, max_batch_rows, add_start_token
         self.batch_wait = batch_wait
         if add_start_token and lm.start_id is None:
