@@ -123,7 +123,7 @@ def questions(args):
     import jax
     import replug_jax as rj
 
-    from replug_jax.data.downstream import load_nq_open
+    from replug_jax.data.question_sets import load_nq_open
 
     texts = [e.question for e in load_nq_open()[: args.questions]]
     command = "python " + " ".join(sys.argv)

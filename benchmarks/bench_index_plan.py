@@ -34,7 +34,7 @@ TRAIN_SIZE = 100_000  # rows an index that needs training is trained on (DenseIn
 
 def collection() -> tuple[list[str], dict]:
     """Every packaged text, and how many came from each source."""
-    from replug_jax.data import downstream, wiki
+    from replug_jax.data import question_sets, wiki
 
     texts, counts = [], {}
     for article in wiki.load_wiki_articles():
@@ -42,11 +42,11 @@ def collection() -> tuple[list[str], dict]:
         passages = [" ".join(words[i : i + 100]) for i in range(0, len(words), 100)]
         texts += [f"{article.title}. {p}" for p in passages]
     counts["wikipedia_100_word_passages"] = len(texts)
-    for split in downstream.MMLU_SPLITS:
-        mmlu = downstream.load_mmlu(split)
+    for split in question_sets.MMLU_SPLITS:
+        mmlu = question_sets.load_mmlu(split)
         texts += [e.question + " " + " ".join(e.choices) for e in mmlu]
         counts[f"mmlu_{split}"] = len(mmlu)
-    for name, examples in (("nq_open", downstream.load_nq_open()), ("trivia_qa", downstream.load_trivia_qa())):
+    for name, examples in (("nq_open", question_sets.load_nq_open()), ("trivia_qa", question_sets.load_trivia_qa())):
         texts += [e.question + " " + "; ".join(e.answers[:3]) for e in examples]
         counts[name] = len(examples)
     return texts, counts

@@ -38,7 +38,7 @@ def main():
 
     from replug_jax.jobs.config_files import sibling_config
     from replug_jax.jobs import prepare
-    from replug_jax.train.data import training_examples
+    from replug_jax.train.queries import training_examples
     from replug_jax.train.loop import LSRSettings, train_lsr
     from replug_jax.train.metrics import read_metrics
 

@@ -42,7 +42,7 @@ def mc_prompts(lm, task: str, questions: int, shots: int, k: int, doc_tokens: in
                         for q in range(len(asked))]
         shot_passages = passages[:shots]
     elif task == "mmlu":
-        from replug_jax.data.downstream import load_mmlu
+        from replug_jax.data.question_sets import load_mmlu
         from replug_jax.data.wiki import load_wiki_articles
 
         demos = load_mmlu("dev", ["high_school_biology"])[:shots]

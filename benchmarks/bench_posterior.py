@@ -99,7 +99,7 @@ def bench_shape(name, fields, args, torch_dtype, jnp_dtype, device, record):
 
     def replug():
         lm.score_token_pairs(replug_k)
-        np.asarray(mixture.ensemble_log_weights(scores_k, np.ones_like(scores_k, bool), args.temperature))
+        np.asarray(mixture.log_weights_jax(scores_k, np.ones_like(scores_k, bool), args.temperature))
 
     def torch_scoring(pairs, size):
         with torch.inference_mode():
@@ -116,7 +116,7 @@ def bench_shape(name, fields, args, torch_dtype, jnp_dtype, device, record):
     # generation: the k (or depth) passes as text, each ending with the question block x
     contexts = [[as_text(d) + as_text(q["x"]) for d in q["passages"]] for q in questions]
     queries = [as_text(q["x"]) for q in questions]
-    log_w = [np.asarray(mixture.ensemble_log_weights(q["scores"][None], np.ones((1, args.depth), bool),
+    log_w = [np.asarray(mixture.log_weights_jax(q["scores"][None], np.ones((1, args.depth), bool),
                                                      args.temperature))[0] for q in questions]  # [depth] each
     gen = dict(max_new_tokens=args.new_tokens, stop=())
     fns = {

@@ -150,7 +150,7 @@ def ivf_lists(n: int) -> int:
 
 def lsr_batch(encoder, store, n: int) -> dict:
     from replug_jax.train.batch import make_batch
-    from replug_jax.train.data import TrainExample
+    from replug_jax.train.queries import TrainExample
 
     rng = np.random.default_rng(2)
     examples = [TrainExample(store.texts[int(r)][:200], " x", excluded_sources=(store.sources[int(r)],))

@@ -37,7 +37,7 @@ def mixture_perplexity(logprobs: np.ndarray, lengths: list[int], pick) -> float:
     for w, n in enumerate(lengths):
         chosen = logprobs[w, pick(w), :n][None].astype(np.float32)  # [1, k, T]
         equal = np.zeros(chosen.shape[:2], np.float32)  # equal scores: λ = 1/k
-        total += float(np.sum(mixture.ensemble_logprobs(chosen, equal, equal == 0, 1.0)))
+        total += float(np.sum(mixture.mixed_logprobs_jax(chosen, equal, equal == 0, 1.0)))
         tokens += n
     return float(np.exp(-total / tokens))
 

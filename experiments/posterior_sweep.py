@@ -32,7 +32,7 @@ from replug_jax.jobs.config_files import sibling_config
 from replug_jax.jobs.input_checks import check_job_inputs
 from replug_jax.data import evaluation_sets
 from replug_jax.evaluate.answer_nll import answer_nll, query_and_continuation_scores
-from replug_jax.method.mixture import mixture_loglik
+from replug_jax.method.mixture import mixed_loglik
 from replug_jax.models import precision
 from replug_jax.method.passages import QA_DOC_TEMPLATE, passages_of, question_block
 from replug_jax.retrieval.retriever import DenseRetriever
@@ -59,13 +59,13 @@ def scored_split(lm, retriever, store, questions, depth: int) -> dict:
 
 def nll_of(split: dict, log_w: np.ndarray, kept: np.ndarray) -> np.ndarray:
     """[Q] answer NLL of the mixture of the `kept` passes [Q, k] with log weights [Q, k]."""
-    return np.array([-max(mixture_loglik(log_w[i], [per_gold[j] for j in kept[i]]) for per_gold in golds)
+    return np.array([-max(mixed_loglik(log_w[i], [per_gold[j] for j in kept[i]]) for per_gold in golds)
                      for i, golds in enumerate(split["cont"])])
 
 
 def replug_nll(split: dict, tau: float, k: int) -> np.ndarray:
     s = split["scores"][:, :k]
-    log_w = np.asarray(mixture.ensemble_log_weights(s, np.ones(s.shape, bool), tau))
+    log_w = np.asarray(mixture.log_weights_jax(s, np.ones(s.shape, bool), tau))
     return nll_of(split, log_w, np.tile(np.arange(k), (len(s), 1)))
 
 
@@ -106,8 +106,8 @@ def main():
     encoder, lm = prepare.load_job_encoder(config, dtype), prepare.load_job_lm(config, dtype)
     tokenizer, lm = prepare.lm_tokenizer(lm, config), prepare.cached_lm(lm, config)
     store = prepare.build_corpus(config.corpus, tokenizer, config.doc_tokens, shared)
-    index = prepare.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
-                                        embedding_dtype=config.embedding_dtype)
+    index = prepare.job_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+                                embedding_dtype=config.embedding_dtype)
     retriever = DenseRetriever(encoder, index, store)
     sets = {name: evaluation_sets.load_sets("qa", "sciq", shots=config.shots, max_questions=n, question_offset=off)[0]
             for name, n, off in (("heldout", args.heldout, 0), ("dev", args.dev, args.heldout))}

@@ -24,7 +24,7 @@ from replug_jax.method import mixture
 from replug_jax.jobs import prepare
 from replug_jax.jobs.config_files import sibling_config
 from replug_jax.jobs.input_checks import check_job_inputs
-from replug_jax.data import downstream as data
+from replug_jax.data import question_sets as data
 from replug_jax.evaluate import qa
 from replug_jax.lm.cache import CachedLM
 from replug_jax.method.passages import passage_text
@@ -37,7 +37,7 @@ def mixture_nll(per_pass: list[np.ndarray], chosen, log_w=None) -> float:
     """−log p(answer) under the per-token mixture of the chosen passes (uniform weights unless `log_w`)."""
     lps = np.stack([per_pass[i] for i in chosen])[None].astype(np.float32)  # [1, k, T]
     w = np.zeros((1, len(chosen)), np.float32) if log_w is None else np.asarray(log_w, np.float32)[None]
-    return -float(np.sum(mixture.ensemble_logprobs(lps, w, np.ones_like(w, bool), 1.0)))
+    return -float(np.sum(mixture.mixed_logprobs_jax(lps, w, np.ones_like(w, bool), 1.0)))
 
 
 def main():
@@ -57,8 +57,8 @@ def main():
     encoder = rj.load_encoder(config.encoder)
     lm = CachedLM(rj.load_lm(args.lm, batch_size=config.lm_batch_size), args.lm_cache)
     store = prepare.build_corpus(config.corpus, lm.tokenizer, config.doc_tokens, args.cache_dir)
-    index = prepare.build_dense_index(encoder, store, args.cache_dir, metric=config.metric,
-                                        factory=config.index_factory, embedding_dtype=config.embedding_dtype)
+    index = prepare.job_index(encoder, store, args.cache_dir, metric=config.metric,
+                                factory=config.index_factory, embedding_dtype=config.embedding_dtype)
     questions = data.load_qa("sciq", config.split)[config.shots :][: args.questions]  # sciq.py's evaluated set
     retrievers = {"replug": DenseRetriever(encoder, index, store)}
     if args.trained:
@@ -79,7 +79,7 @@ def main():
             at += len(ctx)
         ell = [np.array([x.sum() for x in p]) for p in per_q]  # [Q][depth] ℓ = Σ_t log p(y_t | d ∘ x, y_<t)
         k = args.k
-        tau = lambda t: [np.asarray(mixture.ensemble_log_weights(s[None, :k], np.ones((1, k), bool), t))[0]
+        tau = lambda t: [np.asarray(mixture.log_weights_jax(s[None, :k], np.ones((1, k), bool), t))[0]
                          for s in scores]
         stats = {
             "replug_top_k_tau1": np.mean([mixture_nll(p, range(k), w) for p, w in zip(per_q, tau(1.0))]),

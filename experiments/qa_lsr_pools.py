@@ -48,7 +48,7 @@ from lsr_headroom import spearman  # noqa: E402
 from replug_jax.jobs import prepare  # noqa: E402
 from replug_jax.jobs.config_files import sibling_config  # noqa: E402
 from replug_jax.jobs.input_checks import check_job_inputs  # noqa: E402
-from replug_jax.data.downstream import load_mc, load_qa  # noqa: E402
+from replug_jax.data.question_sets import load_mc, load_qa  # noqa: E402
 from replug_jax.data import olmes  # noqa: E402
 from replug_jax.data.records import QAExample  # noqa: E402
 from replug_jax.jobs import results_file, trained_retriever  # noqa: E402
@@ -56,7 +56,7 @@ from replug_jax.method.passages import QA_DOC_TEMPLATE  # noqa: E402
 from replug_jax.parallel import sharding  # noqa: E402
 from replug_jax.train import step as train_step_lib  # noqa: E402
 from replug_jax.train.batch import FrozenDocumentVectors, make_batch, supervise, supervise_targets  # noqa: E402
-from replug_jax.train.data import (first_training_row, qa_training_examples, question_key,  # noqa: E402
+from replug_jax.train.queries import (first_training_row, qa_training_examples, question_key,  # noqa: E402
                                    trained_questions_record)
 from replug_jax.train.lm_cache import LMScoreCache  # noqa: E402
 
@@ -153,8 +153,8 @@ def main(argv=None):
     lm = prepare.cached_lm(prepare.load_job_lm(config, None), config)
     tokenizer = prepare.lm_tokenizer(lm, config)
     store = prepare.build_corpus(config.corpus, tokenizer, config.doc_tokens, shared, split=config.split)
-    index = prepare.build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
-                                        embedding_dtype=config.embedding_dtype)
+    index = prepare.job_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+                                embedding_dtype=config.embedding_dtype)
     questions = load_qa(config.train_data, config.train_split)
     first_evaluated = config.shots  # sciq.py: the first `shots` rows are the demos, the evaluated ones follow
     first_trained = first_training_row(config.train_data, config.train_offset)  # sciq: 300

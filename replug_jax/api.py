@@ -22,6 +22,6 @@ def read_questions(source: str, split: str = "validation") -> list:
     """QA rows (`QAExample`: id, question, answers, and the row's other fields) as the QA job reads its questions and
     demos: a JSONL file of {"question", "answers" (or "answer")?, "id"?, ...}, "nq_open", "trivia_qa" or a "tfds:"
     source (`split` for those). `REPLUG.answer(demos=...)` takes them as they come."""
-    from replug_jax.data.downstream import load_qa
+    from replug_jax.data.question_sets import load_qa
 
     return load_qa(source, split, answers_required=False)

@@ -10,7 +10,7 @@
 Each of the top-k passages is prepended to the input separately and the LM's per-token probabilities are
 mixed with λ = softmax(s / τ) (§3.2), or (`weights="replug_posterior"`) with the LM's posterior over the passages
 (method/posterior.py). The calls go through the very functions the jobs use (`passages.document_passes` and
-`evaluate.lm.ensemble` for scoring, `evaluate.qa.method_passes` and `evaluate.qa_posterior` for QA), so the
+`evaluate.perplexity.mix_windows` for scoring, `evaluate.qa.method_passes` and `evaluate.qa_posterior` for QA), so the
 numbers are the jobs' numbers (tests/test_pipeline.py).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from replug_jax.base import settings
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa, qa_posterior
 from replug_jax.evaluate.demo_passages import few_shot_prefix
-from replug_jax.evaluate.lm import ensemble
+from replug_jax.evaluate.perplexity import mix_windows
 from replug_jax.method import mixture, posterior
 from replug_jax.method.passages import DOC_TEMPLATE, document_passes, passage_text
 from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, document_from_record
@@ -123,7 +123,7 @@ class REPLUG:
         """(log λ = log softmax(s/τ) [D'], scores [D'], datastore rows [D']) of one query's passages found in
         `scores`, `rows` [1, D] (-1 rows left out)."""
         valid = rows >= 0  # [1, D]
-        log_w = np.asarray(mixture.ensemble_log_weights(scores, valid, self.temperature))[0][valid[0]]
+        log_w = np.asarray(mixture.log_weights_jax(scores, valid, self.temperature))[0][valid[0]]
         return log_w, scores[0][valid[0]], rows[0][valid[0]]
 
     def _mixed_passes(self, query: str, text: str, continuation: str):
@@ -174,7 +174,7 @@ class REPLUG:
         else:  # the kept passes, their normalised log λ as scores at τ = 1 (softmax gives them back)
             _, log_w, lps, _ = self._mixed_passes(query, context, continuation)
             scores, mask, tau = log_w[None], np.ones((1, len(log_w)), bool), 1.0
-        return ensemble([lps], [len(lps[0])], scores, mask, tau)[0]  # the LM evaluation's own mixture
+        return mix_windows([lps], [len(lps[0])], scores, mask, tau)[0]  # the LM evaluation's own mixture
 
     def generate(self, prompt: str, *, max_new_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  query: str | None = None) -> str:

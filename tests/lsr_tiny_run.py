@@ -24,7 +24,7 @@ from replug_jax.retrieval.datastore import Document, chunk_documents  # noqa: E4
 from replug_jax.retrieval.embeddings import embed_corpus  # noqa: E402
 from replug_jax.retrieval.index import DenseIndex  # noqa: E402
 from replug_jax.retrieval.retriever import index_meta  # noqa: E402
-from replug_jax.train.data import training_examples  # noqa: E402
+from replug_jax.train.queries import training_examples  # noqa: E402
 from replug_jax.train.loop import LSRSettings, train_lsr  # noqa: E402
 
 WORDS = ["river", "mountain", "violin", "bread", "snow", "desert", "ocean", "forest", "city", "garden"]

@@ -361,13 +361,13 @@ def test_the_tpu_pages_commands_name_configs_and_keys_that_exist():
 def test_a_question_file_without_answers_is_an_input_error(tmp_path):
     """A QA job's question file whose rows have no (or malformed) "answers" is the user's input: one line naming
     the file and line, exit 2 (not a fault's exit 1)."""
-    from replug_jax.data import downstream
+    from replug_jax.data import question_sets
 
     questions = tmp_path / "questions.jsonl"
     for row in ('{"question": "Who?", "answers": 3}', '{"question": "Who?"}'):
         questions.write_text(row + "\n")
         with pytest.raises(input_checks.InputError, match="line 1: needs \"answers\""):
-            downstream.read_qa_jsonl(str(questions))
+            question_sets.read_qa_jsonl(str(questions))
     done, _ = run_main("--config", os.path.join("experiments", "configs", "demo_qa.py"), "--workdir",
                        str(tmp_path / "w"), f"--config.questions={questions}")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]

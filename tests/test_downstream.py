@@ -14,7 +14,7 @@ import pytest
 import replug_jax as rj
 from replug_jax.lm.http.transport import BlackBoxServerError
 from replug_jax.jobs.config_files import sibling_config
-from replug_jax.data.downstream import MMLU_CATEGORIES, MMLU_SUBJECTS, MCExample, QAExample
+from replug_jax.data.question_sets import MMLU_CATEGORIES, MMLU_SUBJECTS, MCExample, QAExample
 from replug_jax.evaluate import demo_passages, mmlu, qa
 from replug_jax.evaluate.qa_metrics import normalize_answer
 from replug_jax.jobs import downstream as job
@@ -681,8 +681,8 @@ def test_answer_bearing_demo_passages(files, smollm2, tmp_path):
     config = qa_config(files)
     store = prepare.build_datastore(files["corpus"], smollm2.tokenizer, config.doc_tokens, str(tmp_path))
     encoder = rj.load_encoder("minilm")
-    index = prepare.build_dense_index(encoder, store, str(tmp_path), metric="cosine", factory="Flat",
-                                        embedding_dtype="float32")
+    index = prepare.job_index(encoder, store, str(tmp_path), metric="cosine", factory="Flat",
+                                embedding_dtype="float32")
     retriever = job.retrievers_for(config, encoder, store, index, str(tmp_path))["replug"]
     demos = [QAExample("d0", "Who is the mayor of Velmora?", ("Lisbon",)),  # only Fenn's passage says Lisbon
              QAExample("d1", "Who is the mayor of Velmora?", ("nobody at all",))]
@@ -718,7 +718,7 @@ def test_vote_method_decodes_replugs_passes_and_votes(files, smollm2, tmp_path):
 
 
 def test_sciq_corpus_is_support_paragraphs_plus_wikipedia(smollm2, tmp_path):
-    from replug_jax.data import downstream as data
+    from replug_jax.data import question_sets as data
     from replug_jax.data import wiki
 
     config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")

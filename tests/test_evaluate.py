@@ -7,7 +7,7 @@ import pytest
 from ml_collections import config_dict
 
 import replug_jax as rj
-from replug_jax.evaluate import lm as lm_eval
+from replug_jax.evaluate import perplexity as lm_perplexity
 from replug_jax.jobs import lm_eval as run
 from replug_jax.jobs.prepare import read_documents
 from replug_jax.jobs import report
@@ -118,7 +118,7 @@ def test_ensemble_and_k_sweep_reuse_match_direct_scoring(tiny, tmp_path):
     """Every REPLUG number equals a mixture computed by hand from separate lm.score calls."""
     lm, store, retriever, wins = _corpus_and_windows(tiny, tmp_path)
     tau, other_tau = 0.5, 0.05
-    results = lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=3, k_sweep=(1, 3), temperature=tau,
+    results = lm_perplexity.evaluate_lm(lm, wins, store, {"replug": retriever}, k=3, k_sweep=(1, 3), temperature=tau,
                                   temperature_sweep=(other_tau,), progress=False)
     queried = [w for w in wins if w.query]
     scores, rows = retriever.retrieve([w.query for w in queried], 3, exclude_sources=[[w.doc_id] for w in queried])
@@ -158,12 +158,12 @@ def test_posterior_is_the_lms_posterior_over_replugs_own_passes(tiny, tmp_path):
     mixed, by hand from the LM's scores of REPLUG's own tokens (the prefix's: those from its first character on);
     α = 0 is REPLUG; REPLUG's numbers are the same whether its passes also score the prefix or not."""
     lm, store, retriever, wins = _corpus_and_windows(tiny, tmp_path)
-    run_with = lambda alpha, evidence=None: lm_eval.evaluate_lm(  # noqa: E731
+    run_with = lambda alpha, evidence=None: lm_perplexity.evaluate_lm(  # noqa: E731
         lm, wins, store, {"replug": retriever}, k=2, temperature=0.5, progress=False, posterior_alpha=alpha,
         rerank_depth=4, evidence=evidence)
     rows_out = []
     results = run_with(1.0, rows_out)  # the plain run retrieves the same top 4 (its k sweep's), as ties order by depth
-    plain = lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=2, k_sweep=(4,), temperature=0.5,
+    plain = lm_perplexity.evaluate_lm(lm, wins, store, {"replug": retriever}, k=2, k_sweep=(4,), temperature=0.5,
                                 progress=False)
     assert results["perplexity"]["replug"] == pytest.approx(plain["perplexity"]["replug"], rel=1e-6)
     queried = [w for w in wins if w.query]
@@ -220,7 +220,7 @@ def test_concat_and_bm25_match_direct_scoring(tiny, tmp_path):
         wins += document_windows(d.id, d.text, lm.tokenizer, stride_tokens=24, query_tokens=16, context_tokens=16)
     k, tau, bm25_tau = 2, 0.5, 0.25
     told: list[dict] = []  # issue 60: each method's numbers as it finishes, for a run that fails later
-    results = lm_eval.evaluate_lm(lm, wins, store, {"replug": dense, "bm25": bm25}, k=k, concat_retriever="replug",
+    results = lm_perplexity.evaluate_lm(lm, wins, store, {"replug": dense, "bm25": bm25}, k=k, concat_retriever="replug",
                                   temperature=tau, temperatures={"bm25": bm25_tau}, progress=False,
                                   method_finished=told.append)
     assert [sorted(t["perplexity"]) for t in told] == [["none"], ["concat", "none", "replug"],

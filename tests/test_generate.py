@@ -1,5 +1,5 @@
 """REPLUG's ensembled greedy decoding on the local backend: the KV-cache decode loop equals a reference that
-recomputes every pass in full and mixes with `mixture.ensemble_logprobs`."""
+recomputes every pass in full and mixes with `mixture.mixed_logprobs_jax`."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +44,7 @@ def reference(lm, contexts, log_weights, max_new, prefix=""):
                 ids, mask = sharding.pad_rows([r + tokens], 64, 0, 1)  # right padding: the last real position
                 per_pass.append(jax.nn.log_softmax(full(ids, mask)[0, len(r + tokens) - 1]))
             w = jnp.asarray(lw, jnp.float32)[None]
-            mix = mixture.ensemble_logprobs(jnp.stack(per_pass)[None], w, w > -jnp.inf, 1.0)[0]
+            mix = mixture.mixed_logprobs_jax(jnp.stack(per_pass)[None], w, w > -jnp.inf, 1.0)[0]
             tokens.append(int(jnp.argmax(mix)))
             lps.append(float(mix[tokens[-1]]))
         out.append((tokens, lps))

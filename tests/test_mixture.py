@@ -47,9 +47,9 @@ def test_matches_reference(tau):
     lp, scores, mask = case()
     mask[1, 2:] = False
     lp[1, 2:] = np.nan  # masked docs: garbage must not leak
-    out = mixture.ensemble_logprobs(lp, scores, mask, tau)
+    out = mixture.mixed_logprobs_jax(lp, scores, mask, tau)
     np.testing.assert_allclose(out, ref_mixture(lp, scores, mask, tau), rtol=1e-5, atol=1e-5)
-    w = np.exp(mixture.ensemble_log_weights(scores, mask, tau))
+    w = np.exp(mixture.log_weights_jax(scores, mask, tau))
     np.testing.assert_allclose(w, ref_weights(scores, mask, tau), atol=1e-6)
     np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-6)
     # the mixture is also logaddexp-reduce of log λ + log p
@@ -61,17 +61,17 @@ def test_matches_reference(tau):
 
 def test_single_document_is_identity():
     lp, scores, mask = case(k=1)
-    out = mixture.ensemble_logprobs(lp, scores, mask, 0.3)
+    out = mixture.mixed_logprobs_jax(lp, scores, mask, 0.3)
     np.testing.assert_allclose(out, lp[:, 0], rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(mixture.ensemble_log_weights(scores, mask), 0.0)
+    np.testing.assert_array_equal(mixture.log_weights_jax(scores, mask), 0.0)
 
 
 def test_ties_give_uniform_weights_and_mean_probability():
     lp, _, mask = case()
     scores = np.full(mask.shape, 0.7, np.float32)
-    w = np.exp(mixture.ensemble_log_weights(scores, mask, 0.05))
+    w = np.exp(mixture.log_weights_jax(scores, mask, 0.05))
     np.testing.assert_allclose(w, 0.25, rtol=1e-6)
-    out = mixture.ensemble_logprobs(lp, scores, mask, 0.05)
+    out = mixture.mixed_logprobs_jax(lp, scores, mask, 0.05)
     np.testing.assert_allclose(out, np.log(np.exp(lp.astype(np.float64)).mean(1)), rtol=1e-5, atol=1e-6)
 
 
@@ -82,11 +82,11 @@ def test_minus_inf_scores_and_masked_nan_logprobs():
     mask[3, 1] = False
     lp[3, 1] = np.nan
     scores[3, 1] = np.nan  # a masked doc's score is garbage too
-    out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, 0.5))
+    out = np.asarray(mixture.mixed_logprobs_jax(lp, scores, mask, 0.5))
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out, ref_mixture(lp, scores, mask, 0.5), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out[2], lp[2, 3], rtol=1e-6, atol=1e-6)
-    log_w = np.asarray(mixture.ensemble_log_weights(scores, mask, 0.5))
+    log_w = np.asarray(mixture.log_weights_jax(scores, mask, 0.5))
     assert log_w[0, 0] == -np.inf and log_w[3, 1] == -np.inf and not np.isnan(log_w).any()
 
 
@@ -94,7 +94,7 @@ def test_minus_inf_token_logprob_of_one_doc():
     lp, scores, mask = case()
     lp[0, 1, 2] = -np.inf  # one doc gives the token probability 0: the mixture does not
     lp[1, :, 3] = -np.inf  # every doc gives probability 0: so does the mixture
-    out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask))
+    out = np.asarray(mixture.mixed_logprobs_jax(lp, scores, mask))
     assert np.isfinite(out[0]).all() and out[1, 3] == -np.inf and not np.isnan(out).any()
     np.testing.assert_allclose(out, ref_mixture(lp, scores, mask, 1.0), rtol=1e-5, atol=1e-5)
 
@@ -103,24 +103,24 @@ def test_all_documents_masked_is_minus_inf_without_nan():
     lp, scores, mask = case()
     mask[4] = False
     lp[4] = np.nan
-    out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask))
+    out = np.asarray(mixture.mixed_logprobs_jax(lp, scores, mask))
     assert (out[4] == -np.inf).all() and np.isfinite(out[:4]).all()
-    assert (np.asarray(mixture.ensemble_log_weights(scores, mask))[4] == -np.inf).all()
-    grad = jax.grad(lambda s: jnp.sum(mixture.ensemble_logprobs(lp, s, mask)[:4]))(scores)
+    assert (np.asarray(mixture.log_weights_jax(scores, mask))[4] == -np.inf).all()
+    grad = jax.grad(lambda s: jnp.sum(mixture.mixed_logprobs_jax(lp, s, mask)[:4]))(scores)
     assert np.isfinite(grad).all() and (grad[4] == 0).all()
 
 
 def test_temperature_sharpens_towards_best_document():
     lp, scores, mask = case()
     best = scores.argmax(1)
-    hot = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, 1e6))
-    cold = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, 1e-3))
+    hot = np.asarray(mixture.mixed_logprobs_jax(lp, scores, mask, 1e6))
+    cold = np.asarray(mixture.mixed_logprobs_jax(lp, scores, mask, 1e-3))
     np.testing.assert_allclose(cold, lp[np.arange(len(best)), best], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(hot, np.log(np.exp(lp.astype(np.float64)).mean(1)), atol=2e-5)
-    w = lambda tau: np.exp(mixture.ensemble_log_weights(scores, mask, tau))[np.arange(len(best)), best]
+    w = lambda tau: np.exp(mixture.log_weights_jax(scores, mask, tau))[np.arange(len(best)), best]
     assert (w(0.1) > w(1.0)).all() and (w(1.0) > w(10.0)).all()
     with pytest.raises(ValueError):
-        mixture.ensemble_log_weights(scores, mask, 0.0)
+        mixture.log_weights_jax(scores, mask, 0.0)
 
 
 def test_next_token_mixture_is_normalised():
@@ -130,7 +130,7 @@ def test_next_token_mixture_is_normalised():
     scores = rng.normal(size=(3, 4)).astype(np.float32)
     mask = np.array([[1, 1, 1, 1], [1, 0, 1, 0], [0, 0, 1, 0]], bool)
     lp[~mask] = np.nan
-    out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, 0.2))
+    out = np.asarray(mixture.mixed_logprobs_jax(lp, scores, mask, 0.2))
     assert out.shape == (3, 101)
     np.testing.assert_allclose(np.exp(out.astype(np.float64)).sum(-1), 1.0, rtol=1e-5)
     np.testing.assert_allclose(out, ref_mixture(lp, scores, mask, 0.2), rtol=1e-5, atol=1e-5)
@@ -142,7 +142,7 @@ def test_gradient_wrt_scores_matches_finite_differences():
     lp[1, 0] = np.nan
     with jax.enable_x64(True):
         lp64, s64 = jnp.asarray(lp, jnp.float64), jnp.asarray(scores, jnp.float64)
-        f = jax.jit(lambda s: jnp.sum(mixture.ensemble_logprobs(lp64, s, mask, 0.5) * jnp.arange(1.0, 5.0)))
+        f = jax.jit(lambda s: jnp.sum(mixture.mixed_logprobs_jax(lp64, s, mask, 0.5) * jnp.arange(1.0, 5.0)))
         grad = np.asarray(jax.grad(f)(s64))
         assert grad.dtype == np.float64
         eps, fd = 1e-6, np.zeros_like(grad)
@@ -162,7 +162,7 @@ def test_weights_keep_precision_for_large_scores_and_small_temperature():
     tau = 0.001
     z = scores.astype(np.float64) / tau
     want = z - np.log(np.exp(z - z.max()).sum()) - z.max()
-    got = np.asarray(mixture.ensemble_log_weights(scores, np.ones((1, 4), bool), tau), np.float64)
+    got = np.asarray(mixture.log_weights_jax(scores, np.ones((1, 4), bool), tau), np.float64)
     np.testing.assert_allclose(got, want, atol=1e-3)
     divided_first = (scores / np.float32(tau)).astype(np.float32)  # the old order, in float32
     old = divided_first - np.log(np.exp((divided_first - divided_first.max()).astype(np.float64)).sum()) - divided_first.max()
@@ -171,28 +171,28 @@ def test_weights_keep_precision_for_large_scores_and_small_temperature():
 
 @pytest.mark.parametrize("tau", [1.0, 0.1])
 def test_the_host_form_is_the_jax_form_in_float64(tau):
-    """`mixture_logprobs` / `mixture_loglik` (numpy, the HTTP client's and the answer NLL's) against the jitted
-    `ensemble_logprobs` and the float64 reference, a pass of weight 0 and a token a pass does not offer included."""
+    """`mixed_logprobs` / `mixed_loglik` (numpy, the HTTP client's and the answer NLL's) against the jitted
+    `mixed_logprobs_jax` and the float64 reference, a pass of weight 0 and a token a pass does not offer included."""
     lp, scores, mask = case(seed=3)
     mask[2, 1] = False
     scores[4, 0] = -np.inf
-    log_w = np.asarray(mixture.ensemble_log_weights(scores, mask, tau), np.float64)  # [B, K]
-    jax_out = np.asarray(mixture.ensemble_logprobs(lp, scores, mask, tau))  # [B, T]
+    log_w = np.asarray(mixture.log_weights_jax(scores, mask, tau), np.float64)  # [B, K]
+    jax_out = np.asarray(mixture.mixed_logprobs_jax(lp, scores, mask, tau))  # [B, T]
     for b in range(lp.shape[0]):
-        host = mixture.mixture_logprobs(log_w[b], lp[b])  # [T]
+        host = mixture.mixed_logprobs(log_w[b], lp[b])  # [T]
         assert host.dtype == np.float64
         np.testing.assert_allclose(host, jax_out[b], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(host, ref_mixture(lp, scores, mask, tau)[b], rtol=1e-5, atol=1e-5)
-        assert mixture.mixture_loglik(log_w[b], lp[b]) == pytest.approx(float(host.sum()), abs=1e-9)
+        assert mixture.mixed_loglik(log_w[b], lp[b]) == pytest.approx(float(host.sum()), abs=1e-9)
     offered = np.array([[-1.0, -np.inf], [-2.0, -0.5]])  # pass 0 does not offer token 1
-    got = mixture.mixture_logprobs(np.log([0.25, 0.75]), offered)
+    got = mixture.mixed_logprobs(np.log([0.25, 0.75]), offered)
     np.testing.assert_allclose(np.exp(got), [0.25 * np.exp(-1.0) + 0.75 * np.exp(-2.0), 0.75 * np.exp(-0.5)])
-    assert mixture.mixture_logprobs([-np.inf, 0.0], offered)[1] == -0.5  # a weight-0 pass adds nothing
+    assert mixture.mixed_logprobs([-np.inf, 0.0], offered)[1] == -0.5  # a weight-0 pass adds nothing
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.1, 0.001])
 def test_host_weights_are_the_reference_in_float64(tau):
-    """`host_log_weights` (the posterior's and the HTTP client's weights, numpy float64) against the float64
+    """`log_weights` (the posterior's and the HTTP client's weights, numpy float64) against the float64
     reference and the JAX form: masked and -inf-scored passes weigh 0, a row without any is all -inf (no NaN), and
     BM25-sized scores over a small τ keep their precision; `renormalised` makes any kept weights sum to 1."""
     _, scores, mask = case(seed=4)
@@ -200,7 +200,7 @@ def test_host_weights_are_the_reference_in_float64(tau):
     mask[1, 2:] = False
     scores[3, 1] = -np.inf
     mask[4] = False  # no passage at all
-    got = mixture.host_log_weights(scores, mask, tau)
+    got = mixture.log_weights(scores, mask, tau)
     assert got.dtype == np.float64 and not np.isnan(got).any()
     valid = mask & np.isfinite(scores)
     for b in range(4):  # in log space (exp would underflow): z - log Σ exp z over the valid passes, z = s / τ
@@ -208,7 +208,7 @@ def test_host_weights_are_the_reference_in_float64(tau):
         np.testing.assert_allclose(got[b, valid[b]], z - np.logaddexp.reduce(z), rtol=1e-9, atol=1e-9)
     assert np.isneginf(got[4]).all() and np.isneginf(got[1, 2:]).all() and np.isneginf(got[3, 1])
     if tau >= 0.1:  # the JAX form in float32
-        jax_form = np.asarray(mixture.ensemble_log_weights(scores.astype(np.float32), mask, tau), np.float64)
+        jax_form = np.asarray(mixture.log_weights_jax(scores.astype(np.float32), mask, tau), np.float64)
         np.testing.assert_allclose(got, jax_form, atol=2e-4 / tau)
     kept = mixture.renormalised(np.where(mask, got - 3.0, -np.inf))  # any shift: renormalised back
     np.testing.assert_allclose(np.exp(kept[:4]).sum(-1), 1.0, atol=1e-12)

@@ -47,7 +47,7 @@ import replug_jax as rj
 from replug_jax.data.olmes import load_olmes, split_question_block
 from replug_jax.data.records import MCExample, QAExample
 from replug_jax.evaluate import answer_nll, concat_cuts, mmlu, multiple_choice, option_text, qa, qa_posterior
-from replug_jax.evaluate import lm as lm_eval
+from replug_jax.evaluate import perplexity as lm_perplexity
 from replug_jax.evaluate.windows import Window, document_windows
 from replug_jax.lm import blackbox
 from replug_jax.lm.http.client import HTTPLM, BlackBoxServerError
@@ -213,7 +213,7 @@ def lm_evaluation(lm, encoder, tmp_path, weighting, **extra):
     store, retriever = datastore(lm, encoder, tmp_path)
     wins = lm_windows(lm.tokenizer)
     alpha, depth = WEIGHTINGS[weighting] or (None, 0)
-    out = lm_eval.evaluate_lm(lm, wins, store, {"replug": retriever}, k=K, temperature=TAU, progress=False,
+    out = lm_perplexity.evaluate_lm(lm, wins, store, {"replug": retriever}, k=K, temperature=TAU, progress=False,
                               posterior_alpha=alpha, rerank_depth=depth, **extra)
     return out, store, wins
 
@@ -289,7 +289,9 @@ def test_qa_gives_one_number_on_every_path(paths, tmp_path, weighting, evidence)
 
 
 def mc_logliks(lm, encoder, tmp_path, weighting, olmes: bool):
-    """Per question the options' mixture log-likelihoods of one weighting (OLMES requests or the cloze prompts)."""
+    """Per question the options' mixture log-likelihoods of one weighting (OLMES requests or the cloze prompts);
+    the cloze prompts' also each question's log λ and (the posterior) ℓ of the passes mixed, as the QA cell has
+    them: {"loglik": ..., "log_weights": ..., "query_logliks": ...}."""
     store, retriever = datastore(lm, encoder, tmp_path)
     if olmes:
         alpha, depth = WEIGHTINGS[weighting] or (1.0, 0)
@@ -298,7 +300,7 @@ def mc_logliks(lm, encoder, tmp_path, weighting, olmes: bool):
         retrieve = lambda _, queries: retriever.retrieve(queries, max(K, depth))
         rows = multiple_choice.predictions(lm, multiple_choice.olmes_requests(questions), [method], retrieve, store,
                                            metric="acc", temperature=TAU, posterior_alpha=alpha, k=K)
-        return [r[f"{method}_options"]["loglik"] for r in rows]
+        return {"loglik": [r[f"{method}_options"]["loglik"] for r in rows]}
     questions = [QAExample(q.id, q.question, q.answers) for q in QUESTIONS]
     choices = [[" to the sea", " to the desert"], [" 79", " 47"], [" Mount Elbrus", " Mont Blanc"]]
     alpha, depth = WEIGHTINGS[weighting] or (0.0, 0)
@@ -308,11 +310,13 @@ def mc_logliks(lm, encoder, tmp_path, weighting, olmes: bool):
         prompts = [[QA_DOC_TEMPLATE.format(passage=p) + f"Question: {q.question}\nAnswer:" for p in ps]
                    for q, ps in zip(questions, passages)]
         log_w = [option_text.log_lambda(s, len(p), TAU) for s, p in zip(scores, passages)]
-        return option_text.option_predictions(lm, prompts, log_w, choices)["loglik"]
+        return {"loglik": option_text.option_predictions(lm, prompts, log_w, choices)["loglik"],
+                "log_weights": [w.tolist() for w in log_w]}
     docs = [[QA_DOC_TEMPLATE.format(passage=p) for p in ps] for ps in passages]
     blocks = [f"Question: {q.question}\nAnswer:" for q in questions]
-    return option_text.posterior_option_predictions(lm, docs, blocks, scores, choices, temperature=TAU, alpha=alpha,
-                                                    k=K)["loglik"]
+    out = option_text.posterior_option_predictions(lm, docs, blocks, scores, choices, temperature=TAU, alpha=alpha,
+                                                   k=K)
+    return {key: out[key] for key in ("loglik", "log_weights", "query_logliks")}
 
 
 @pytest.mark.parametrize("olmes", [False, True], ids=["cloze", "olmes"])
@@ -322,10 +326,15 @@ def test_multiple_choice_gives_one_number_on_every_path(paths, tmp_path, weighti
     want = mc_logliks(lms["local"], encoder, tmp_path, weighting, olmes)
     for name in ("http", "http_server"):
         got = mc_logliks(lms[name], encoder, tmp_path, weighting, olmes)
-        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4, err_msg=name)
+        assert set(got) == set(want)
+        for key in want:  # the options' log-likelihoods; the cloze cell's log λ and ℓ too (2e-4: ℓ sums a block)
+            np.testing.assert_allclose(np.array(got[key]), np.array(want[key]), rtol=1e-4, atol=2e-4,
+                                       err_msg=f"{name} {key}")
     if weighting == "posterior_a0":
-        np.testing.assert_allclose(np.array(want), np.array(mc_logliks(lms["local"], encoder, tmp_path, "replug",
-                                                                       olmes)), atol=1e-4)
+        replug = mc_logliks(lms["local"], encoder, tmp_path, "replug", olmes)
+        for key in ("loglik", "log_weights"):
+            if key in want:
+                np.testing.assert_allclose(np.array(want[key]), np.array(replug[key]), atol=1e-4)
 
 
 def test_olmes_x_is_the_final_question_block_of_real_requests():
@@ -389,7 +398,7 @@ def test_replug_object_gives_the_jobs_numbers(paths, tmp_path):
     store, retriever = datastore(lms["local"], encoder, tmp_path)
     for weighting, setting in WEIGHTINGS.items():  # the LM evaluation's own number for the same passes
         alpha, depth = setting or (None, 0)
-        found = lm_eval.evaluate_lm(lms["local"], [window], store, {"replug": retriever}, k=K, temperature=TAU,
+        found = lm_perplexity.evaluate_lm(lms["local"], [window], store, {"replug": retriever}, k=K, temperature=TAU,
                                     progress=False, posterior_alpha=alpha, rerank_depth=depth)["perplexity"]
         lps = np.asarray(out["local", weighting], np.float64)  # [T]
         assert np.exp(-lps.sum() / len(lps)) == pytest.approx(found["replug" if setting is None else

@@ -254,14 +254,14 @@ def test_pieces_in_the_wrong_order_are_refused_at_once(rag, minilm):
 
 
 def test_posterior_score_mixes_through_the_shared_mixture(rag, monkeypatch):
-    """weights="replug_posterior": the kept passes' token log-probs are mixed by `mixture.ensemble_logprobs` with their
+    """weights="replug_posterior": the kept passes' token log-probs are mixed by `mixture.mixed_logprobs_jax` with their
     weights, as the LM evaluation mixes (no second hand-written mixture)."""
     from replug_jax.method import mixture
 
     post = rj.REPLUG(rag.lm, rag.retriever, rag.datastore, k=2, temperature=0.5, weights="replug_posterior",
                      posterior_alpha=0.5, rerank_depth=4)
-    calls, inner = [], mixture.ensemble_logprobs
-    monkeypatch.setattr(mixture, "ensemble_logprobs",
+    calls, inner = [], mixture.mixed_logprobs_jax
+    monkeypatch.setattr(mixture, "mixed_logprobs_jax",
                         lambda lps, *a, **kw: calls.append(np.shape(lps)) or inner(lps, *a, **kw))
     got = post.score("The mayor of Velmora is", " Tobias Grint")
     assert calls == [(1, 2, len(got))]

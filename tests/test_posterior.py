@@ -133,7 +133,7 @@ def test_generation_fixes_the_posterior_weights_at_its_own_prefill(smollm2, monk
     the answers are the kept passes decoded with those weights; the score_with_query route (HTTP's) agrees."""
     contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(QUESTIONS, PASSAGES)]
     queries = [question_block(q.question, None) for q in QUESTIONS]
-    retrieval = list(np.asarray(mixture.ensemble_log_weights(SCORES, np.ones(SCORES.shape, bool), 0.1)))  # [2][3]
+    retrieval = list(np.asarray(mixture.log_weights_jax(SCORES, np.ones(SCORES.shape, bool), 0.1)))  # [2][3]
     generate_calls = []
     inner_generate = smollm2.generate
     monkeypatch.setattr(smollm2, "generate", lambda *a, **kw: generate_calls.append(1) or inner_generate(*a, **kw))
@@ -170,7 +170,7 @@ def test_qa_rows_without_answers_come_from_the_generations_prefill(smollm2, monk
                                                with_answers=False, evidence="demos")
     monkeypatch.undo()
     contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(QUESTIONS, PASSAGES)]
-    retrieval = list(np.asarray(mixture.ensemble_log_weights(SCORES, np.ones(SCORES.shape, bool), 0.1)))
+    retrieval = list(np.asarray(mixture.log_weights_jax(SCORES, np.ones(SCORES.shape, bool), 0.1)))
     hand = prefill_hand_weights(smollm2, contexts, [question_block(q.question, None) for q in QUESTIONS],
                                 retrieval, 0.5, 2)
     for row, passages, ps, (ll, log_w) in zip(rows, kept_passages, PASSAGES, hand):

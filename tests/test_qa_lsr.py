@@ -9,7 +9,7 @@ from ml_collections import config_dict
 
 from replug_jax.jobs import report
 from replug_jax.jobs import prepare
-from replug_jax.data import downstream as downstream_data
+from replug_jax.data import question_sets
 from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa
 from replug_jax.evaluate.answer_nll import answer_nll
@@ -21,7 +21,7 @@ from replug_jax.retrieval.datastore import Datastore, read_jsonl
 from replug_jax.retrieval.retriever import excluded_rows
 from replug_jax.train.batch import supervise, supervise_targets
 from replug_jax.train import loop
-from replug_jax.train.data import (TrainExample, check_disjoint_questions, qa_training_examples,
+from replug_jax.train.queries import (TrainExample, check_disjoint_questions, qa_training_examples,
                                    trained_questions_record, trains_on_questions)
 from replug_jax.train.lm_cache import LMScoreCache
 
@@ -179,15 +179,15 @@ def test_line_numbers_are_no_identity_across_files(tmp_path):
     """JSONL rows without ids get their line numbers: a held-out file's line 1 is not the training file's line 1,
     and corpus row i (say question i's support passage) is not hidden from question i."""
     rows = lambda qs: [{"question": q.question, "answers": list(q.answers)} for q in qs]
-    train = downstream_data.read_qa_jsonl(_jsonl(tmp_path / "train.jsonl", rows(QUESTIONS)))
-    held_out = downstream_data.read_qa_jsonl(_jsonl(tmp_path / "test.jsonl", rows(
+    train = question_sets.read_qa_jsonl(_jsonl(tmp_path / "train.jsonl", rows(QUESTIONS)))
+    held_out = question_sets.read_qa_jsonl(_jsonl(tmp_path / "test.jsonl", rows(
         [QAExample("", "Which planet is the largest?", ("Jupiter",))])))
     assert train[0].id == held_out[0].id == "1" and not train[0].id_given
     examples = qa_training_examples(train)
     record = trained_questions_record(str(tmp_path / "train.jsonl"), examples)
     assert record["ids"] == [] and sorted(record["questions"]) == sorted(q.question for q in QUESTIONS)
     check_disjoint_questions(record, held_out)  # line 1 of another file: another question
-    again = downstream_data.read_qa_jsonl(_jsonl(tmp_path / "again.jsonl", rows([QUESTIONS[2], held_out[0]])))
+    again = question_sets.read_qa_jsonl(_jsonl(tmp_path / "again.jsonl", rows([QUESTIONS[2], held_out[0]])))
     with pytest.raises(ValueError, match=r"1 evaluated questions .*\['1'\]"):  # a training question, by its text
         check_disjoint_questions(record, again)
     given = trained_questions_record("q.jsonl", qa_training_examples(QUESTIONS))  # ids the data gave still count
@@ -382,7 +382,7 @@ def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):
     config = _config(tiny_qa)
     encoder = prepare.load_job_encoder(config, np.float32)
     trained = jax.tree.map(lambda x: x * 1.5, encoder.params)  # any parameters other than the initial ones
-    examples = qa_training_examples(downstream_data.load_qa(tiny_qa["train"], "validation"))
+    examples = qa_training_examples(question_sets.load_qa(tiny_qa["train"], "validation"))
     _pools_experiment().save_retriever(str(tmp_path / "saved"), trained, config, examples, {"gamma": 0.1})
     saved = json.load(open(tmp_path / "saved" / "results.json"))  # qa_lsr.py --trained reads γ there
     assert saved["lsr"]["gamma"] == 0.1 and saved["training_questions"] == len(examples) == 16
@@ -393,7 +393,7 @@ def test_pools_experiment_saves_a_retriever_the_qa_job_reads(tiny_qa, tmp_path):
     with pytest.raises(ValueError, match="were LSR training questions"):
         downstream.run_downstream(_qa_config(tiny_qa, tiny_qa["all"], str(tmp_path / "saved")), str(tmp_path / "qa"))
     # multiple choice too, by the question's text (OLMES's sciq requests hold SciQ's validation questions)
-    trained_text = downstream_data.load_qa(tiny_qa["train"], "validation")[0].question
+    trained_text = question_sets.load_qa(tiny_qa["train"], "validation")[0].question
     mc = tmp_path / "mc.jsonl"
     with open(mc, "w") as f:
         for i, question in enumerate(["Which is no training question?", trained_text]):
@@ -409,12 +409,12 @@ def test_a_users_question_file_trains_on_all_its_rows(tmp_path):
     """qa_lsr.py skips SciQ's first 300 rows (sciq.py evaluates them), not a user's: a 400-question file trains on
     400 questions unless --config.train_offset is set."""
     from replug_jax.jobs.config_files import sibling_config
-    from replug_jax.train.data import SCIQ_TRAIN_OFFSET
+    from replug_jax.train.queries import SCIQ_TRAIN_OFFSET
 
     configs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "configs")
     config = sibling_config(os.path.join(configs, "qa_lsr.py"), "qa_lsr.py")
     assert config.train_data == "sciq"
-    assert lsr.training_questions(config) == downstream_data.load_qa("sciq", "validation")[SCIQ_TRAIN_OFFSET:]
+    assert lsr.training_questions(config) == question_sets.load_qa("sciq", "validation")[SCIQ_TRAIN_OFFSET:]
     rows = [{"id": f"u{i}", "question": f"What is item {i}?", "answers": [f"thing {i}"]} for i in range(400)]
     config.train_data = _jsonl(tmp_path / "mine.jsonl", rows)
     assert [q.id for q in lsr.training_questions(config)] == [f"u{i}" for i in range(400)]

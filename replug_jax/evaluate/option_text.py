@@ -19,7 +19,7 @@ import numpy as np
 
 from replug_jax.evaluate.answer_nll import continuation_logliks, query_and_continuation_scores
 from replug_jax.method import mixture, posterior
-from replug_jax.method.mixture import mixture_loglik
+from replug_jax.method.mixture import mixed_loglik
 from replug_jax.method.passages import knowledge, question_block
 
 SCORINGS = ("letters", "options")
@@ -65,17 +65,19 @@ def posterior_option_predictions(lm, doc_contexts: Sequence[Sequence[str]], quer
     """`option_predictions` for "replug_posterior": pass i of question q is doc_contexts[q][i] ∘ queries[q] ∘
     option,
     scored once (`lm.score_with_query`); λ ∝ exp(s/τ + α log p(query | doc)) over the retrieved passes (scores
-    [Q, D]), the k highest kept (method/posterior.py). Adds "kept" (positions) and "log_weights" per question."""
+    [Q, D]), the k highest kept (method/posterior.py). Adds per question "kept" (positions), "log_weights" and
+    "query_logliks" (ℓ = log p(query | passage) of each kept pass)."""
     query_ll, cont_scores = query_and_continuation_scores(lm, doc_contexts, queries, conts, progress)
     order, log_w = posterior.kept_passes(scores, query_ll, temperature, alpha, k)  # [Q, k]
     logliks = []
     for i, per_option in enumerate(cont_scores):  # per_option[o][j]: option o's token log-probs in pass j
         pos = order[i][order[i] >= 0]
-        logliks.append([(mixture_loglik(log_w[i][: len(pos)], [passes[j] for j in pos]), len(passes[0]))
+        logliks.append([(mixed_loglik(log_w[i][: len(pos)], [passes[j] for j in pos]), len(passes[0]))
                         for passes in per_option])
     out = predictions_by_metric(logliks, conts)
     out["kept"] = [[int(j) for j in row if j >= 0] for row in order]
     out["log_weights"] = [[float(w) for w in row if np.isfinite(w)] for row in log_w]
+    out["query_logliks"] = [[float(query_ll[i][j]) for j in kept] for i, kept in enumerate(out["kept"])]
     return out
 
 
@@ -98,4 +100,4 @@ def predictions_by_metric(logliks: Sequence[Sequence[tuple[float, int]]], conts:
 def log_lambda(scores: np.ndarray, passes: int, temperature: float) -> np.ndarray:
     """log softmax(scores[:passes] / τ): REPLUG's normalised log weights of one question's passes."""
     s = np.asarray(scores[:passes], np.float32)[None]  # [1, passes]
-    return np.asarray(mixture.ensemble_log_weights(s, np.ones_like(s, bool), temperature))[0]
+    return np.asarray(mixture.log_weights_jax(s, np.ones_like(s, bool), temperature))[0]

@@ -51,7 +51,7 @@ def method_passes(questions, passages: list[list[str]], scores: np.ndarray, *, m
         return contexts, [np.zeros(1, np.float32)] * len(questions)
     contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(questions, passages)]
     valid = np.asarray([[j < len(ps) for j in range(scores.shape[1])] for ps in passages])
-    log_w = np.asarray(mixture.ensemble_log_weights(scores, valid, temperature))  # [Q, K]
+    log_w = np.asarray(mixture.log_weights_jax(scores, valid, temperature))  # [Q, K]
     return contexts, [log_w[i, : len(ps)] for i, ps in enumerate(passages)]
 
 

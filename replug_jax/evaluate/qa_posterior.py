@@ -20,7 +20,7 @@ import numpy as np
 from replug_jax.evaluate.answer_nll import answer_nll, query_and_continuation_scores
 from replug_jax.evaluate.qa import generate_answers, method_passes
 from replug_jax.method import posterior
-from replug_jax.method.mixture import mixture_loglik
+from replug_jax.method.mixture import mixed_loglik
 from replug_jax.method.passages import knowledge, question_block
 
 
@@ -58,7 +58,7 @@ def posterior_passes(lm, questions, passages: list[list[str]], scores: np.ndarra
         kept_ll.append(query_ll[i][pos])
         kept.append(pos)
         if with_answers:  # a question without gold answers: inf, as answer_nll.answer_nll
-            nll.append(-max((mixture_loglik(weights[-1], [per_pass[j] for j in pos]) for per_pass in cont_scores[i]),
+            nll.append(-max((mixed_loglik(weights[-1], [per_pass[j] for j in pos]) for per_pass in cont_scores[i]),
                             default=-np.inf))
     return PosteriorPasses(contexts, weights, kept_ll, kept, np.array(nll) if with_answers else None)
 

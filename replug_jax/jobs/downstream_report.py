@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from replug_jax.data.downstream import MMLU_CATEGORIES
+from replug_jax.data.question_sets import MMLU_CATEGORIES
 from replug_jax.jobs import results_file
 from replug_jax.jobs.report import METHOD_ORDER, method_label
 

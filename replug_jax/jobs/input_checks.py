@@ -116,7 +116,7 @@ def check_job_inputs(config) -> None:
     check_model("encoder", config.encoder)
     _check_fractions(config)
     if config.job == "lsr":
-        from replug_jax.train.data import QA_SOURCES, first_training_row
+        from replug_jax.train.queries import QA_SOURCES, first_training_row
 
         _check_path_or_name("train_data", config.train_data, DOCUMENT_NAMES + QA_SOURCES)
         _check_lsr_target(config)
@@ -228,16 +228,16 @@ def _check_lsr_settings(config) -> None:
 
 
 def _trains_on_questions(config) -> bool:
-    from replug_jax.train.data import trains_on_questions
+    from replug_jax.train.queries import trains_on_questions
 
     return trains_on_questions(config.train_data)
 
 
 def known_methods(job: str) -> tuple[str, ...]:
     """What `--config.methods` may name for `job`: the METHODS tuple of its evaluation (where a method is added)."""
-    from replug_jax.evaluate import lm, mmlu, qa
+    from replug_jax.evaluate import mmlu, perplexity, qa
 
-    return {"lm_eval": lm.METHODS, "lsr": lm.METHODS + ("replug_lsr",), "qa": qa.METHODS, "mmlu": mmlu.METHODS}[job]
+    return {"lm_eval": perplexity.METHODS, "lsr": perplexity.METHODS + ("replug_lsr",), "qa": qa.METHODS, "mmlu": mmlu.METHODS}[job]
 
 
 def job_methods(config) -> tuple[str, ...]:

@@ -18,13 +18,13 @@ from absl import logging
 
 from replug_jax.base import console
 from replug_jax.base.errors import InputError
-from replug_jax.data import downstream as downstream_data
+from replug_jax.data import question_sets
 from replug_jax.jobs import bucket_workdirs, prepare, results_file, trained_retriever
 from replug_jax.jobs.input_checks import read_methods
 from replug_jax.jobs.window_report import evaluate_and_report, warn_early
 from replug_jax.method.passages import QA_DOC_TEMPLATE
 from replug_jax.parallel import distributed, sharding
-from replug_jax.train.data import (
+from replug_jax.train.queries import (
     check_disjoint,
     first_training_row,
     qa_training_examples,
@@ -90,10 +90,10 @@ def training_questions(config) -> list:
     `train_offset` is set). With `lsr_target="question"` a JSONL's rows may be questions without answers."""
     target = config.get("lsr_target", "answer")
     try:
-        questions = downstream_data.load_qa(config.train_data, config.get("train_split", "validation"),
+        questions = question_sets.load_qa(config.train_data, config.get("train_split", "validation"),
                                             answers_required=target != "question")
-    except downstream_data.MissingAnswers as e:
-        raise downstream_data.MissingAnswers(
+    except question_sets.MissingAnswers as e:
+        raise question_sets.MissingAnswers(
             f"{e} for --config.lsr_target={target!r} (LSR scores the gold answer); questions without answers "
             "train with --config.lsr_target=question (ℓ = log p(question | passage))") from None
     return questions[first_training_row(config.train_data, config.get("train_offset")):]

@@ -16,7 +16,7 @@ import time
 from replug_jax import loading
 from replug_jax.base import console, settings
 from replug_jax.base.errors import InputError
-from replug_jax.data import downstream as downstream_data, wiki
+from replug_jax.data import question_sets, wiki
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.jobs.input_checks import check_depth_fits
 from replug_jax.jobs.trained_retriever import (  # noqa: F401
@@ -72,9 +72,9 @@ def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) 
                                           os.path.join(workdir, "datastore.jsonl"), stamp)
 
 
-def build_dense_index(encoder, store: ds.Datastore, workdir: str, *, metric: str, factory: str,
-                      embedding_dtype: str, name: str = "dense", backend: str = "faiss",
-                      device_dtype: str = "float32") -> DenseIndex | DeviceIndex:
+def job_index(encoder, store: ds.Datastore, workdir: str, *, metric: str, factory: str,
+              embedding_dtype: str, name: str = "dense", backend: str = "faiss",
+              device_dtype: str = "float32") -> DenseIndex | DeviceIndex:
     """WORKDIR/index_{name} through `retrieval.build.build_index` (FAISS, or exact search on the devices), with
     one console line saying what it is and whether it was reused."""
     index, reused = build.build_index(encoder, store, workdir, name=name, metric=metric, factory=factory,
@@ -168,7 +168,7 @@ def corpus_documents_file(corpus: str, workdir: str, split: str = "validation") 
         return corpus
     documents = wiki.load_wiki_articles()
     if corpus == SCIQ_CORPUS:
-        documents = downstream_data.sciq_support_documents(split) + documents
+        documents = question_sets.sciq_support_documents(split) + documents
     path = os.path.join(workdir, "data", "corpus.jsonl")
     wiki.write_jsonl(documents, path)
     return path
@@ -179,7 +179,7 @@ def build_corpus(corpus: str, tokenizer, doc_tokens: int, workdir: str, *, split
     """The downstream jobs' datastore: the offline corpora (`corpus_documents_file`) or documents chunked into
     `doc_tokens`-token passages, or DPR's passages (a .tsv, kept whole)."""
     if corpus.endswith(".tsv"):
-        return downstream_data.passages_datastore(downstream_data.read_dpr_passages(corpus, limit=max_passages))
+        return question_sets.passages_datastore(question_sets.read_dpr_passages(corpus, limit=max_passages))
     path = distributed.lead_first(lambda: corpus_documents_file(corpus, workdir, split))  # one writer of the file
     return build_datastore(path, tokenizer, doc_tokens, workdir)
 
@@ -268,9 +268,9 @@ def prepare(config, workdir: str) -> Workspace:
     store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared)
     console.phase(f"datastore: {len(store):,} passages of up to {config.doc_tokens} LM tokens")
     check_depth_fits(config, len(store))  # before any embedding
-    index = build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
-                              embedding_dtype=config.embedding_dtype, backend=config.get("index_backend", "faiss"),
-                              device_dtype=config.get("device_index_dtype", "float32"))
+    index = job_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+                      embedding_dtype=config.embedding_dtype, backend=config.get("index_backend", "faiss"),
+                      device_dtype=config.get("device_index_dtype", "float32"))
     return Workspace(paths, encoder, lm, tokenizer, store, index, started)
 
 
@@ -292,8 +292,8 @@ def prepare_downstream(config, workdir: str, lm=None) -> Workspace:
         max_passages=config.get("max_passages") or None)
     check_depth_fits(config, len(store))  # before any embedding
     console.phase(f"datastore: {len(store):,} passages")
-    index = build_dense_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
-                              embedding_dtype=config.embedding_dtype)
+    index = job_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
+                      embedding_dtype=config.embedding_dtype)
     return Workspace({"shared": shared}, encoder, lm, tokenizer, store, index, started)
 
 
@@ -303,8 +303,8 @@ def trained_retriever(encoder, trained, train_documents: bool, store, index, wor
     WORKDIR/index_lsr), or, query-side only, the trained query encoder over the original `index`."""
     if not train_documents:
         return DenseRetriever(trained, index, store, document_encoder=encoder)
-    index_lsr = build_dense_index(trained, store, workdir, metric=metric, factory=factory,
-                                  embedding_dtype=embedding_dtype, name="lsr")
+    index_lsr = job_index(trained, store, workdir, metric=metric, factory=factory,
+                          embedding_dtype=embedding_dtype, name="lsr")
     return DenseRetriever(trained, index_lsr, store)
 
 

@@ -20,7 +20,7 @@ TRAIN_QUESTIONS = "train_questions.json"  # in a QA-LSR workdir: the training qu
 
 def save(folder: str, params, *, encoder: str, train_documents: bool, questions: dict | None = None,
          **meta: str) -> str:
-    """Write the trained parameters (and, for QA pairs, the `questions` record of `train.data.
+    """Write the trained parameters (and, for QA pairs, the `questions` record of `train.queries.
     trained_questions_record`) into `folder`, atomically; returns the parameters' path."""
     from replug_jax.models.weights import save_params
     from replug_jax.base.atomic_files import atomic_open

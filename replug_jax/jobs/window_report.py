@@ -12,7 +12,7 @@ from absl import logging
 
 from replug_jax.base import console
 from replug_jax.base.atomic_files import atomic_open
-from replug_jax.evaluate import lm as lm_eval
+from replug_jax.evaluate import perplexity as lm_perplexity
 from replug_jax.evaluate.windows import retrieval_shortfall, small_evaluation
 from replug_jax.jobs import prepare, report, results_file
 from replug_jax.jobs.input_checks import input_warnings
@@ -48,13 +48,13 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
                                "run_id": run_id, "lm": config.lm, "config": results_file.config_record(config),
                                **metrics}, workdir)
 
-    results = lm_eval.evaluate_lm(
+    results = lm_perplexity.evaluate_lm(
         prepared.lm, windows, prepared.store, retrievers, k=config.get("eval_k") or config.k,
         k_sweep=tuple(config.k_sweep), sweep_retrievers=SWEEPING,
         concat_retriever="replug" if "concat" in config.methods else None, temperature=config.temperature,
         temperatures={"bm25": config.bm25_temperature, **(temperatures or {})},
         temperature_sweep=tuple(sorted({*config.get("temperature_sweep", ()), *temperature_sweep})),
-        posterior_alpha=config.get("posterior_alpha", 1.0) if lm_eval.POSTERIOR in config.methods else None,
+        posterior_alpha=config.get("posterior_alpha", 1.0) if lm_perplexity.POSTERIOR in config.methods else None,
         rerank_depth=config.get("rerank_depth", 0), evidence=evidence, method_finished=method_finished)
     results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": prepare.lm_mesh_record(prepared.lm),
                     "lm_backend": results_file.lm_backend(prepared.lm),

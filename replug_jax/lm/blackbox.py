@@ -20,7 +20,7 @@ Generation (`generate`, REPLUG's ensembled decoding, §3.2 applied token by toke
 K passes, pass i being `shared_prefix ∘ contexts[b][i]` (each part tokenised apart, by the rule
 above; the context cut from the left so that the prompt and `max_new_tokens` fit the window). At
 every step the K next-token distributions are mixed in probability space with weights
-λ = exp(log_weights[b]) (`mixture.ensemble_logprobs`), the most probable token is taken
+λ = exp(log_weights[b]) (`mixture.mixed_logprobs_jax`), the most probable token is taken
 (greedy) and appended to all K passes, until a stop string appears or `max_new_tokens` tokens.
 With K = 1 and weight 1 this is plain greedy decoding. `generation_room(prefix, max_new_tokens)` and
 `scoring_room(continuation)` (optional: where a backend knows them) say how many context tokens a generation pass or

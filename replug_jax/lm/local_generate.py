@@ -7,7 +7,7 @@ For B questions with K passes each, the rows are B·K sequences `prefix ∘ cont
      (λ ∝ exp(log λ + α · log p(x | prefix, d)), the `keep` best of each question), fixed from then on, and
      only the kept passes' rows go on;
   3. a `lax.while_loop` decodes: mix the K next-token distributions of each question with λ
-     (`mixture.ensemble_logprobs`), take the argmax, append it to all K passes (one
+     (`mixture.mixed_logprobs_jax`), take the argmax, append it to all K passes (one
      token per row per step through the cache), until every question has emitted a stop token
      or `max_new_tokens`.
 Shapes are bucketed (prefix, context and new-token lengths; questions per batch), so the jitted
@@ -51,7 +51,7 @@ def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit,
 
     def mixed(logits):  # [B·K, V] -> [B, V]
         per_pass = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, -1)
-        return mixture.ensemble_logprobs(per_pass, log_weights, valid, 1.0)
+        return mixture.mixed_logprobs_jax(per_pass, log_weights, valid, 1.0)
 
     limits = jnp.full((b,), limit, jnp.int32)
     tokens, lps, counts, _ = decoding.greedy_decode(params, config, cache, logits, stop_mask, limits,

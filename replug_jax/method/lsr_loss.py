@@ -22,7 +22,7 @@ Masking and infinities (no NaN is ever produced here from masked input):
   * `doc_mask[b, k] = False` marks a padding slot; its scores are never read (`where`,
     not multiplication), so they may be NaN or garbage, and they get zero gradient.
   * In `retrieval_log_likelihood` / `lm_log_likelihood` a score of -inf means
-    probability 0 (as in `mixture.ensemble_log_weights`). In `lsr_loss` a -inf on either
+    probability 0 (as in `mixture.log_weights_jax`). In `lsr_loss` a -inf on either
     side (retrieval or LM score) removes the document from *both* distributions, exactly
     as if it were masked: otherwise one side would give it probability 0 and the other
     not, and the KL (hence the batch mean) would be +inf.
@@ -38,7 +38,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from replug_jax.method.mixture import ensemble_log_weights
+from replug_jax.method.mixture import log_weights_jax
 
 __all__ = ["DIRECTIONS", "retrieval_log_likelihood", "lm_log_likelihood", "kl_loss", "lsr_loss"]
 
@@ -50,7 +50,7 @@ def retrieval_log_likelihood(scores, doc_mask, gamma) -> jax.Array:
 
     -inf for masked or -inf-scored documents; a row with no valid document is all -inf.
     """
-    return ensemble_log_weights(scores, doc_mask, gamma)  # centred on the row maximum before dividing by γ
+    return log_weights_jax(scores, doc_mask, gamma)  # centred on the row maximum before dividing by γ
 
 
 def lm_log_likelihood(lm_scores, doc_mask, beta) -> jax.Array:
@@ -59,9 +59,9 @@ def lm_log_likelihood(lm_scores, doc_mask, beta) -> jax.Array:
     lm_scores ℓ [B, K] = log P_LM(y | d_k ∘ x) (summed over y's tokens, or its mean: the
     caller decides). Q is a constant of the objective: the gradient wrt ℓ is exactly 0.
     """
-    # ensemble_log_weights subtracts the row maximum before dividing: ℓ/β of a 128-token continuation is ~ -4000,
+    # log_weights_jax subtracts the row maximum before dividing: ℓ/β of a 128-token continuation is ~ -4000,
     # where a float32 ulp is 2.4e-4, so dividing first would put errors of that size into log Q
-    return jax.lax.stop_gradient(ensemble_log_weights(jax.lax.stop_gradient(lm_scores), doc_mask, beta))
+    return jax.lax.stop_gradient(log_weights_jax(jax.lax.stop_gradient(lm_scores), doc_mask, beta))
 
 
 def _support(log_p, doc_mask) -> jax.Array:

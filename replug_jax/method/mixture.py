@@ -1,6 +1,7 @@
-"""The REPLUG ensemble (Shi et al., 2023, §3.2) as pure functions: one mixture, in a JAX form for jitted code
-(`ensemble_log_weights`, `ensemble_logprobs`, float32) and a numpy form for the host (`host_log_weights`,
-`renormalised`, `mixture_logprobs`, `mixture_loglik`, float64), held equal by tests/test_mixture.py.
+"""The REPLUG ensemble (Shi et al., 2023, §3.2) as pure functions: one mixture under one set of names, in a numpy
+form for the host (`log_weights`, `renormalised`, `mixed_logprobs`, `mixed_loglik`, float64) and a JAX form for
+jitted code (the same names ending `_jax`: `log_weights_jax`, `mixed_logprobs_jax`, float32), held equal by
+tests/test_mixture.py.
 
 Each of the K retrieved documents d_k is prepended to the input x and scored by the
 black-box LM separately; the K predictions are mixed in probability space with weights
@@ -39,17 +40,17 @@ if TYPE_CHECKING:  # annotations only
     import jax
 
 __all__ = [
-    "ensemble_log_weights",
-    "ensemble_logprobs",
-    "host_log_weights",
-    "mixture_loglik",
-    "mixture_logprobs",
+    "log_weights_jax",
+    "mixed_logprobs_jax",
+    "log_weights",
+    "mixed_loglik",
+    "mixed_logprobs",
     "renormalised",
 ]
 
 
-def host_log_weights(scores, doc_mask, temperature: float = 1.0) -> np.ndarray:
-    """`ensemble_log_weights` on the host, float64: log softmax(scores / τ) over the valid documents of each row,
+def log_weights(scores, doc_mask, temperature: float = 1.0) -> np.ndarray:
+    """`log_weights_jax` on the host, float64: log softmax(scores / τ) over the valid documents of each row,
     [..., K] -> [..., K], -inf for masked or -inf-scored documents (a row without any: all -inf)."""
     _check_temperature(temperature)
     s = np.asarray(scores, np.float64)
@@ -69,7 +70,7 @@ def renormalised(log_weights) -> np.ndarray:
     return np.where(valid, w - np.where(np.isfinite(norm), norm, 0.0), -np.inf)
 
 
-def mixture_logprobs(log_weights, per_pass) -> np.ndarray:
+def mixed_logprobs(log_weights, per_pass) -> np.ndarray:
     """The mixture on the host, float64: logsumexp_k(log λ_k + per_pass[k, ...]) for any trailing shape, [K] and
     [K, *S] -> [*S]. A pass of weight 0 (log λ -inf) or a value of -inf (a token a pass does not offer: probability
     0 there) adds nothing; where nothing is left the result is -inf."""
@@ -78,10 +79,10 @@ def mixture_logprobs(log_weights, per_pass) -> np.ndarray:
     return np.logaddexp.reduce(log_w.reshape(log_w.shape + (1,) * (stacked.ndim - 1)) + stacked, axis=0)  # [*S]
 
 
-def mixture_loglik(log_weights, per_pass) -> float:
+def mixed_loglik(log_weights, per_pass) -> float:
     """Σ_t logsumexp_k(log λ_k + log p_k(y_t | ...)): one continuation under the per-token mixture of its passes.
     log_weights: [K] log λ; per_pass: K arrays [T] (one continuation's token log-probs in each pass)."""
-    return float(np.sum(mixture_logprobs(log_weights, per_pass)))
+    return float(np.sum(mixed_logprobs(log_weights, per_pass)))
 
 
 def _jax():
@@ -119,7 +120,7 @@ def _masked_logsumexp(x: jax.Array, valid: jax.Array, axis: int) -> jax.Array:
     return jnp.where(ok, jnp.log(jnp.where(ok, total, 1.0)) + jnp.squeeze(m, axis), -jnp.inf)
 
 
-def ensemble_log_weights(scores, doc_mask, temperature=1.0) -> jax.Array:
+def log_weights_jax(scores, doc_mask, temperature=1.0) -> jax.Array:
     """log λ = log softmax(scores / τ) over the valid documents of each row.
 
     scores: [B, K] retrieval scores (-inf allowed: weight 0); doc_mask: [B, K] bool.
@@ -140,7 +141,7 @@ def ensemble_log_weights(scores, doc_mask, temperature=1.0) -> jax.Array:
     return jnp.where(valid, safe_z - safe_lse[:, None], -jnp.inf)
 
 
-def ensemble_logprobs(doc_logprobs, scores, doc_mask, temperature=1.0) -> jax.Array:
+def mixed_logprobs_jax(doc_logprobs, scores, doc_mask, temperature=1.0) -> jax.Array:
     """The REPLUG mixture for any trailing shape: [B, K, *S] -> [B, *S]: per continuation token ([B, K, T]: the
     scored log p(y_t | d_k ∘ x, y_<t), pads masked by the caller afterwards) or over the vocabulary ([B, K, V]:
     normalised next-token log-probs, for generation; the result is normalised for rows with a valid document).
@@ -150,7 +151,7 @@ def ensemble_logprobs(doc_logprobs, scores, doc_mask, temperature=1.0) -> jax.Ar
     """
     _, jnp = _jax()
     lp = _as_float(doc_logprobs)  # [B, K, *S]
-    log_w = ensemble_log_weights(scores, doc_mask, temperature)  # [B, K]
+    log_w = log_weights_jax(scores, doc_mask, temperature)  # [B, K]
     extra = (1,) * (lp.ndim - 2)
     log_w = log_w.reshape(log_w.shape + extra)  # [B, K, 1, ...]
     valid = log_w != -jnp.inf  # [B, K, 1, ...]

@@ -54,9 +54,9 @@ def combined_scores(scores, doc_mask, query_logliks, temperature: float, alpha: 
 
 def posterior_log_weights(scores, doc_mask, query_logliks, temperature: float, alpha: float) -> np.ndarray:
     """log λ = log softmax(s / τ + α · log p(x | d)) over the valid passages of each row: float64 [B, K], -inf for
-    masked passages (`mixture.host_log_weights`' conventions). Every host caller's posterior weights."""
+    masked passages (`mixture.log_weights`' conventions). Every host caller's posterior weights."""
     combined = combined_scores(scores, doc_mask, query_logliks, temperature, alpha, dtype=np.float64)
-    return mixture.host_log_weights(combined, doc_mask, temperature)
+    return mixture.log_weights(combined, doc_mask, temperature)
 
 
 def kept_mask(log_weights: np.ndarray, k: int) -> np.ndarray:
@@ -104,7 +104,7 @@ def prefill_log_weights(log_weights, query_logliks, alpha, keep: int):
         _, top = jax.lax.top_k(combined, keep)  # [B, keep]; ties: the lower position first, as `rerank`
         chosen = jnp.zeros(combined.shape, bool).at[jnp.arange(combined.shape[0])[:, None], top].set(True)
         combined = jnp.where(chosen, combined, -jnp.inf)
-    return mixture.ensemble_log_weights(combined, combined > -jnp.inf, 1.0)  # renormalised: softmax at τ 1
+    return mixture.log_weights_jax(combined, combined > -jnp.inf, 1.0)  # renormalised: softmax at τ 1
 
 
 @dataclasses.dataclass(frozen=True)

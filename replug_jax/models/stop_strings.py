@@ -1,7 +1,11 @@
 """Where greedy decoding stops: stop strings on the decoded text, and the tokens that can end a decode on the device.
 
-Used alike by the local backend's decoding (lm/local_generate.py) and the scoring server's (server/engine.py), so a
-stop string ends an answer at the same token on both. Numpy only: the HTTP client imports it without JAX.
+A stop string is matched on the decoded text (whole characters: models/detokenize.py) by the local backend
+(lm/local_generate.py), the scoring server (server/completions.py) and the HTTP client (lm/http/generation.py), so it
+ends an answer at the same token on every path. On the device (`StopMasks`: the local backend's loop and
+server/engine.py's) only a token holding a whole stop string, or EOS, ends a row at once; a stop string spanning
+tokens ends the text where it completes while the row decodes on to its budget. Numpy only: the HTTP client imports
+it without JAX.
 """
 from __future__ import annotations
 

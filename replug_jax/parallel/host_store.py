@@ -31,7 +31,7 @@ import socketserver
 import threading
 import time
 
-from replug_jax.parallel.host_store_client import MAX_LINE, HostStoreClient, RequestError  # noqa: F401 (the client, here too)
+from replug_jax.parallel.host_store_client import MAX_LINE, HostStoreClient, HostStoreRequestError  # noqa: F401 (the client, here too)
 
 FIRST_LINE = 4096  # bytes of a connection's first line, sent before it is known to come from the job
 FIRST_LINE_TIMEOUT_S = 5.0
@@ -47,32 +47,32 @@ def _parsed(line: bytes):
     try:
         return json.loads(line.decode("utf-8"))
     except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
-        raise RequestError("a request is one line of JSON (UTF-8)") from None
+        raise HostStoreRequestError("a request is one line of JSON (UTF-8)") from None
 
 
 def _checked(request, secret: str | None) -> dict:
-    """The request if it is well formed (and carries `secret`, unless None); RequestError naming what is wrong."""
+    """The request if it is well formed (and carries `secret`, unless None); HostStoreRequestError naming what is wrong."""
     if not isinstance(request, dict):
-        raise RequestError("a request is a JSON object")
+        raise HostStoreRequestError("a request is a JSON object")
     given = request.get("secret")
     if secret is not None and (not isinstance(given, str)
                                or not hmac.compare_digest(given.encode("utf-8", "surrogatepass"), secret.encode())):
-        raise RequestError("wrong or missing secret")
+        raise HostStoreRequestError("wrong or missing secret")
     if request.get("op") == "hello":
         return request
     if request.get("op") not in ("set", "gather") or not isinstance(request.get("key"), str):
-        raise RequestError("op must be 'hello', 'set' or 'gather', key a string")
+        raise HostStoreRequestError("op must be 'hello', 'set' or 'gather', key a string")
     if request["op"] == "set" and not isinstance(request.get("value"), str):
-        raise RequestError("set: value must be a string")
+        raise HostStoreRequestError("set: value must be a string")
     if request["op"] == "set" and not isinstance(request.get("more", False), bool):
-        raise RequestError("set: more must be true or false")
+        raise HostStoreRequestError("set: more must be true or false")
     if request["op"] == "gather":
         count, timeout = request.get("count"), request.get("timeout_s")
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1 << 16:
-            raise RequestError("gather: count must be an integer from 1 to 65536")
+            raise HostStoreRequestError("gather: count must be an integer from 1 to 65536")
         if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout)
                 or not 0 < timeout <= MAX_TIMEOUT_S):
-            raise RequestError(f"gather: timeout_s must be a number in (0, {MAX_TIMEOUT_S:.0f}]")
+            raise HostStoreRequestError(f"gather: timeout_s must be a number in (0, {MAX_TIMEOUT_S:.0f}]")
     return request
 
 
@@ -83,12 +83,12 @@ class _Lines:
         self.sock, self.buffer = sock, bytearray()
 
     def next(self, limit: int, deadline: float) -> bytes | None:
-        """The next line, b"\\n" included; None at the end of the stream; RequestError past `limit` bytes;
+        """The next line, b"\\n" included; None at the end of the stream; HostStoreRequestError past `limit` bytes;
         TimeoutError past `deadline` (time.monotonic())."""
         start = 0
         while (end := self.buffer.find(b"\n", start)) < 0:
             if len(self.buffer) > limit:
-                raise RequestError(f"request line longer than {limit} bytes")
+                raise HostStoreRequestError(f"request line longer than {limit} bytes")
             if (left := deadline - time.monotonic()) <= 0:
                 raise TimeoutError
             self.sock.settimeout(left)
@@ -97,7 +97,7 @@ class _Lines:
                 return None
             self.buffer += chunk
         if end >= limit:
-            raise RequestError(f"request line longer than {limit} bytes")
+            raise HostStoreRequestError(f"request line longer than {limit} bytes")
         line = bytes(self.buffer[: end + 1])
         del self.buffer[: end + 1]
         return line
@@ -168,7 +168,7 @@ class HostStore:
             except TimeoutError:  # no first line in time (refused); idle or stuck later (closed: the client reconnects)
                 if expected is not None:
                     _refuse(sock, f"no request line within {first_line_timeout_s:g} s", linger_s=0)
-            except RequestError as e:
+            except HostStoreRequestError as e:
                 _refuse(sock, str(e))
             except OSError:
                 pass  # the connection broke

@@ -13,7 +13,7 @@ MAX_LINE = 1 << 20  # bytes of a request line after the first
 BUSY_RETRY_S = 120.0  # how long a client retries a store that refuses new connections as busy
 
 
-class RequestError(ValueError):
+class HostStoreRequestError(ValueError):
     """A request the store refuses (bad secret, type, size or timeout)."""
 
 
@@ -69,8 +69,8 @@ class HostStoreClient:
             try:
                 self._exchange([json.dumps({"op": "hello", "secret": self._secret})], 0)
                 return
-            except (RequestError, ConnectionError) as e:  # a busy store may reset before its refusal is read
-                passing = not isinstance(e, RequestError) or "busy" in str(e) or "no request line" in str(e)
+            except (HostStoreRequestError, ConnectionError) as e:  # a busy store may reset before its refusal is read
+                passing = not isinstance(e, HostStoreRequestError) or "busy" in str(e) or "no request line" in str(e)
                 if not passing or time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
@@ -92,7 +92,7 @@ class HostStoreClient:
         if "error" in reply:
             self._drop()
             error = reply["error"]
-            raise (RequestError if error.startswith("refused") else TimeoutError if error.startswith("no value")
+            raise (HostStoreRequestError if error.startswith("refused") else TimeoutError if error.startswith("no value")
                    else ConnectionError)(error)
         return reply
 

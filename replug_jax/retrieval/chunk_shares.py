@@ -19,12 +19,13 @@ from typing import Callable, Sequence
 from replug_jax.base import console
 from replug_jax.models.tokenizer import TextTokenizer
 from replug_jax.parallel import distributed
-from replug_jax.base.atomic_files import atomic_open
+from replug_jax.base.atomic_files import TEMPORARY_MARK, atomic_open
 from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, chunk_rows, save_rows
 
 
 def part_path(path: str, index: int, count: int) -> str:
-    return f"{path}.part-{index}-of-{count}"
+    """Process `index`'s part file: a temporary name (joined, then removed), so it carries the project's mark."""
+    return f"{path}.part-{index}-of-{count}{TEMPORARY_MARK}"
 
 
 def chunked_datastore(read: Callable[[], Sequence[Document]], tokenizer: TextTokenizer, chunk_tokens: int,

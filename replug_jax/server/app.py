@@ -14,11 +14,11 @@ from replug_jax.server.completions import (
     MAX_PROMPTS,
     MAX_RESPONSE_BYTES,
     Limits,
-    check_model,
+    check_model_name,
     complete,
     too_large,
 )
-from replug_jax.server.engine import MAX_TOP_LOGPROBS, RequestError, ScoringEngine
+from replug_jax.server.engine import MAX_TOP_LOGPROBS, CompletionRequestError, ScoringEngine
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this gets 413 before it is read
 MAX_CONCURRENT = 64  # requests in flight at once; more get 429 (with Retry-After)
@@ -27,7 +27,7 @@ ROUTES = ("POST /v1/completions, GET /v1/models, POST /tokenize (/v1/tokenize), 
           "and GET /health")
 
 
-class BodyTooLarge(RequestError):
+class BodyTooLarge(CompletionRequestError):
     """A body over the limit (HTTP 413)."""
 
     def __init__(self, message: str):
@@ -118,15 +118,15 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         try:
             body = json.loads(b"".join(chunks))
         except RecursionError:
-            raise RequestError("the body is nested too deeply") from None
+            raise CompletionRequestError("the body is nested too deeply") from None
         except ValueError:
-            raise RequestError("the body is not JSON") from None
+            raise CompletionRequestError("the body is not JSON") from None
         if not isinstance(body, dict):
-            raise RequestError("the body must be a JSON object")
+            raise CompletionRequestError("the body must be a JSON object")
         return body
 
     def endpoint(answer):
-        """`answer(body) -> dict` as a POST endpoint: refusals, the body's limits, RequestError -> its status."""
+        """`answer(body) -> dict` as a POST endpoint: refusals, the body's limits, CompletionRequestError -> its status."""
         async def handle(request: Request):
             early = refused(request)
             if early is not None:
@@ -137,7 +137,7 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
                 if reply is None:  # the client has gone: its work was dropped, and nobody reads this
                     return Response(status_code=499)
                 response = JSONResponse(reply)
-            except RequestError as e:
+            except CompletionRequestError as e:
                 return error(e.status, str(e), code=e.code, param=e.param)
             finally:
                 in_flight[0] -= 1
@@ -147,9 +147,9 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         return handle
 
     async def tokenize(body: dict) -> dict:
-        check_model(body, limits.model_name)
+        check_model_name(body, limits.model_name)
         if not isinstance(body.get("prompt"), str):
-            raise RequestError("'prompt' must be a string", param="prompt")
+            raise CompletionRequestError("'prompt' must be a string", param="prompt")
         if body.get("with_pieces") and with_pieces:  # llama.cpp's form: each token and its text
             ids, pieces = await asyncio.to_thread(token_pieces, lm.tokenizer, body["prompt"])
             return {"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces)], "count": len(ids),
@@ -159,12 +159,12 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
 
     async def detokenize(body: dict) -> dict:
         """ids -> text (vLLM's form): a client that asks for generated tokens by id decodes them here."""
-        check_model(body, limits.model_name)
+        check_model_name(body, limits.model_name)
         ids = body.get("tokens")
         if not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
-            raise RequestError("'tokens' must be a list of token ids", param="tokens")
+            raise CompletionRequestError("'tokens' must be a list of token ids", param="tokens")
         if any(not 0 <= t < lm.tokenizer.vocab_size for t in ids):
-            raise RequestError(f"token ids must be in [0, {lm.tokenizer.vocab_size})", param="tokens")
+            raise CompletionRequestError(f"token ids must be in [0, {lm.tokenizer.vocab_size})", param="tokens")
         return {"prompt": await asyncio.to_thread(lm.tokenizer.decode, ids)}
 
     async def models(request: Request):

@@ -9,7 +9,7 @@ import uuid
 
 from replug_jax.models.detokenize import IncrementalText
 from replug_jax.models.stop_strings import cut_at_stop
-from replug_jax.server.engine import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, RequestError, ScoringEngine
+from replug_jax.server.engine import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, CompletionRequestError, ScoringEngine
 
 MAX_PROMPTS = 1024  # prompts in one completions request
 MAX_STOPS = 4  # stop strings in one request (OpenAI's limit)
@@ -38,11 +38,11 @@ def _field(body: dict, name: str, kind, default, low=None, high=None):
     if value is None:
         return default
     if kind is bool and not isinstance(value, bool) or kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise RequestError(f"'{name}' must be {kind.__name__}", param=name)
+        raise CompletionRequestError(f"'{name}' must be {kind.__name__}", param=name)
     if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-        raise RequestError(f"'{name}' must be a number", param=name)
+        raise CompletionRequestError(f"'{name}' must be a number", param=name)
     if low is not None and not low <= value <= high:
-        raise RequestError(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+        raise CompletionRequestError(f"'{name}' must be between {low} and {high}, got {value}", param=name)
     return value
 
 
@@ -53,7 +53,7 @@ def _stops(body: dict) -> tuple[str, ...]:
         return ()
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOPS:
-        raise RequestError(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
+        raise CompletionRequestError(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
     return tuple(stop)
 
 
@@ -66,7 +66,7 @@ def _echo_from(body: dict, count: int) -> list[int]:
         return [0] * count
     values = [value] * count if not isinstance(value, list) else value
     if len(values) != count or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise RequestError("'echo_from' must be a whole number >= 0 or a list of one per prompt", param="echo_from")
+        raise CompletionRequestError("'echo_from' must be a whole number >= 0 or a list of one per prompt", param="echo_from")
     return values
 
 
@@ -81,26 +81,26 @@ def _prompts(prompt, vocab_size: int, limits: Limits) -> list:
     if isinstance(prompt, list) and prompt and _is_ids(prompt):
         prompt = [prompt]
     if isinstance(prompt, list) and len(prompt) > limits.max_prompts:
-        raise RequestError(f"{len(prompt)} prompts in one request: at most {limits.max_prompts}", param="prompt")
+        raise CompletionRequestError(f"{len(prompt)} prompts in one request: at most {limits.max_prompts}", param="prompt")
     if not (isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt)):
-        raise RequestError("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists",
+        raise CompletionRequestError("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists",
                            param="prompt")
     _check_tokens(sum(len(p) for p in prompt if isinstance(p, list)), limits)  # before any work on the texts
     for p in prompt:
         if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
-            raise RequestError(f"token ids must be in [0, {vocab_size})", param="prompt")
+            raise CompletionRequestError(f"token ids must be in [0, {vocab_size})", param="prompt")
     return prompt
 
 
 def _check_tokens(count: int, limits: Limits) -> None:
     if count > limits.max_prompt_tokens:
-        raise RequestError(f"{count} prompt tokens in one request: at most {limits.max_prompt_tokens} (send fewer "
+        raise CompletionRequestError(f"{count} prompt tokens in one request: at most {limits.max_prompt_tokens} (send fewer "
                            "or shorter prompts a request)", param="prompt")
 
 
-def too_large(size: int, limit: int, at_least: str = "") -> RequestError:
+def too_large(size: int, limit: int, at_least: str = "") -> CompletionRequestError:
     """The refusal of a response of `size` bytes over `limit` (`at_least`: "at least ", for an estimate)."""
-    return RequestError(f"the response would be {at_least}{size} bytes, over this server's limit of {limit}: send "
+    return CompletionRequestError(f"the response would be {at_least}{size} bytes, over this server's limit of {limit}: send "
                         "fewer prompts a request or ask for fewer log-probs")
 
 
@@ -124,31 +124,31 @@ def _tokenise(engine: ScoringEngine, prompt, text_start: bool):
     return ([engine.lm.start_id] + ids, [0] + starts, [0] + ends, text) if text_start else (ids, starts, ends, text)
 
 
-def check_model(body: dict, model_name: str) -> None:
+def check_model_name(body: dict, model_name: str) -> None:
     """`model`, where given, must be the served one: 404 `model_not_found` otherwise, as OpenAI answers."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise RequestError("'model' must be a string", param="model")
+        raise CompletionRequestError("'model' must be a string", param="model")
     if model is not None and model != model_name:
-        raise RequestError(f"The model `{model}` does not exist: this server serves `{model_name}`", status=404,
+        raise CompletionRequestError(f"The model `{model}` does not exist: this server serves `{model_name}`", status=404,
                            code="model_not_found", param="model")
 
 
 async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
-    """The completions response for one request body (refusals: RequestError)."""
-    check_model(body, limits.model_name)
+    """The completions response for one request body (refusals: CompletionRequestError)."""
+    check_model_name(body, limits.model_name)
     prompts = _prompts(body.get("prompt"), engine.lm.tokenizer.vocab_size, limits)
     if body.get("stream"):
-        raise RequestError("streaming is not supported", param="stream")
+        raise CompletionRequestError("streaming is not supported", param="stream")
     if _field(body, "n", int, 1, 1, 1) != 1 or _field(body, "best_of", int, 1, 1, 1) != 1:
-        raise RequestError("only n=1 is supported", param="n")
+        raise CompletionRequestError("only n=1 is supported", param="n")
     max_tokens = _field(body, "max_tokens", int, 16, 0, MAX_NEW_TOKENS)
     logprobs = _field(body, "logprobs", int, None, 0, limits.max_top)
     prompt_logprobs = _field(body, "prompt_logprobs", int, None, 0, limits.max_top)
     echo = _field(body, "echo", bool, False)
     stop = _stops(body)
     if _field(body, "temperature", float, 0.0, 0.0, 2.0) > 0 and max_tokens:
-        raise RequestError("this server decodes greedily: set 'temperature' to 0 (or max_tokens to 0 to score the "
+        raise CompletionRequestError("this server decodes greedily: set 'temperature' to 0 (or max_tokens to 0 to score the "
                            "prompt only)", param="temperature")
     # tokenised on a worker thread: a large prompt never stalls the event loop (other clients, /health)
     tokenised = await asyncio.to_thread(lambda: [_tokenise(engine, p, limits.text_start) for p in prompts])

@@ -5,7 +5,8 @@ Scoring (echo log-probs) runs each batch of prompts through LocalLM: every token
 (`LocalLM.score_token_pairs`: the LM head at those positions alone). Generation prefills each prompt once into a
 key/value cache and decodes one token per step (models/decoding.py, the loop the local backend's ensembles use),
 the prompts of concurrent requests decoded together, each stopping at its own stop strings, EOS or token budget.
-A request whose client has gone (its future cancelled) is dropped before the model works on it.
+A prompt whose request's client has gone (its future cancelled: server/completions.py cancels every prompt of such a
+request) is dropped before the model takes it up; a batch under way runs to its end.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ NEW_TOKEN_MULTIPLE = 16  # decoding steps are compiled for multiples of this
 MAX_TOP_LOGPROBS = 20
 
 
-class RequestError(ValueError):
+class CompletionRequestError(ValueError):
     """A request the server refuses with a message for the client: HTTP `status` (400), OpenAI's error `code`."""
 
     def __init__(self, message: str, status: int = 400, code: str | None = None, param: str | None = None):
@@ -82,10 +83,10 @@ class ScoringEngine:
     def check_length(self, n: int, new_tokens: int = 0) -> None:
         total = n + int(self.add_start_token) + new_tokens
         if total > self.lm.max_length:
-            raise RequestError(f"prompt of {n} tokens (+{new_tokens} to generate) exceeds the model's context window "
+            raise CompletionRequestError(f"prompt of {n} tokens (+{new_tokens} to generate) exceeds the model's context window "
                                f"of {self.lm.max_length} tokens")
         if n == 0:
-            raise RequestError("the prompt is empty")
+            raise CompletionRequestError("the prompt is empty")
 
     def score(self, prompts: list[list[int]], starts: list[int] | None = None) -> Future:
         """Future of [per prompt: list of log p per token (None where nothing precedes the token, and before the

@@ -59,7 +59,7 @@ from replug_jax.lm.http.probe import (  # noqa: F401 (BATCH_PROMPTS: re-exported
     probe_token_ids,
 )
 from replug_jax.lm.http.transport import BlackBoxServerError, Transport
-from replug_jax.lm.http.windows import cut_text_context, generation_room, score_window, scoring_room
+from replug_jax.lm.http.context_room import cut_text_context, generation_room, score_window, scoring_room
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, document_start_text, tokenizer_fingerprint
 
 __all__ = ["HTTPLM", "BlackBoxServerError"]

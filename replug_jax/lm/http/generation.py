@@ -32,7 +32,7 @@ from replug_jax.lm.blackbox import (
     generation_prompt_ids,
 )
 from replug_jax.lm.http.transport import BlackBoxServerError
-from replug_jax.lm.http.windows import generation_window
+from replug_jax.lm.http.context_room import generation_window
 from replug_jax.method import mixture
 from replug_jax.models.detokenize import UNFINISHED, IncrementalText
 from replug_jax.models.stop_strings import cut_at_stop, tokens_through_stop
@@ -172,11 +172,11 @@ def _warn_split_character(client) -> None:
 
 
 def _mixture_argmax(tops: list[dict[str, float]], log_weights: np.ndarray) -> tuple[str, float]:
-    """The union's best token under Σ_i λ_i p_i(t), p_i = 0 outside pass i's top-n (`mixture.mixture_logprobs`);
+    """The union's best token under Σ_i λ_i p_i(t), p_i = 0 outside pass i's top-n (`mixture.mixed_logprobs`);
     (token, log p), the first in sorted order among equals."""
     tokens = sorted(set().union(*tops))  # [N]
     per_pass = [[top.get(t, -math.inf) for t in tokens] for top in tops]  # [K, N]; -inf: not offered by that pass
-    mixed = mixture.mixture_logprobs(np.asarray(log_weights)[: len(tops)], per_pass)  # [N]; weights past the passes: padding
+    mixed = mixture.mixed_logprobs(np.asarray(log_weights)[: len(tops)], per_pass)  # [N]; weights past the passes: padding
     best = int(np.argmax(mixed))
     return (tokens[best], float(mixed[best])) if mixed[best] > -math.inf else (None, -math.inf)
 

@@ -8,7 +8,7 @@ import replug_jax as rj
 from replug_jax.method.posterior import PrefillPosterior
 from replug_jax.lm.cache import CachedLM
 from replug_jax.retrieval.datastore import Document, chunk_documents
-from replug_jax.train.data import check_disjoint, training_examples
+from replug_jax.train.queries import check_disjoint, training_examples
 from replug_jax.train.lm_cache import LMScoreCache
 
 from tests import hf_tiny

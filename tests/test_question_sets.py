@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from replug_jax.data import downstream as ds
+from replug_jax.data import question_sets as ds
 from replug_jax.evaluate.qa_metrics import answer_recall, exact_match, normalize_answer
 from replug_jax.retrieval.datastore import Datastore, Document
 

@@ -57,8 +57,8 @@ class Totals:
                 "bits_per_byte": -self.logprob / (math.log(2) * self.num_bytes)}
 
 
-def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.ndarray, mask: np.ndarray,
-             temperature: float) -> dict[int, np.ndarray]:
+def mix_windows(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.ndarray, mask: np.ndarray,
+                temperature: float) -> dict[int, np.ndarray]:
     """REPLUG mixture of the masked-in documents' token log-probs, for windows that have any document.
 
     doc_lps[w][i]: [T_w] log-probs with document i prepended; lengths[w] = T_w; scores, mask: [W, K].
@@ -68,7 +68,7 @@ def ensemble(doc_lps: list[list[np.ndarray]], lengths: list[int], scores: np.nda
     for w, per_doc in enumerate(doc_lps):
         for i in range(min(k, len(per_doc))):
             stacked[w, i, : lengths[w]] = per_doc[i]
-    mixed = np.asarray(mixture.ensemble_logprobs(stacked, scores[:, :k].astype(np.float32), mask, temperature))
+    mixed = np.asarray(mixture.mixed_logprobs_jax(stacked, scores[:, :k].astype(np.float32), mask, temperature))
     return {w: mixed[w, : lengths[w]] for w in range(len(doc_lps)) if mask[w].any()}
 
 
@@ -137,7 +137,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         tau = temperatures.get(name, temperature)
         if posterior_here and queried:
             combined, kept = posterior_choice(scores, rows, query_ll, k, rerank_depth or k, tau, posterior_alpha)
-            mixed = ensemble(doc_lps, lengths, combined, kept, tau)
+            mixed = mix_windows(doc_lps, lengths, combined, kept, tau)
             totals[POSTERIOR] = _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
             if evidence is not None:
                 _record(rows_out, queried, mixed, POSTERIOR, datastore, rows, scores, combined, kept, tau, query_ll)
@@ -147,7 +147,7 @@ def evaluate_lm(lm, windows: list[Window], datastore, retrievers: dict, *, k: in
         mixed_at: dict[tuple[int, float], dict] = {}  # (kk, t) -> each window's mixture, for its evidence row
 
         def mixture_totals(kk: int, t: float) -> Totals:  # the first kk documents mixed with λ = softmax(s / t)
-            mixed = mixed_at[kk, t] = ensemble(doc_lps, lengths, scores, rows[:, :kk] >= 0, t) if queried else {}
+            mixed = mixed_at[kk, t] = mix_windows(doc_lps, lengths, scores, rows[:, :kk] >= 0, t) if queried else {}
             return _totals(windows, base, {queried[w]: lps for w, lps in mixed.items()})
 
         for kk in sorted({k, *(k_sweep if name in sweep_retrievers else ())}):
@@ -257,7 +257,7 @@ def _record(rows_out: list[dict], queried: list[int], mixed: dict[int, np.ndarra
     """Each queried window's evidence for `method` into its row of `rows_out`: the summed log-probability and the
     passages (datastore ids, retrieval scores, and where passes are mixed log λ = log softmax(mixing score / τ) over
     `kept` [W, D], with log p(context | d) for the posterior). rows, scores: [W, D]; `mixed`: by queried position."""
-    log_w = None if kept is None else np.asarray(mixture.ensemble_log_weights(mixing_scores, kept, temperature))
+    log_w = None if kept is None else np.asarray(mixture.log_weights_jax(mixing_scores, kept, temperature))
     for j, i in enumerate(queried):
         if j not in mixed:  # no document found for this window: `none`'s numbers stand
             continue

@@ -1,4 +1,4 @@
-"""Downstream evaluation data (REPLUG §6.2 MMLU, §6.3 Natural Questions and TriviaQA), offline.
+"""The question sets of the downstream evaluation (REPLUG §6.2 MMLU, §6.3 Natural Questions and TriviaQA), offline.
 
     qa = load_qa("nq_open")                        # list[QAExample(id, question, answers)]
     mc = load_mc("mmlu", "test", ["anatomy"])      # list[MCExample(id, question, choices, answer, subject)]
