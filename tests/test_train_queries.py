@@ -230,3 +230,52 @@ def test_cached_generation_keeps_the_prefill_posterior_and_its_dropped_passes(ti
     cached.generate(PASSES, WEIGHTS, posterior=PrefillPosterior(QUERIES, alpha=1.0, keep=1), **settings)
     cached.generate(PASSES, WEIGHTS, **settings)  # without the posterior: other generations
     assert cached.lm.questions == 15
+
+
+class AnsweringLM(CountingLM):
+    """The LM's `generate` with `on_answer`, counting the answers it gives; killed (an exception) right after its
+    answer number `dies_after` is handed on."""
+
+    def __init__(self, lm, dies_after=0):
+        super().__init__(lm)
+        self.answers, self.dies_after = 0, dies_after
+
+    def generate(self, contexts, log_weights, *, on_answer=None, **kw):
+        def relay(question, generation):
+            self.answers += 1
+            on_answer(question, generation)
+            if self.answers == self.dies_after:
+                raise KeyboardInterrupt("killed mid-generation")
+
+        return self.lm.generate(contexts, log_weights, on_answer=relay if on_answer else None, **kw)
+
+
+def test_each_answer_is_stored_as_it_completes_and_a_rerun_decodes_only_the_rest(tiny_lm, tmp_path, capsys):
+    """Issue 69, item 4: where the LM hands on each answer as it completes (`on_answer`: the local backend per
+    batch, the HTTP client per question), the cache asks for every question in one call and stores each answer at
+    once; killed after its third answer, the rerun reads those three back, says so, and decodes the other two."""
+    settings = dict(max_new_tokens=4, stop=("\n",), shared_prefix="Demo: one\n\n")
+    want = tiny_lm.generate(PASSES, WEIGHTS, **settings)
+    dying = CachedLM(AnsweringLM(tiny_lm, dies_after=3), str(tmp_path / "lm.sqlite"))
+    with pytest.raises(KeyboardInterrupt):
+        dying.generate(PASSES, WEIGHTS, **settings)
+    again = CachedLM(AnsweringLM(tiny_lm), str(tmp_path / "lm.sqlite"))
+    capsys.readouterr()
+    _same_generations(again.generate(PASSES, WEIGHTS, **settings), want)
+    assert again.lm.answers == 2
+    assert f"LM cache: 3 of 5 answers read back from {again.path}, 2 to compute" in capsys.readouterr().out
+
+
+def test_the_http_client_hands_on_each_answer_as_it_completes(tiny_lm):
+    """The HTTP client's answers come through `on_answer` once each, equal to what it returns, mixed and one-pass
+    alike (a server's logging outlives capsys: a test of its own)."""
+    from replug_jax.lm.http.client import HTTPLM
+    from replug_jax.serve import BackgroundServer
+
+    settings = dict(max_new_tokens=4, stop=("\n",), shared_prefix="Demo: one\n\n")
+    with BackgroundServer(tiny_lm) as server:
+        remote = HTTPLM(server.url, tokenizer=tiny_lm.tokenizer)
+        for passes, weights in ((PASSES, WEIGHTS), ([p[:1] for p in PASSES], [w[:1] for w in WEIGHTS])):
+            seen = {}
+            got = remote.generate(passes, weights, on_answer=seen.__setitem__, **settings)
+            assert sorted(seen) == list(range(len(passes))) and [seen[i] for i in range(len(passes))] == got

@@ -18,13 +18,17 @@ Misses are scored and stored `store_every` pairs at a time: a run killed an hour
 last chunk's scores, and its re-run starts from there.
 
 `generate` goes through the same file: each question's `Generation` is kept under its inputs (shared prefix, its
-passes, their weights, the new-token budget, the stop strings, a `PrefillPosterior`'s query, α and keep), stored
-`generations_every` questions at a time, so a QA job killed mid-generation resumes at the question it had reached.
+passes, their weights, the new-token budget, the stop strings, a `PrefillPosterior`'s query, α and keep), stored as
+it completes where the LM says so (`on_answer`: the local backend per batch, the HTTP client per question, all the
+questions in one call so none waits for another's chunk), else `generations_every` questions at a time (an LM
+without `on_answer`, or in lockstep over processes); so a QA job killed mid-generation loses only the answers in
+flight, and its rerun says how many it read back and decodes the rest.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import sqlite3
@@ -47,8 +51,8 @@ class CachedLM:
     """`score`, `score_with_query` and `generate` through an on-disk cache; every other attribute is the LM's."""
 
     store_every = 512  # misses scored (in one call of the LM) between commits: minutes of a small LM on a CPU
-    generations_every = 8  # questions generated (in one call of the LM) between commits: a killed run loses at most
-    # these (the local backend decodes 8 questions a batch; a server gets 8 questions' passes at once)
+    generations_every = 8  # questions generated (in one call of an LM without `on_answer`) between commits: a killed
+    # run loses at most these
 
     def __init__(self, lm, path: str):
         self.path = os.path.abspath(path)
@@ -118,22 +122,27 @@ class CachedLM:
                           "\0query\0" + posterior.queries[b] if posterior else "")
                 for b, ctx in enumerate(contexts)]
 
-        def compute(idx, bar):
+        def compute(idx, bar, stored=None):
             extra = {"posterior": PrefillPosterior([posterior.queries[i] for i in idx], posterior.alpha,
                                                    posterior.keep)} if posterior else {}  # a contract without it too
+            if stored is not None:  # each answer into the file as it completes
+                extra["on_answer"] = lambda j, g: stored(idx[j], _as_json(g))
             gens = self.lm.generate([contexts[i] for i in idx], [log_weights[i] for i in idx],
                                     max_new_tokens=max_new_tokens, stop=stop, shared_prefix=shared_prefix,
                                     **progress_keyword(self.lm.generate, bar), **extra)
-            return [json.dumps(dataclasses.asdict(g)) for g in gens]  # -inf weights as -Infinity (json's own)
+            return [_as_json(g) for g in gens]
 
-        stored = self._through_cache(keys, compute, progress, table="generations")
+        streamed = "on_answer" in inspect.signature(self.lm.generate).parameters and not self._lockstep()
+        stored = self._through_cache(keys, compute, progress, table="generations", streamed=streamed)
         return [Generation(**json.loads(x)) for x in stored]
 
     def _through_cache(self, keys: list[str], compute, progress: bool = False,
-                       table: str = "token_logprobs") -> list:
+                       table: str = "token_logprobs", streamed: bool = False) -> list:
         """The cached values of `keys` in `table`; compute(positions, progress) -> values for the distinct misses,
         stored `store_every` (`generations_every`) at a time (one progress bar over the chunks where there are
-        several, else the LM's own). token_logprobs holds float32 arrays, generations JSON texts."""
+        several, else the LM's own); `streamed`: all misses in one call, compute(positions, progress, stored) calling
+        stored(position, value) as each completes, which stores it at once. token_logprobs holds float32 arrays,
+        generations JSON texts."""
         arrays = table == "token_logprobs"
         with self._lock:
             found = self._lookup(keys, table)
@@ -149,7 +158,14 @@ class CachedLM:
             console.phase(f"LM cache: {len(keys) - len(missing)} of {len(keys)} {what} read back from {self.path}, "
                           f"{len(missing)} to compute")
         every, unit = (self.store_every, "pair") if arrays else (self.generations_every, "question")
-        chunks = [missing[start : start + every] for start in range(0, len(missing), every)]
+        if streamed and missing:  # one call; each value stored by `stored` as it completes
+            def stored(position: int, value) -> None:
+                with self._lock:
+                    self.db.execute(f"INSERT OR REPLACE INTO {table} VALUES (?, ?)", (keys[position], value))
+                    self.db.commit()
+
+            found.update({keys[i]: x for i, x in zip(missing, compute(missing, progress, stored))})
+        chunks = [] if streamed else [missing[start : start + every] for start in range(0, len(missing), every)]
         over_chunks = progress and len(chunks) > 1  # one bar over the chunks, else the LM's own for its one call
         with tqdm(total=len(missing), disable=not over_chunks, unit=unit,
                   desc=f"{'score' if arrays else 'generate'} (stored every {every} {unit}s)") as bar:
@@ -205,3 +221,8 @@ class CachedLM:
 
     def close(self) -> None:
         self.db.close()
+
+
+def _as_json(generation: Generation) -> str:
+    """A Generation as the cache stores it (-inf weights as -Infinity, json's own)."""
+    return json.dumps(dataclasses.asdict(generation))

@@ -108,7 +108,8 @@ class LocalGenerator:
         self._jitted: dict[tuple, object] = {}
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
-                 progress: bool = False, posterior: PrefillPosterior | None = None) -> list[Generation]:
+                 progress: bool = False, posterior: PrefillPosterior | None = None,
+                 on_answer=None) -> list[Generation]:
         weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]
         lm = self.lm
         prompt = functools.partial(generation_prompt_ids, lm.tokenizer, shared_prefix, max_length=lm.max_length,
@@ -142,6 +143,8 @@ class LocalGenerator:
                     n = len(rows[i])
                     g.log_weights, g.query_logliks = log_w[j, :n].tolist(), query_ll[j, :n].tolist()
                 out[i] = g
+                if on_answer is not None:
+                    on_answer(int(i), g)
             bar.update(len(idx))
         bar.close()
         return out  # type: ignore[return-value]

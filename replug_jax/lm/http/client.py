@@ -158,12 +158,13 @@ class HTTPLM:
         return out  # type: ignore[return-value]
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
-                 top_n: int | None = None, progress: bool = False):
+                 top_n: int | None = None, progress: bool = False, on_answer=None):
         """REPLUG's ensembled greedy decoding through the server (generation.py): a per-token mixture over each
-        pass's top-n next tokens (at most the probe's `top_logprobs`: 20, or OpenAI's 5), or one pass in one request."""
+        pass's top-n next tokens (at most the probe's `top_logprobs`: 20, or OpenAI's 5), or one pass in one request.
+        `on_answer(question, Generation)`: called as each question's answer completes."""
         top = self.top_logprobs if top_n is None else min(top_n, self.top_logprobs)
         return http_generate(self, contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
-                             shared_prefix=shared_prefix, top_n=top)
+                             shared_prefix=shared_prefix, top_n=top, on_answer=on_answer)
 
     def generation_room(self, prefix: str, max_new_tokens: int) -> int | None:
         """Context tokens `generate` keeps after `prefix` (None with text prompts): windows.py."""

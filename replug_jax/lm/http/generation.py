@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 
@@ -39,14 +39,23 @@ from replug_jax.models.stop_strings import cut_at_stop, tokens_through_stop
 
 
 def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
-                  top_n: int = 5) -> list[Generation]:
-    """One Generation per question (module docstring); `client` is an HTTPLM."""
+                  top_n: int = 5, on_answer=None) -> list[Generation]:
+    """One Generation per question (module docstring); `client` is an HTTPLM. on_answer(question, Generation): called
+    as each question's answer completes (a one-pass question's with its request, a mixed one's at its last step)."""
     weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]
     prompts = [[pass_prompt(client, shared_prefix, c, max_new_tokens) for c in ctx] for ctx in contexts]
+    out: dict[int, Generation] = {}
+
+    def answered(b: int, generation: Generation) -> None:
+        out[b] = generation
+        if on_answer is not None:
+            on_answer(b, generation)
+
     with ThreadPoolExecutor(max(1, client.concurrency)) as pool:
-        single = [b for b, p in enumerate(prompts) if len(p) == 1]
-        out: dict[int, Generation] = dict(zip(single, pool.map(
-            lambda b: _sequence(client, prompts[b][0], max_new_tokens, stop), single)))
+        single = {pool.submit(_sequence, client, prompts[b][0], max_new_tokens, stop): b
+                  for b, p in enumerate(prompts) if len(p) == 1}
+        for done in as_completed(single):
+            answered(single[done], done.result())
         multi = [b for b in range(len(prompts)) if b not in out]
         state = {b: {"text": _text_stream(client), "tokens": [], "ids": [], "lps": [], "done": False} for b in multi}
         ahead: dict[tuple[int, int], list] = {}  # (question, pass) -> its own next steps: [(greedy token, top-n)]
@@ -72,12 +81,19 @@ def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("
                     own = ahead[(b, i)]
                     ahead[(b, i)] = own[1:] if own[0][0] == token and _one_token(client, token, ids) else []
                 s["done"] = cut_at_stop(_joined(s), stop)[1] or _is_eos(client, ids)
+                if s["done"]:
+                    answered(b, _mixed_answer(client, s, stop))
         for b in multi:
-            s = state[b]
-            eos = _is_eos(client, s["ids"][-1:])
-            text = cut_at_stop(_joined(s, finished=True, eos=eos), stop)[0]
-            out[b] = Generation(text, s["ids"], s["lps"], "stop" if s["done"] else "length")
+            if b not in out:  # its token budget spent
+                answered(b, _mixed_answer(client, state[b], stop))
     return [out[b] for b in range(len(prompts))]
+
+
+def _mixed_answer(client, s: dict, stop) -> Generation:
+    """A mixed question's Generation from its decoding state (text cut before a stop string, without EOS's text)."""
+    eos = _is_eos(client, s["ids"][-1:])
+    text = cut_at_stop(_joined(s, finished=True, eos=eos), stop)[0]
+    return Generation(text, s["ids"], s["lps"], "stop" if s["done"] else "length")
 
 
 def pass_prompt(client, prefix: str, context: str, max_new: int):
