@@ -61,7 +61,9 @@ class BlackBoxLM(Protocol):
 
     def generate(self, contexts: Sequence[Sequence[str]], log_weights, *, max_new_tokens: int,
                  stop: Sequence[str] = ("\n",), shared_prefix: str = "") -> list["Generation"]:
-        """REPLUG's ensembled greedy decoding (module docstring): one Generation per question."""
+        """REPLUG's ensembled greedy decoding (module docstring): one Generation per question. Optional keywords an
+        LM may take (callers look before passing them): `progress`, and `on_answer(question, Generation)` called as
+        each answer completes, which `CachedLM` uses to store every answer at once (lm/cache.py)."""
         ...
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str],
