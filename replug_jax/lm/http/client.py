@@ -164,7 +164,7 @@ class HTTPLM:
         `on_answer(question, Generation)`: called as each question's answer completes."""
         top = self.top_logprobs if top_n is None else min(top_n, self.top_logprobs)
         return http_generate(self, contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
-                             shared_prefix=shared_prefix, top_n=top, on_answer=on_answer)
+                             shared_prefix=shared_prefix, top_n=top, on_answer=on_answer, progress=progress)
 
     def generation_room(self, prefix: str, max_new_tokens: int) -> int | None:
         """Context tokens `generate` keeps after `prefix` (None with text prompts): windows.py."""

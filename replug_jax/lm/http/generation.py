@@ -39,19 +39,23 @@ from replug_jax.models.stop_strings import cut_at_stop, tokens_through_stop
 
 
 def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
-                  top_n: int = 5, on_answer=None) -> list[Generation]:
+                  top_n: int = 5, on_answer=None, progress: bool = False) -> list[Generation]:
     """One Generation per question (module docstring); `client` is an HTTPLM. on_answer(question, Generation): called
     as each question's answer completes (a one-pass question's with its request, a mixed one's at its last step)."""
+    from replug_jax.base.progress import tqdm
+
     weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]
     prompts = [[pass_prompt(client, shared_prefix, c, max_new_tokens) for c in ctx] for ctx in contexts]
     out: dict[int, Generation] = {}
+    bar = tqdm(total=len(prompts), disable=not progress, desc="http generate", unit="question")
 
     def answered(b: int, generation: Generation) -> None:
         out[b] = generation
+        bar.update(1)
         if on_answer is not None:
             on_answer(b, generation)
 
-    with ThreadPoolExecutor(max(1, client.concurrency)) as pool:
+    with bar, ThreadPoolExecutor(max(1, client.concurrency)) as pool:
         single = {pool.submit(_sequence, client, prompts[b][0], max_new_tokens, stop): b
                   for b, p in enumerate(prompts) if len(p) == 1}
         for done in as_completed(single):
