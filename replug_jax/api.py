@@ -1,6 +1,6 @@
 """The public entry points for notebooks and pipelines: names or paths in, ready objects out.
 
-    enc = load_encoder("minilm")    # packaged default, a local HF dir, or a hub id (replug_jax/loading.py)
+    enc = load_encoder("minilm")    # packaged default, a local HF dir, or a hub id (replug_jax/loading/)
     lm = load_lm("smollm2")         # packaged default, a local HF dir, a .gguf path, or a hub id
     docs = read_documents("corpus.jsonl"); demos = read_questions("demos.jsonl")   # as the jobs read them
 """

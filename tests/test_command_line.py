@@ -318,7 +318,7 @@ def test_k_above_the_passages_is_refused_before_the_lm_loads_where_the_byte_boun
     """Issue 69, item 3: three documents of ~40 tokens (over 128 bytes) make three passages of 128 tokens, but their
     bytes bound the count at 6: k=5 is refused by the exact count, cut by the LM's tokenizer alone (no model loaded), naming 3
     passages; k=3 passes without cutting (three documents with text give three passages or more)."""
-    from replug_jax import loading
+    import replug_jax.loading as loading
 
     corpus = tmp_path / "corpus.jsonl"
     sentence = "the river runs north past the old mill, the bridge and the three farms of the valley"

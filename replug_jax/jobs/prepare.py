@@ -13,7 +13,7 @@ import glob
 import os
 import time
 
-from replug_jax import loading
+from replug_jax.loading import load_encoder, load_lm
 from replug_jax.base import console, settings
 from replug_jax.base.errors import InputError
 from replug_jax.data import question_sets, wiki
@@ -100,8 +100,8 @@ def make_retrievers(methods, encoder, store: ds.Datastore, index: DenseIndex, se
 
 def load_job_encoder(config, dtype):
     """The job's retriever encoder (unit embeddings for the cosine metric), in the config's dtypes."""
-    return loading.load_encoder(config.encoder, batch_size=config.encoder_batch_size, normalize=config.metric == "cosine",
-                           dtype=dtype, param_dtype=precision.weights_option(config.get("param_dtype")))
+    return load_encoder(config.encoder, batch_size=config.encoder_batch_size, normalize=config.metric == "cosine",
+                        dtype=dtype, param_dtype=precision.weights_option(config.get("param_dtype")))
 
 
 HTTP_CLIENT_KEYS = dict(zip(settings.HTTP_CLIENT, ("timeout", "max_retries", "concurrency")))  # key: HTTPLM's argument
@@ -120,8 +120,8 @@ def load_job_lm(config, dtype):
     else:
         options = {"mesh": sharding.job_lm_mesh(config.get("lm_model_parallel", 1)),
                    "param_dtype": precision.weights_option(config.get("param_dtype"))}
-    return loading.load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
-                      dtype=dtype, **options)
+    return load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
+                   dtype=dtype, **options)
 
 
 def lm_mesh_record(lm) -> dict | None:

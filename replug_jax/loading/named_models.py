@@ -1,6 +1,6 @@
 """Models by name: a packaged name, a local Hugging Face directory, a .gguf file, a hub id or (an LM) a server URL
-in, a ready encoder, LM or tokenizer out. Below the jobs, the REPLUG object and the server, which all load through
-it; `rj.load_*` (replug_jax.api) are these functions.
+in, a ready encoder, LM or tokenizer out (the loading layer's one module; replug_jax/loading/__init__.py says where
+it sits).
 
     enc = load_encoder("minilm")    # packaged default, a local HF dir, or a hub id
     lm = load_lm("smollm2")         # packaged default, a local HF dir, a .gguf path, or a hub id
