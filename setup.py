@@ -28,7 +28,11 @@ INSTALL_REQUIRES = [
     "tensorboardX>=2.6,<3",  # LSR training curves as TensorBoard events without TensorFlow
 ]
 
-TEST_REQUIRES = [
+HARNESS_REQUIRES = [
+    "lm-eval==0.4.13",  # REPLUG inside lm-evaluation-harness (replug_jax/harness/, docs/harness.md); no torch needed
+]
+
+TEST_REQUIRES = HARNESS_REQUIRES + [  # the harness's tests run in the core suite, against lm-eval's own hf backend
     "pytest>=8,<10",
     "pytest-xdist>=3.6,<4",  # `make test` runs the suite in 2 worker processes
     "import-linter==2.16",  # the import contract (.importlinter), checked by tests/test_architecture.py
@@ -49,5 +53,5 @@ setup(
     packages=find_packages(include=["replug_jax", "replug_jax.*"]),
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    extras_require={"harness": HARNESS_REQUIRES, "test": TEST_REQUIRES},
 )

@@ -79,12 +79,15 @@ class REPLUG:
     @classmethod
     def from_documents(cls, documents, *, lm="smollm2", encoder="minilm", k: int = QA["k"],
                        temperature: float = QA["temperature"], doc_tokens: int = QA["doc_tokens"], tokenizer=None,
-                       **mixing) -> "REPLUG":
+                       doc_template: str = DOC_TEMPLATE, workdir: str | None = None, **mixing) -> "REPLUG":
         """Chunk `documents` (see `as_documents`: texts, {"text", "title"?, "id"?} dicts, `Document`s, or a path as
         the jobs read it) into `doc_tokens`-token passages with the LM's tokenizer, embed them with `encoder` (a
-        name or a DenseEncoder) into an exact cosine index. `lm`: a name, a server URL, or a loaded LM. With a URL,
-        `tokenizer` (a model name as `rj.load_tokenizer` takes, or a TextTokenizer: the server's model's) builds
-        token-id prompts and cuts the passages; None: the server's own /tokenize does both (passages cut by
+        name or a DenseEncoder) into an exact cosine index; `doc_template`: each passage before the text in
+        `score` and `generate` (its {title}, {text} and {passage}); `workdir`: the index saved in
+        WORKDIR/index_dense and reused while the encoder and the passages are the same (the jobs'
+        `build_dense_index`). `lm`: a name, a server URL, or a loaded LM. With a URL, `tokenizer` (a model name
+        as `rj.load_tokenizer` takes, or a TextTokenizer: the server's model's) builds token-id prompts and cuts
+        the passages; None: the server's own /tokenize does both (passages cut by
         `models.tokenizer.piece_token_starts`), as the jobs' `lm_tokenizer` key. `mixing`: the constructor's
         weights, posterior_alpha, rerank_depth."""
         from replug_jax.loading import load_encoder, load_lm
@@ -104,20 +107,29 @@ class REPLUG:
                              "tokenizer=, the server's model's tokenizer")
         encoder = load_encoder(encoder) if isinstance(encoder, str) else encoder
         store = chunk_documents(docs, lm.tokenizer, chunk_tokens=doc_tokens)
-        index = DenseIndex.build(encoder.embed(store.texts), metric="cosine", meta=index_meta(encoder, store))
-        return cls(lm, DenseRetriever(encoder, index, store), store, k=k, temperature=temperature, **mixing)
+        if workdir:
+            from replug_jax.retrieval.build import build_dense_index
+
+            index, _ = build_dense_index(encoder, store, os.path.join(workdir, "index_dense"), metric="cosine")
+        else:
+            index = DenseIndex.build(encoder.embed(store.texts), metric="cosine", meta=index_meta(encoder, store))
+        return cls(lm, DenseRetriever(encoder, index, store), store, k=k, temperature=temperature,
+                   doc_template=doc_template, **mixing)
 
     def retrieve(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(scores [Q, k], datastore rows [Q, k]; -1 where fewer) of each query's top-k passages."""
         return self.retriever.retrieve(list(queries), self.k)
 
-    def _retrieved_passes(self, query: str, text: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-        """(pass contexts: each retrieved passage then `text`, their retrieval log λ = log softmax(s/τ) [D], the
-        scores [D] and datastore rows [D]) of the top `depth` passages for `query` (k, or the re-ranking depth with
-        posterior weights)."""
-        scores, rows = self.retriever.retrieve([query], self.depth)
-        contexts, _, _ = document_passes(self.datastore, rows, [text], [""], self.doc_template)
-        return (contexts, *self._found(scores, rows))
+    def _retrieved_passes(self, queries: Sequence[str], texts: Sequence[str]) -> list[tuple]:
+        """Per input text: (pass contexts: each retrieved passage then the text, their retrieval log λ = log
+        softmax(s/τ) [D], the scores [D] and datastore rows [D]) of the top `depth` passages for its query (k, or the
+        re-ranking depth with posterior weights); one retrieval for all."""
+        scores, rows = self.retriever.retrieve(list(queries), self.depth)
+        out = []
+        for i, text in enumerate(texts):
+            contexts, _, _ = document_passes(self.datastore, rows[i : i + 1], [text], [""], self.doc_template)
+            out.append((contexts, *self._found(scores[i : i + 1], rows[i : i + 1])))
+        return out
 
     def _found(self, scores, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(log λ = log softmax(s/τ) [D'], scores [D'], datastore rows [D']) of one query's passages found in
@@ -126,20 +138,27 @@ class REPLUG:
         log_w = np.asarray(mixture.log_weights_jax(scores, valid, self.temperature))[0][valid[0]]
         return log_w, scores[0][valid[0]], rows[0][valid[0]]
 
-    def _mixed_passes(self, query: str, text: str, continuation: str):
-        """(pass contexts, their normalised log λ [k'], continuation log-probs per pass or None, the kept passages
-        as `KeptPassage`s) for one input `text` retrieved for by `query`: the top k by retrieval, or by the posterior
-        over the top `depth`, which scores `text` after each passage (with `continuation` in the same pass)."""
-        contexts, log_w, scores, rows = self._retrieved_passes(query, text)
+    def _mixed_passes(self, queries: Sequence[str], texts: Sequence[str], continuations: Sequence[str]) -> list:
+        """Per input text, retrieved for by its query: (pass contexts, their normalised log λ [k'], the continuation's
+        log-probs per pass or None, the kept passages as `KeptPassage`s): the top k by retrieval, or by the posterior
+        over the top `depth`, which scores the text after each passage (with its continuation in the same pass); one
+        LM call for all."""
+        found = self._retrieved_passes(queries, texts)
         if self.weights == "replug":
-            return contexts, log_w, None, self._kept(rows, scores, log_w, None)
-        docs = [posterior.passage_part(c, text) for c in contexts]
-        scored = self.lm.score_with_query(docs, [text] * len(docs), [continuation] * len(docs))
-        query_ll = np.array([np.sum(q, dtype=np.float64) for q, _ in scored])  # the passages retrieved come first
-        order, kept = posterior.kept_passes(log_w[None], [query_ll], 1.0, self.posterior_alpha, self.k)
-        pos = order[0][order[0] >= 0]
-        return ([contexts[j] for j in pos], kept[0][: len(pos)], [scored[j][1] for j in pos],
-                self._kept(rows[pos], scores[pos], kept[0][: len(pos)], query_ll[pos]))
+            return [(contexts, log_w, None, self._kept(rows, scores, log_w, None))
+                    for contexts, log_w, scores, rows in found]
+        flat = [(i, c) for i, (contexts, *_) in enumerate(found) for c in contexts]
+        scored = self.lm.score_with_query([posterior.passage_part(c, texts[i]) for i, c in flat],
+                                          [texts[i] for i, _ in flat], [continuations[i] for i, _ in flat])
+        out, at = [], 0
+        for contexts, log_w, scores, rows in found:
+            mine, at = scored[at : at + len(contexts)], at + len(contexts)
+            query_ll = np.array([np.sum(q, dtype=np.float64) for q, _ in mine])  # the passages retrieved come first
+            order, kept = posterior.kept_passes(log_w[None], [query_ll], 1.0, self.posterior_alpha, self.k)
+            pos = order[0][order[0] >= 0]
+            out.append(([contexts[j] for j in pos], kept[0][: len(pos)], [mine[j][1] for j in pos],
+                        self._kept(rows[pos], scores[pos], kept[0][: len(pos)], query_ll[pos])))
+        return out
 
     def _kept(self, rows, scores, log_weights, log_p_input) -> list[KeptPassage]:
         """`KeptPassage`s of datastore `rows` [k'] with their scores, log λ and log p(x | d) (None: retrieval
@@ -154,7 +173,7 @@ class REPLUG:
     def kept_passages(self, text: str, query: str | None = None) -> list[KeptPassage]:
         """The passages `score(text, ...)` and `generate(text)` mix, with their ids, titles, retriever scores,
         log p(text | passage) (posterior weights) and λ: what decided REPLUG's output, best weight first."""
-        return self._mixed_passes(query if query is not None else text, text, "")[3]
+        return self._mixed_passes([query if query is not None else text], [text], [""])[0][3]
 
     def passages(self, query: str) -> list[tuple[float, str, str]]:
         """The query's top-k passages as (score, title, text), best first."""
@@ -165,26 +184,49 @@ class REPLUG:
     def score(self, context: str, continuation: str, query: str | None = None) -> np.ndarray:
         """log p(y_t | context, y_<t) under REPLUG's mixture, per continuation token: [T] float32. Retrieval is
         for `query` (default: the context); each passage is `doc_template` followed by the context."""
-        query = query if query is not None else context
+        return self.score_many([context], [continuation], None if query is None else [query])[0]
+
+    def score_many(self, contexts: Sequence[str], continuations: Sequence[str],
+                   queries: Sequence[str] | None = None) -> list[np.ndarray]:
+        """`score` of many (context, continuation) pairs, each retrieved for by its query (default: its context):
+        one retrieval and one LM call for all. -> per pair [T_i] float32."""
+        queries = list(contexts) if queries is None else list(queries)
         if self.weights == "replug":
-            scores, rows = self.retrieve([query])
-            contexts, continuations, _ = document_passes(self.datastore, rows, [context], [continuation],
-                                                         self.doc_template)
-            lps, mask, tau = self.lm.score(contexts, continuations), rows[:, : self.k] >= 0, self.temperature
+            scores, rows = self.retrieve(queries)  # [Q, k]
+            passes, conts, where = document_passes(self.datastore, rows, contexts, continuations, self.doc_template)
+            per_input = [[] for _ in contexts]
+            for (i, _), lp in zip(where, self.lm.score(passes, conts)):
+                per_input[i].append(lp)
+            mask, tau = rows[:, : self.k] >= 0, self.temperature
         else:  # the kept passes, their normalised log λ as scores at τ = 1 (softmax gives them back)
-            _, log_w, lps, _ = self._mixed_passes(query, context, continuation)
-            scores, mask, tau = log_w[None], np.ones((1, len(log_w)), bool), 1.0
-        return mix_windows([lps], [len(lps[0])], scores, mask, tau)[0]  # the LM evaluation's own mixture
+            mixed = self._mixed_passes(queries, contexts, continuations)
+            per_input = [lps for _, _, lps, _ in mixed]
+            scores = np.full((len(mixed), self.k), -np.inf, np.float32)  # [Q, k]
+            for i, (_, log_w, _, _) in enumerate(mixed):
+                scores[i, : len(log_w)] = log_w
+            mask, tau = np.isfinite(scores), 1.0
+        mixed_lps = mix_windows(per_input, [len(lps[0]) for lps in per_input], scores, mask, tau)
+        return [mixed_lps[i] for i in range(len(per_input))]  # the LM evaluation's own mixture
 
     def generate(self, prompt: str, *, max_new_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  query: str | None = None) -> str:
         """REPLUG's ensembled greedy decoding after `prompt` (each pass: a passage, then the prompt); with posterior
         weights they are fixed at the generation's prefill from log p(prompt | passage) (`posterior.generate`)."""
-        contexts, log_w, _, _ = self._retrieved_passes(query if query is not None else prompt, prompt)
+        return self.generations([prompt], max_new_tokens=max_new_tokens, stop=stop,
+                                queries=None if query is None else [query])[0].text
+
+    def generations(self, prompts: Sequence[str], *, max_new_tokens: int = 32, stop: Sequence[str] = ("\n",),
+                    queries: Sequence[str] | None = None) -> list:
+        """`generate` of many prompts at once (each retrieved for by its query, default the prompt), as whole
+        `Generation`s: the text, the token ids chosen and their mixture log-probs, the finish reason
+        (lm/blackbox.py)."""
+        prompts = list(prompts)
+        found = self._retrieved_passes(prompts if queries is None else list(queries), prompts)
+        contexts, log_w = [f[0] for f in found], [f[1] for f in found]
         if self.weights == "replug":
-            return self.lm.generate([contexts], [log_w], max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
-        return posterior.generate(self.lm, [contexts], [prompt], [log_w], alpha=self.posterior_alpha, keep=self.k,
-                                  max_new_tokens=max_new_tokens, stop=tuple(stop))[0].text
+            return self.lm.generate(contexts, log_w, max_new_tokens=max_new_tokens, stop=tuple(stop))
+        return posterior.generate(self.lm, contexts, prompts, log_w, alpha=self.posterior_alpha, keep=self.k,
+                                  max_new_tokens=max_new_tokens, stop=tuple(stop))
 
     def answer(self, question: str, *, max_new_tokens: int = 16, demos=(), with_passages: bool = False):
         """The answer to `question` with the QA job's prompt ("Knowledge: <passage>\\nQuestion: ...\\nAnswer:"

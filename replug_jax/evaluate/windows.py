@@ -34,18 +34,20 @@ def first_scored_token(num_tokens: int, *, stride_tokens: int, query_tokens: int
 
 
 def document_windows(doc_id: str, text: str, tokenizer: TextTokenizer, *, stride_tokens: int, query_tokens: int,
-                     context_tokens: int, max_windows: int | None = None) -> list[Window]:
-    """The evaluation windows of one document, in order."""
+                     context_tokens: int, max_windows: int | None = None, whole: bool = False) -> list[Window]:
+    """The evaluation windows of one document, in order. `whole`: every token scored, from the first even in a
+    short document and in stretches of whitespace alone (lm-eval's rolling log-likelihood of a text)."""
     if min(stride_tokens, query_tokens, context_tokens) < 1:
         raise ValueError("stride_tokens, query_tokens and context_tokens must be positive")
     starts = token_starts(tokenizer, text)
     n = len(starts) - 1
     windows = []
-    for a in range(first_scored_token(n, stride_tokens=stride_tokens, query_tokens=query_tokens), n, stride_tokens):
+    first = 0 if whole else first_scored_token(n, stride_tokens=stride_tokens, query_tokens=query_tokens)
+    for a in range(first, n, stride_tokens):
         b = min(a + stride_tokens, n)
         cut = lambda back: text[starts[max(0, a - back)] : starts[a]] if a else ""
         continuation = text[starts[a] : starts[b]]
-        if continuation.strip():
+        if continuation.strip() or (whole and continuation):
             windows.append(Window(doc_id, cut(query_tokens), cut(context_tokens), continuation))
         if max_windows is not None and len(windows) >= max_windows:
             break

@@ -1,0 +1,219 @@
+"""REPLUG as an lm-evaluation-harness model, registered as "replug": any harness task, retrieval-augmented.
+
+    python -m replug_jax.harness --model replug --model_args lm=smollm2,corpus=sciq_support,k=4 \\
+        --tasks replug_sciq_mc --limit 100          # docs/harness.md
+
+    import lm_eval; from replug_jax.harness.model import REPLUGHarnessLM
+    lm_eval.simple_evaluate(model=REPLUGHarnessLM(lm="smollm2", corpus="docs.jsonl", k=4), tasks=[...])
+
+Every request goes through the REPLUG object (replug.py), so the numbers are `REPLUG.score`'s and
+`REPLUG.generate`'s, which are the jobs' (tests/test_pipeline.py), retrieving with the instance's own example
+(harness/queries.py), each passage before the request's whole context (the object's `doc_template`, "{title}\\n{text}
+\\n\\n" unless given):
+  * loglikelihood(context, continuation): the sum of the continuation's per-token log-probs under the mixture;
+    is_greedy: whether REPLUG's greedy decoding from the context gives the continuation's tokens (the mixture's own
+    next-token argmax at every position; one more decoding per request, `is_greedy=false` skips it);
+  * loglikelihood_rolling(text): the LM evaluation's windows (evaluate/windows.py, §6.1) over the whole text, each
+    stretch of `stride_tokens` scored after `context_tokens` tokens and retrieved for by the previous
+    `query_tokens`; the first stretch has no query and is scored without retrieval, as in the lm_eval job;
+  * generate_until(context, {until, max_gen_toks}): REPLUG's ensembled greedy decoding.
+With k=0 (or weights=none) no corpus is read and the LM scores the requests alone, by the same contract
+(lm/blackbox.py: the context and the continuation tokenised apart).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import lm_eval.models  # noqa: F401 (lm-eval's own models first: it imports them only while its registry is empty)
+import numpy as np
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm.auto import tqdm
+
+from replug_jax.base import settings
+from replug_jax.evaluate.windows import document_windows
+from replug_jax.harness import offline_tasks
+from replug_jax.harness.queries import QueryResolver
+from replug_jax.jobs.prepare import LM_CACHE_FILE
+from replug_jax.method.passages import DOC_TEMPLATE
+from replug_jax.replug import REPLUG, WEIGHTS, as_documents, check_mixture
+
+QA = settings.QA_DEFAULTS
+WINDOWS = {"stride_tokens": 128, "query_tokens": 128, "context_tokens": 128}  # experiments/configs/lm_eval.py's
+DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default where a task sets no max_gen_toks
+CHUNK = 64  # requests per LM call (the LM batches them itself)
+INCLUDE_ENV = "REPLUG_JAX_HARNESS_INCLUDE"  # include paths `python -m replug_jax.harness` passes on (os.pathsep)
+
+
+@register_model("replug")
+class REPLUGHarnessLM(LM):
+    """lm-eval's LM interface over a `REPLUG` (module docstring). Arguments, as `--model_args key=value,...`: lm (a
+    name, a path, a server URL, or from Python a loaded LM), tokenizer (for a URL: the server's model's tokenizer;
+    none: its /tokenize), encoder, corpus (a file or folder as the jobs read it, or "sciq_support": the offline
+    tasks' paragraphs), k (0: no retrieval), weights (replug, replug_posterior or none), temperature,
+    posterior_alpha, rerank_depth, doc_tokens, doc_template, query (harness/queries.py), include_path, is_greedy,
+    stride_tokens, query_tokens, context_tokens, workdir (the index saved and reused there, and the LM's answers
+    cached there unless cache=false, so a rerun resumes). Defaults are the REPLUG object's (`settings.QA_DEFAULTS`)."""
+
+    def __init__(self, lm: str = "smollm2", corpus: str | None = None, encoder: str = "minilm", k: int = QA["k"],
+                 weights: str = settings.QA_WEIGHTS, temperature: float = QA["temperature"],
+                 posterior_alpha: float | None = None, rerank_depth: int | None = None,
+                 doc_tokens: int = QA["doc_tokens"], doc_template: str = DOC_TEMPLATE, tokenizer: str | None = None,
+                 query: str = "doc_to_text", include_path: str | None = None, is_greedy: bool = True,
+                 stride_tokens: int = WINDOWS["stride_tokens"], query_tokens: int = WINDOWS["query_tokens"],
+                 context_tokens: int = WINDOWS["context_tokens"], workdir: str | None = None, cache: bool = True,
+                 batch_size=None, max_batch_size=None, device=None, **unknown):
+        super().__init__()
+        if unknown:
+            raise ValueError(f"--model_args {', '.join(sorted(unknown))}: not an argument of the replug model "
+                             "(lm, tokenizer, encoder, corpus, k, weights, temperature, posterior_alpha, "
+                             "rerank_depth, doc_tokens, doc_template, query, include_path, is_greedy, stride_tokens, "
+                             "query_tokens, context_tokens, workdir, cache)")
+        for key, value in (("stride_tokens", stride_tokens), ("query_tokens", query_tokens),
+                           ("context_tokens", context_tokens)):
+            settings.check_value(key, value, prefix="")
+        self.method = "none" if weights == "none" or k == 0 else weights
+        if self.method != "none" and weights not in WEIGHTS:
+            raise ValueError(f"weights={weights!r}: use one of none, {', '.join(WEIGHTS)}")
+        paths = [p for p in (include_path or "").split(os.pathsep) + os.environ.get(INCLUDE_ENV, "").split(os.pathsep)
+                 if p]
+        self.queries = QueryResolver(query, include_path=paths or [offline_tasks.default_folder()])
+        self.is_greedy, self.windows = bool(is_greedy), {"stride_tokens": stride_tokens, "query_tokens": query_tokens,
+                                                         "context_tokens": context_tokens}
+        self._warned: set = set()
+        if self.method == "none" and corpus is not None:
+            warnings.warn(f"corpus={corpus!r} is not read: k=0 / weights=none scores with the LM alone", stacklevel=2)
+        if self.method != "none" and not corpus:
+            raise ValueError("the replug model needs corpus= (a JSONL or .txt file, a folder of .txt files, or "
+                             f"{offline_tasks.CORPUS_NAME!r}); k=0 runs the LM without retrieval")
+        documents = None
+        if self.method != "none":  # bad settings and a missing corpus are refused before a model loads
+            check_mixture(k, temperature, None, weights, posterior_alpha, rerank_depth)
+            documents = as_documents(offline_tasks.corpus_file() if corpus == offline_tasks.CORPUS_NAME else corpus)
+        self.model_args = {"lm": lm if isinstance(lm, str) else type(lm).__name__, "corpus": corpus,
+                           "encoder": encoder if isinstance(encoder, str) else type(encoder).__name__, "k": k,
+                           "method": self.method, "workdir": workdir}
+        if isinstance(lm, str):
+            from replug_jax.loading import load_lm
+
+            lm = load_lm(lm, **({"tokenizer": tokenizer} if tokenizer else {}))
+        if workdir and cache:  # a rerun resumes: every score and answer the LM gave is read back (as the jobs do)
+            from replug_jax.lm.cache import CachedLM
+
+            lm = CachedLM(lm, os.path.join(workdir, LM_CACHE_FILE))
+        if self.method == "none":
+            self.rag = None
+            self.lm = lm
+        else:
+            self.rag = REPLUG.from_documents(documents, lm=lm, encoder=encoder, k=k, temperature=temperature,
+                                             doc_tokens=doc_tokens, doc_template=doc_template, workdir=workdir,
+                                             weights=weights, posterior_alpha=posterior_alpha,
+                                             rerank_depth=rerank_depth)
+            self.lm = self.rag.lm
+
+    # ------------------------------------------------------------------ lm-eval's three requests
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        """(log p(continuation | context), is_greedy) per request, under REPLUG's mixture; `CHUNK` requests per LM
+        call."""
+        out = []
+        for chunk in self._chunks(requests, "loglikelihood"):
+            contexts, continuations = zip(*(instance.args for instance in chunk))
+            queries = self._queries(chunk)
+            logliks = self.continuation_logliks(contexts, continuations, queries)
+            greedy = self.greedy(contexts, continuations, queries) if self.is_greedy else [self._not_greedy()] * len(
+                chunk)
+            out += list(zip(logliks, greedy))
+        return out
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        """log p(text) per request: the LM evaluation's windows over every token of the text."""
+        out = []
+        for i, instance in enumerate(tqdm(requests, desc=f"replug {self.method}: rolling",
+                                          disable=len(requests) < 2)):
+            (text,) = instance.args
+            windows = document_windows(f"request{i}", text, self.lm.tokenizer, whole=True, **self.windows)
+            first, rest = windows[:1], windows[1:]  # the first stretch has no query: the LM's alone
+            logliks = self.continuation_logliks([w.prefix for w in first], [w.continuation for w in first], None)
+            if rest:
+                logliks += self.continuation_logliks([w.prefix for w in rest], [w.continuation for w in rest],
+                                                     [w.query for w in rest] if self.rag is not None else None)
+            out.append(float(np.sum(logliks, dtype=np.float64)))
+        return out
+
+    def generate_until(self, requests) -> list[str]:
+        """REPLUG's greedy ensembled answer per request, cut before the first of its `until` strings; requests with
+        the same `until` and `max_gen_toks` decoded together."""
+        out = [None] * len(requests)
+        settings_of = [self._generation_settings(instance) for instance in requests]
+        for key in dict.fromkeys(settings_of):
+            at = [i for i, s in enumerate(settings_of) if s == key]
+            for chunk in self._chunks([requests[i] for i in at], "generate_until"):
+                gens = self.decode([instance.args[0] for instance in chunk], key[1], key[0], self._queries(chunk))
+                for g in gens:
+                    out[at.pop(0)] = g.text
+        return out
+
+    # ------------------------------------------------------------------ many requests at once
+    def continuation_logliks(self, contexts, continuations, queries) -> list[float]:
+        """log p(continuation | context) per pair: the mixture's, retrieving for each query, or the LM's alone
+        without queries (no retrieval, or a window's first stretch)."""
+        if self.rag is None or queries is None:
+            lps = self.lm.score(list(contexts), list(continuations))
+        else:
+            lps = self.rag.score_many(list(contexts), list(continuations), list(queries))
+        return [float(np.sum(lp, dtype=np.float64)) for lp in lps]
+
+    def decode(self, contexts, max_new_tokens: int, stop: tuple, queries) -> list:
+        """REPLUG's greedy `Generation` after each context (the LM's alone without retrieval)."""
+        if self.rag is None:
+            return self.lm.generate([[c] for c in contexts], [np.zeros(1, np.float32)] * len(contexts),
+                                    max_new_tokens=max_new_tokens, stop=stop)
+        return self.rag.generations(list(contexts), max_new_tokens=max_new_tokens, stop=stop, queries=list(queries))
+
+    def greedy(self, contexts, continuations, queries) -> list[bool]:
+        """Whether greedy decoding from each context gives exactly its continuation's tokens (those of one length
+        decoded together)."""
+        wanted = [list(self.lm.tokenizer.encode(c)) for c in continuations]
+        out = [False] * len(wanted)
+        for n in sorted({len(w) for w in wanted}):
+            at = [i for i, w in enumerate(wanted) if len(w) == n]
+            gens = self.decode([contexts[i] for i in at], n, (), None if queries is None else [queries[i] for i in at])
+            for i, g in zip(at, gens):
+                out[i] = list(g.token_ids[:n]) == wanted[i]
+        return out
+
+    def _queries(self, instances) -> list[str] | None:
+        return [self.queries(instance) for instance in instances] if self.rag is not None else None
+
+    def _chunks(self, requests, kind: str):
+        """`requests` in chunks of `CHUNK`, under a progress bar."""
+        with tqdm(total=len(requests), desc=f"replug {self.method}: {kind}", disable=len(requests) < 2) as bar:
+            for start in range(0, len(requests), CHUNK):
+                chunk = requests[start : start + CHUNK]
+                yield chunk
+                bar.update(len(chunk))
+
+    def _generation_settings(self, instance) -> tuple[tuple, int]:
+        """(stop strings, max new tokens) of a generate_until request; sampling asked for is said once per task."""
+        kwargs = dict(instance.args[1] or {})
+        until = kwargs.pop("until", None) or ()
+        until = (until,) if isinstance(until, str) else tuple(until)
+        if kwargs.get("do_sample") or kwargs.get("temperature"):
+            self._warn_once(f"sampling:{instance.task_name}", f"{instance.task_name}: do_sample / temperature in "
+                            f"{kwargs} ignored: REPLUG decodes greedily")
+        return until, int(kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+
+    def _not_greedy(self) -> bool:
+        self._warn_once("is_greedy", "is_greedy=false: every request's is_greedy is reported False, so greedy-match "
+                                     "metrics (a loglikelihood task's acc, multiple choice's exact_match) read 0")
+        return False
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=3)
+
+    def get_model_info(self) -> dict:
+        """What results.json's config records of the model beside its model_args."""
+        return dict(self.model_args)

@@ -1,0 +1,234 @@
+"""REPLUG inside lm-evaluation-harness (replug_jax/harness/), checked against third parties and against the object:
+  * with retrieval off, every request's (log-likelihood, is_greedy) and the accuracy equal lm-eval's own `hf` backend
+    on the same SmolLM2 weights (transformers' PyTorch);
+  * with retrieval on, every log-likelihood equals `REPLUG.score` of the same context and continuation, retrieved for
+    the instance's own example ("Question: ..\\nAnswer:", not the few-shot block), for replug and replug_posterior;
+  * generate_until equals `REPLUG.generate`, and with the QA job's passage line, `REPLUG.answer`;
+  * through the project's server the numbers are the local ones.
+All on the offline SciQ tasks (harness/offline_tasks.py), no network."""
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lm_eval", reason="the [harness] extra (lm-eval) is not installed")
+
+import lm_eval  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+import replug_jax as rj  # noqa: E402
+from replug_jax.evaluate.windows import document_windows  # noqa: E402
+from replug_jax.harness import offline_tasks  # noqa: E402
+from replug_jax.harness.model import REPLUGHarnessLM  # noqa: E402
+from replug_jax.harness.queries import QueryResolver  # noqa: E402
+
+MC, QA = "replug_sciq_mc", "replug_sciq_qa"
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    """(the tasks' folder, its TaskManager): 6 SciQ questions, their support paragraphs as the corpus."""
+    folder = offline_tasks.write_tasks(str(tmp_path_factory.mktemp("harness_tasks")), limit=6)
+    return folder, TaskManager(include_path=folder, include_defaults=False)
+
+
+def evaluate(model, tasks, names, *, limit, shots):
+    """lm-eval's own evaluation of `model` (a name with args, or an object): {task: [sample, ...]}, results."""
+    folder, manager = tasks
+    kwargs = {"model_args": model[1]} if isinstance(model, tuple) else {}
+    out = lm_eval.simple_evaluate(model=model[0] if isinstance(model, tuple) else model, tasks=list(names),
+                                  task_manager=manager, limit=limit, num_fewshot=shots, log_samples=True,
+                                  random_seed=0, numpy_random_seed=0, torch_random_seed=0, **kwargs)
+    return out["samples"], out["results"]
+
+
+def harness_model(tasks, lm, **args):
+    corpus = None if args.get("k") == 0 else os.path.join(tasks[0], offline_tasks.CORPUS_FILE)
+    return REPLUGHarnessLM(lm=lm, corpus=corpus, include_path=tasks[0], **args)
+
+
+def own_text(sample) -> str:
+    """The instance's own example, written here from its doc (the task's prompt)."""
+    return f"Question: {sample['doc']['question']}\nAnswer:"
+
+
+def test_without_retrieval_every_request_equals_lm_evals_hf_backend(tasks, smollm2):
+    """k=0: lm-eval's `hf` backend (PyTorch, the same GGUF) and ours give each option's log-likelihood to float32
+    rounding, the same is_greedy and the same accuracy, 1-shot."""
+    from replug_jax.models import registry
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.registry import get_model
+
+    folder, name = os.path.split(registry.packaged_path("smollm2"))
+    hf_lm = get_model("hf").create_from_arg_string(f"pretrained={folder},gguf_file={name},dtype=float32,device=cpu")
+    ours_lm = harness_model(tasks, smollm2, k=0)
+    hf, hf_results = evaluate(hf_lm, tasks, [MC], limit=5, shots=1)
+    ours, results = evaluate(ours_lm, tasks, [MC], limit=5, shots=1)
+    assert len(hf[MC]) == len(ours[MC]) == 5
+    for h, o in zip(hf[MC], ours[MC]):
+        assert h["arguments"] == o["arguments"]  # the same prompts, shots included
+        got = np.array([float(r[0][0]) for r in o["resps"]])
+        want = np.array([float(r[0][0]) for r in h["resps"]])
+        np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-4)
+        assert [bool(r[0][1]) for r in o["resps"]] == [bool(r[0][1]) for r in h["resps"]]
+    assert results[MC]["acc,none"] == hf_results[MC]["acc,none"]
+    pairs = [("1, 2, 3, 4, 5, 6,", " 7, 8"), ("Monday, Tuesday, Wednesday,", " Thursday"),
+             ("The capital of France is", " Paris"), ("Monday, Tuesday, Wednesday,", " Sunday")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    got, want = ours_lm.loglikelihood(requests), hf_lm.loglikelihood(requests)
+    np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=2e-3, rtol=1e-4)
+    assert [g[1] for g in got] == [bool(w[1]) for w in want]
+    assert any(g[1] for g in got) and not all(g[1] for g in got)  # is_greedy compared both ways
+
+
+@pytest.fixture(scope="module")
+def rag_of(tasks, smollm2, minilm):
+    """A REPLUG object built apart from the harness's, over the same corpus and settings."""
+    def build(**mixing):
+        return rj.REPLUG.from_documents(os.path.join(tasks[0], offline_tasks.CORPUS_FILE), lm=smollm2,
+                                        encoder=minilm, **mixing)
+    return build
+
+
+@pytest.mark.parametrize("weights", ["replug", "replug_posterior"])
+def test_with_retrieval_every_loglikelihood_is_replug_score_for_the_example(tasks, smollm2, minilm, rag_of, weights):
+    """1-shot SciQ: each option's log-likelihood is REPLUG.score's, retrieval for "Question: <q>\\nAnswer:" alone; the
+    whole context (shot included) as the query would give other numbers, so the test would see it."""
+    mixing = {"k": 2, "temperature": 0.1, "weights": weights}
+    if weights == "replug_posterior":
+        mixing.update(posterior_alpha=0.5, rerank_depth=4)
+    samples, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, is_greedy=weights == "replug", **mixing),
+                          tasks, [MC], limit=3, shots=1)
+    rag = rag_of(**mixing)
+    pairs = [(c, x, own_text(sample)) for sample in samples[MC] for c, x in sample["arguments"]]
+    got = [(float(resp[0][0]), bool(resp[0][1])) for sample in samples[MC] for resp in sample["resps"]]
+    contexts, continuations, queries = (list(t) for t in zip(*pairs))
+    assert all(c.endswith(q) and c != q for c, q in zip(contexts, queries))  # a shot before the example
+    want = [float(np.sum(lp, dtype=np.float64)) for lp in rag.score_many(contexts, continuations, queries)]
+    np.testing.assert_allclose([g for g, _ in got], want, atol=1e-4)
+    one = float(np.sum(rag.score(contexts[0], continuations[0], query=queries[0]), dtype=np.float64))
+    assert abs(one - want[0]) < 1e-4  # the object's one-pair call, as the batch
+    if weights == "replug":  # is_greedy: REPLUG's own greedy decoding gives the continuation's tokens
+        for i, (c, x, q) in enumerate(pairs):
+            ids = smollm2.tokenizer.encode(x)
+            greedy = rag.generations([c], max_new_tokens=len(ids), stop=(), queries=[q])[0].token_ids
+            assert got[i][1] == (list(greedy[: len(ids)]) == list(ids))
+        assert any(g for _, g in got) and not all(g for _, g in got)
+    whole = [float(np.sum(lp, dtype=np.float64)) for lp in rag.score_many(contexts, continuations, contexts)]
+    differs = np.abs(np.array(whole) - np.array(want)).max() > 1e-3
+    assert differs, "the query source makes no difference on these questions: the test would not see it"
+
+
+def test_generate_until_is_replug_generate_and_with_the_knowledge_line_replug_answer(tasks, smollm2, minilm, rag_of):
+    """generate_until: REPLUG.generate of the request's context (stop "\\n", 16 tokens); with the QA job's passage
+    line ("Knowledge: <passage>\\n") and 0 shots, REPLUG.answer's answer to the question."""
+    mixing = {"k": 2, "temperature": 0.1, "weights": "replug"}
+    samples, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, **mixing), tasks, [QA], limit=3, shots=1)
+    rag = rag_of(**mixing)
+    for sample in samples[QA]:
+        context = sample["arguments"][0][0]
+        assert sample["resps"][0][0] == rag.generate(context, max_new_tokens=16, stop=("\n",),
+                                                     query=own_text(sample))
+    samples, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, doc_template="Knowledge: {passage}\n",
+                                        **mixing), tasks, [QA], limit=3, shots=0)
+    with pytest.warns(UserWarning, match="zero-shot"):
+        answers = [rag.answer(s["doc"]["question"], max_new_tokens=16) for s in samples[QA]]
+    assert [s["resps"][0][0].strip() for s in samples[QA]] == answers
+    assert any(answers)
+
+
+@pytest.mark.slow  # the HTTP client's equality with the local LM is the core suite's (test_http, test_path_equivalence)
+def test_through_the_server_the_numbers_are_the_local_ones(tasks, smollm2, minilm):
+    """lm=<our server's URL> (token-id prompts by the local tokenizer): the same log-likelihoods and answers as the
+    local LM, retrieval on."""
+    from replug_jax.serve import BackgroundServer
+
+    mixing = {"k": 2, "temperature": 0.1, "weights": "replug_posterior", "rerank_depth": 3, "is_greedy": False}
+    local, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, **mixing), tasks, [MC, QA], limit=2, shots=1)
+    with BackgroundServer(smollm2) as server:
+        with pytest.warns(UserWarning, match="is_greedy=false"):
+            remote, _ = evaluate(harness_model(tasks, server.url, tokenizer="smollm2", encoder=minilm, **mixing),
+                                 tasks, [MC, QA], limit=2, shots=1)
+    for a, b in zip(local[MC], remote[MC]):
+        np.testing.assert_allclose([float(r[0][0]) for r in b["resps"]], [float(r[0][0]) for r in a["resps"]],
+                                   atol=1e-3)
+    assert [s["resps"] for s in remote[QA]] == [s["resps"] for s in local[QA]]
+
+
+def test_loglikelihood_rolling_scores_every_token(smollm2, minilm, tasks):
+    """The windows cover the whole text; a text within one window is the LM's own log-likelihood after the
+    document start (no retrieval: its first stretch has no query), and a longer one retrieves for the later
+    stretches."""
+    from lm_eval.api.instance import Instance
+
+    text = " ".join(f"Wetlands are areas of land {i} wet for all or part of the year." for i in range(30))
+    windows = document_windows("t", text, smollm2.tokenizer, stride_tokens=64, query_tokens=64, context_tokens=64,
+                               whole=True)
+    assert "".join(w.continuation for w in windows) == text and not windows[0].query and windows[1].query
+    short = "Wetlands are wet."
+    none = harness_model(tasks, smollm2, k=0, stride_tokens=64, query_tokens=64, context_tokens=64)
+    requests = [Instance("loglikelihood_rolling", {}, (t,), 0) for t in (short, text)]
+    got_none = none.loglikelihood_rolling(requests)
+    assert abs(got_none[0] - float(np.sum(smollm2.score([""], [short])[0], dtype=np.float64))) < 1e-4
+    rag = harness_model(tasks, smollm2, encoder=minilm, k=2, weights="replug", stride_tokens=64, query_tokens=64,
+                        context_tokens=64)
+    got = rag.loglikelihood_rolling(requests)
+    assert abs(got[0] - got_none[0]) < 1e-4 and abs(got[1] - got_none[1]) > 1e-3
+
+
+def test_query_sources_and_mistakes_named_before_any_model_loads(tasks):
+    from lm_eval.api.instance import Instance
+
+    doc = {"question": "What is wet?", "choices": ["a"], "label": 0}
+    inst = Instance("loglikelihood", doc, ("shot\n\nQuestion: What is wet?\nAnswer:", " a"), 0,
+                    (MC, 0, 1))
+    assert QueryResolver("doc_to_text", include_path=tasks[0])(inst) == "Question: What is wet?\nAnswer:"
+    assert QueryResolver("field:question")(inst) == "What is wet?"
+    assert QueryResolver("context")(inst) == inst.args[0]
+    with pytest.raises(ValueError, match="no field 'query'"):
+        QueryResolver("field:query")(inst)
+    with pytest.raises(ValueError, match="query='doc'"):
+        QueryResolver("doc")
+    for args, match in (({"k": 2, "temperature": 0.1, "weights": "replug", "batch": 3}, "batch"),
+                        ({"k": 2, "weights": "bm25"}, "weights='bm25'"),
+                        ({"k": 2, "weights": "replug", "corpus": None}, "needs corpus"),
+                        ({"k": 2, "weights": "replug", "corpus": "/no/such.jsonl"}, "no/such")):
+        with pytest.raises(ValueError, match=match):
+            REPLUGHarnessLM(lm="no-such-lm-would-fail-to-load", **args)
+
+
+def test_a_workdir_reuses_the_index_and_resumes_from_the_lms_cache(tasks, smollm2, minilm, tmp_path):
+    """workdir=: the first model embeds into WORKDIR/index_dense and caches the LM's scores; a second one (a rerun)
+    reuses both and gives the same numbers, as does a model without a workdir."""
+    from lm_eval.api.instance import Instance
+
+    requests = [Instance("loglikelihood", {"question": "What is an area of land that is wet all year?"},
+                         ("Question: What is an area of land that is wet all year?\nAnswer:", x), i)
+                for i, x in enumerate([" wetland", " tundra"])]
+    args = {"k": 2, "temperature": 0.1, "weights": "replug", "encoder": minilm, "query": "context"}
+    plain = harness_model(tasks, smollm2, **args).loglikelihood(requests)
+    first = harness_model(tasks, smollm2, workdir=str(tmp_path), **args)
+    assert first.loglikelihood(requests) == plain
+    built = os.path.getmtime(tmp_path / "index_dense")
+    second = harness_model(tasks, smollm2, workdir=str(tmp_path), **args)
+    assert os.path.getmtime(tmp_path / "index_dense") == built  # reused, not rebuilt
+    assert second.loglikelihood(requests) == plain
+    assert second.lm.hits > 0 and second.lm.misses == 0  # every score read back from WORKDIR/lm_cache.sqlite
+
+
+@pytest.mark.slow  # lm-eval's command line indexes its 14,000 tasks (about 20 s) before it runs
+def test_the_documented_command_prints_lm_evals_table(tmp_path):
+    """docs/harness.md's command: `python -m replug_jax.harness --model replug ...` writes the offline tasks on first
+    use, puts them on lm-eval's include path and prints lm-eval's own results table."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, REPLUG_JAX_HARNESS_TASKS=str(tmp_path / "tasks"), HF_DATASETS_OFFLINE="1",
+               HF_HUB_OFFLINE="1")
+    run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args",
+                          "lm=smollm2,k=0", "--tasks", "replug_sciq_mc", "--limit", "2"],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=str(tmp_path))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "|replug_sciq_mc|" in run.stdout and "acc" in run.stdout, run.stdout[-2000:]
+    assert (tmp_path / "tasks" / "replug_sciq_mc.yaml").is_file()
