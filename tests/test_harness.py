@@ -232,3 +232,19 @@ def test_the_documented_command_prints_lm_evals_table(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "|replug_sciq_mc|" in run.stdout and "acc" in run.stdout, run.stdout[-2000:]
     assert (tmp_path / "tasks" / "replug_sciq_mc.yaml").is_file()
+
+
+def test_the_commands_mistakes_are_one_line_in_the_first_seconds(tmp_path):
+    """A mistyped argument, ignored posterior settings and a missing corpus: exit 2 and one line, before lm-eval
+    indexes its tasks or a model loads."""
+    import subprocess
+    import sys
+
+    for args, words in (("lm=smollm2,k=2,wieghts=replug", "wieghts"),
+                        ("lm=smollm2,corpus=/no/such.jsonl,k=2,weights=replug", "/no/such.jsonl"),
+                        ("lm=smollm2,corpus=/no/such.jsonl,k=2,weights=replug,posterior_alpha=0.5", "ignored")):
+        run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args", args,
+                              "--tasks", "replug_sciq_mc"], capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, REPLUG_JAX_HARNESS_TASKS=str(tmp_path)))
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and len(lines) == 1 and words in lines[0], run.stderr[-1500:]

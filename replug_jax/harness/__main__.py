@@ -11,8 +11,11 @@ know this package's model: this command imports it first. The offline tasks are 
 """
 from __future__ import annotations
 
+import inspect
 import os
 import sys
+
+from replug_jax.base.errors import InputError
 
 
 def main(argv: list[str]) -> None:
@@ -37,7 +40,36 @@ def main(argv: list[str]) -> None:
               "path (it takes one); copy their YAMLs beside yours to run both", file=sys.stderr)
     os.environ[model.INCLUDE_ENV] = os.pathsep.join([given] if given else [folder])
     sys.argv = ["lm-eval", *argv]
-    cli_evaluate()
+    try:
+        check_replug_arguments(argv)  # a mistake in the first seconds, before lm-eval indexes its tasks
+        cli_evaluate()
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def check_replug_arguments(argv: list[str]) -> None:
+    """`model.check_arguments` of `--model_args` when `--model replug` is asked for."""
+    from lm_eval.utils import simple_parse_args_string
+
+    from replug_jax.harness import model
+
+    def flag(name):
+        for i, arg in enumerate(argv):
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+        return None
+
+    if flag("--model") != "replug":
+        return
+    args = simple_parse_args_string(flag("--model_args") or "")
+    known = set(inspect.signature(model.REPLUGHarnessLM.__init__).parameters) - {"self", "unknown"}
+    checked = {"k", "weights", "corpus", "temperature", "posterior_alpha", "rerank_depth", "stride_tokens",
+               "query_tokens", "context_tokens"}
+    model.check_arguments(unknown={key: v for key, v in args.items() if key not in known},
+                          **{key: v for key, v in args.items() if key in checked})
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from replug_jax.base import settings
+from replug_jax.base.errors import InputError
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.harness import offline_tasks
 from replug_jax.harness.queries import QueryResolver
@@ -44,6 +45,32 @@ WINDOWS = {"stride_tokens": 128, "query_tokens": 128, "context_tokens": 128}  # 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default where a task sets no max_gen_toks
 CHUNK = 64  # requests per LM call (the LM batches them itself)
 INCLUDE_ENV = "REPLUG_JAX_HARNESS_INCLUDE"  # include paths `python -m replug_jax.harness` passes on (os.pathsep)
+
+
+def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpus=None,
+                    temperature=QA["temperature"], posterior_alpha=None, rerank_depth=None, **windows) -> None:
+    """The model's arguments checked without loading anything (`python -m replug_jax.harness` calls it before lm-eval
+    indexes its tasks): an `InputError` naming the first mistake."""
+    if unknown:
+        raise InputError(f"--model_args {', '.join(sorted(unknown))}: not an argument of the replug model (lm, "
+                         "tokenizer, encoder, corpus, k, weights, temperature, posterior_alpha, rerank_depth, "
+                         "doc_tokens, doc_template, query, include_path, is_greedy, stride_tokens, query_tokens, "
+                         "context_tokens, workdir, cache)")
+    try:
+        for key, value in windows.items():
+            settings.check_value(key, value, prefix="")
+        if weights != "none" and k != 0:
+            if weights not in WEIGHTS:
+                raise ValueError(f"weights={weights!r}: use one of none, {', '.join(WEIGHTS)}")
+            if not corpus:
+                raise ValueError("the replug model needs corpus= (a JSONL or .txt file, a folder of .txt files, or "
+                                 f"{offline_tasks.CORPUS_NAME!r}); k=0 runs the LM without retrieval")
+            check_mixture(k, temperature, None, weights, posterior_alpha, rerank_depth)
+            if corpus != offline_tasks.CORPUS_NAME and not corpus.startswith("tfds:") and not os.path.exists(corpus):
+                raise ValueError(f"corpus={corpus!r} is not a file or folder (a JSONL or .txt file, a folder of .txt "
+                                 f"files, or {offline_tasks.CORPUS_NAME!r})")
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 @register_model("replug")
@@ -65,17 +92,10 @@ class REPLUGHarnessLM(LM):
                  context_tokens: int = WINDOWS["context_tokens"], workdir: str | None = None, cache: bool = True,
                  batch_size=None, max_batch_size=None, device=None, **unknown):
         super().__init__()
-        if unknown:
-            raise ValueError(f"--model_args {', '.join(sorted(unknown))}: not an argument of the replug model "
-                             "(lm, tokenizer, encoder, corpus, k, weights, temperature, posterior_alpha, "
-                             "rerank_depth, doc_tokens, doc_template, query, include_path, is_greedy, stride_tokens, "
-                             "query_tokens, context_tokens, workdir, cache)")
-        for key, value in (("stride_tokens", stride_tokens), ("query_tokens", query_tokens),
-                           ("context_tokens", context_tokens)):
-            settings.check_value(key, value, prefix="")
+        check_arguments(unknown=unknown, k=k, weights=weights, corpus=corpus, temperature=temperature,
+                        posterior_alpha=posterior_alpha, rerank_depth=rerank_depth, stride_tokens=stride_tokens,
+                        query_tokens=query_tokens, context_tokens=context_tokens)
         self.method = "none" if weights == "none" or k == 0 else weights
-        if self.method != "none" and weights not in WEIGHTS:
-            raise ValueError(f"weights={weights!r}: use one of none, {', '.join(WEIGHTS)}")
         paths = [p for p in (include_path or "").split(os.pathsep) + os.environ.get(INCLUDE_ENV, "").split(os.pathsep)
                  if p]
         self.queries = QueryResolver(query, include_path=paths or [offline_tasks.default_folder()])
@@ -84,13 +104,13 @@ class REPLUGHarnessLM(LM):
         self._warned: set = set()
         if self.method == "none" and corpus is not None:
             warnings.warn(f"corpus={corpus!r} is not read: k=0 / weights=none scores with the LM alone", stacklevel=2)
-        if self.method != "none" and not corpus:
-            raise ValueError("the replug model needs corpus= (a JSONL or .txt file, a folder of .txt files, or "
-                             f"{offline_tasks.CORPUS_NAME!r}); k=0 runs the LM without retrieval")
         documents = None
-        if self.method != "none":  # bad settings and a missing corpus are refused before a model loads
-            check_mixture(k, temperature, None, weights, posterior_alpha, rerank_depth)
-            documents = as_documents(offline_tasks.corpus_file() if corpus == offline_tasks.CORPUS_NAME else corpus)
+        if self.method != "none":  # a corpus that cannot be read is refused before a model loads
+            try:
+                documents = as_documents(offline_tasks.corpus_file() if corpus == offline_tasks.CORPUS_NAME
+                                         else corpus)
+            except ValueError as e:
+                raise InputError(f"corpus={corpus!r}: {e}") from None
         self.model_args = {"lm": lm if isinstance(lm, str) else type(lm).__name__, "corpus": corpus,
                            "encoder": encoder if isinstance(encoder, str) else type(encoder).__name__, "k": k,
                            "method": self.method, "workdir": workdir}
