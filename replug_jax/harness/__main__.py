@@ -27,12 +27,7 @@ def main(argv: list[str]) -> None:
     if not os.path.isfile(os.path.join(folder, offline_tasks.QUESTIONS_FILE)):
         offline_tasks.write_tasks(folder)
     argv = list(argv)
-    given = None
-    for i, arg in enumerate(argv):  # lm-eval 0.4.13 takes one --include_path: a user's own replaces ours
-        if arg == "--include_path" and i + 1 < len(argv):
-            given = argv[i + 1]
-        elif arg.startswith("--include_path="):
-            given = arg.split("=", 1)[1]
+    given = flag(argv, "--include_path")  # lm-eval 0.4.13 takes one --include_path: a user's own replaces ours
     if given is None:
         argv += ["--include_path", folder]
     else:
@@ -54,22 +49,25 @@ def check_replug_arguments(argv: list[str]) -> None:
 
     from replug_jax.harness import model
 
-    def flag(name):
-        for i, arg in enumerate(argv):
-            if arg == name and i + 1 < len(argv):
-                return argv[i + 1]
-            if arg.startswith(name + "="):
-                return arg.split("=", 1)[1]
-        return None
-
-    if flag("--model") != "replug":
+    if flag(argv, "--model") != "replug":
         return
-    args = simple_parse_args_string(flag("--model_args") or "")
+    args = simple_parse_args_string(flag(argv, "--model_args") or "")
     known = set(inspect.signature(model.REPLUGHarnessLM.__init__).parameters) - {"self", "unknown"}
     checked = {"k", "weights", "corpus", "temperature", "posterior_alpha", "rerank_depth", "stride_tokens",
                "query_tokens", "context_tokens"}
     model.check_arguments(unknown={key: v for key, v in args.items() if key not in known},
                           **{key: v for key, v in args.items() if key in checked})
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value of `name` in `argv` ("--name value" or "--name=value"; the last one given), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 if __name__ == "__main__":

@@ -168,10 +168,12 @@ class REPLUGHarnessLM(LM):
         settings_of = [self._generation_settings(instance) for instance in requests]
         for key in dict.fromkeys(settings_of):
             at = [i for i, s in enumerate(settings_of) if s == key]
+            done = 0
             for chunk in self._chunks([requests[i] for i in at], "generate_until"):
                 gens = self.decode([instance.args[0] for instance in chunk], key[1], key[0], self._queries(chunk))
-                for g in gens:
-                    out[at.pop(0)] = g.text
+                for i, g in zip(at[done:], gens):
+                    out[i] = g.text
+                done += len(chunk)
         return out
 
     # ------------------------------------------------------------------ many requests at once
