@@ -6,6 +6,7 @@
   * generate_until equals `REPLUG.generate`, and with the QA job's passage line, `REPLUG.answer`;
   * through the project's server the numbers are the local ones.
 All on the offline SciQ tasks (harness/offline_tasks.py), no network."""
+import json
 import os
 
 import numpy as np
@@ -177,8 +178,12 @@ def test_loglikelihood_rolling_scores_every_token(smollm2, minilm, tasks):
     assert abs(got[0] - got_none[0]) < 1e-4 and abs(got[1] - got_none[1]) > 1e-3
 
 
-def test_query_sources_and_mistakes_named_before_any_model_loads(tasks):
+def test_query_sources_and_mistakes_named_before_any_model_loads(tasks, tmp_path):
     from lm_eval.api.instance import Instance
+
+    small = str(tmp_path / "small.jsonl")  # at most 2 passages by its bytes
+    with open(small, "w") as f:
+        f.write(json.dumps({"text": "Wetlands are wet."}) + "\n" + json.dumps({"text": "Deserts are dry."}) + "\n")
 
     doc = {"question": "What is wet?", "choices": ["a"], "label": 0}
     inst = Instance("loglikelihood", doc, ("shot\n\nQuestion: What is wet?\nAnswer:", " a"), 0,
@@ -193,7 +198,8 @@ def test_query_sources_and_mistakes_named_before_any_model_loads(tasks):
     for args, match in (({"k": 2, "temperature": 0.1, "weights": "replug", "batch": 3}, "batch"),
                         ({"k": 2, "weights": "bm25"}, "weights='bm25'"),
                         ({"k": 2, "weights": "replug", "corpus": None}, "needs corpus"),
-                        ({"k": 2, "weights": "replug", "corpus": "/no/such.jsonl"}, "no/such")):
+                        ({"k": 2, "weights": "replug", "corpus": "/no/such.jsonl"}, "no/such"),
+                        ({"k": 50, "weights": "replug", "corpus": small}, r"k=50 is larger than the datastore")):
         with pytest.raises(ValueError, match=match):
             REPLUGHarnessLM(lm="no-such-lm-would-fail-to-load", **args)
 
@@ -235,14 +241,17 @@ def test_the_documented_command_prints_lm_evals_table(tmp_path):
 
 
 def test_the_commands_mistakes_are_one_line_in_the_first_seconds(tmp_path):
-    """A mistyped argument, ignored posterior settings and a missing corpus: exit 2 and one line, before lm-eval
-    indexes its tasks or a model loads."""
+    """A mistyped argument, ignored posterior settings, a missing corpus and k above the corpus's passages: exit 2
+    and one line, before lm-eval indexes its tasks or a model loads."""
     import subprocess
     import sys
 
+    three = tmp_path / "three.jsonl"  # 3 passages, while the bytes' bound allows 6: counted by the LM's tokenizer
+    three.write_text("".join(json.dumps({"id": f"d{i}", "text": " ".join([f"word{i}"] * 40)}) + "\n" for i in range(3)))
     for args, words in (("lm=smollm2,k=2,wieghts=replug", "wieghts"),
                         ("lm=smollm2,corpus=/no/such.jsonl,k=2,weights=replug", "/no/such.jsonl"),
-                        ("lm=smollm2,corpus=/no/such.jsonl,k=2,weights=replug,posterior_alpha=0.5", "ignored")):
+                        ("lm=smollm2,corpus=/no/such.jsonl,k=2,weights=replug,posterior_alpha=0.5", "ignored"),
+                        (f"lm=smollm2,corpus={three},k=5,weights=replug", "k=5 is larger than the datastore (3 passages")):
         run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args", args,
                               "--tasks", "replug_sciq_mc"], capture_output=True, text=True, timeout=120,
                              env=dict(os.environ, REPLUG_JAX_HARNESS_TASKS=str(tmp_path)))

@@ -42,12 +42,14 @@ def post(url: str, body: dict, timeout: float = 60) -> dict:
 
 def full_forward_greedy(lm, ids: list[int], steps: int) -> tuple[list[int], list[float], list[dict]]:
     """Greedy tokens, their log-probs and each step's top 3 {id: log p}, each from a forward pass over the whole
-    sequence so far (no cache)."""
+    sequence so far (no cache; right-padded, never attended)."""
     tokens, values, tops = [], [], []
     sequence = list(ids)
+    width = len(ids) + steps  # one padded shape: one compilation for every step
     for _ in range(steps):
-        row = np.array([sequence], np.int32)
-        logits = causal_lm.logits(lm.params, lm.config, row, np.ones_like(row), lm.dtype)[0, -1]
+        row, mask = np.zeros((1, width), np.int32), np.zeros((1, width), np.int32)
+        row[0, : len(sequence)], mask[0, : len(sequence)] = sequence, 1
+        logits = causal_lm.logits(lm.params, lm.config, row, mask, lm.dtype)[0, len(sequence) - 1]
         logp = np.asarray(jax.nn.log_softmax(logits.astype(np.float32)))
         best = int(np.argmax(logp))
         tokens.append(best), values.append(float(logp[best]))
@@ -171,3 +173,76 @@ def test_echo_from_computes_the_log_probs_asked_for_as_the_local_backend_scores_
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=60)
         assert refused.value.code == 400 and "echo_from" in refused.value.read().decode()
+
+
+def teacher_forced(lm, prompt: list[int], generated: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Each generated token's position: (argmax id, its log-prob of the generated token), from one forward pass."""
+    row = np.array([prompt + generated], np.int32)
+    logits = causal_lm.logits(lm.params, lm.config, row, np.ones_like(row), lm.dtype)[0]
+    logp = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float32), axis=-1))[len(prompt) - 1: -1]
+    return logp.argmax(-1), logp[np.arange(len(generated)), generated]
+
+
+def test_a_short_request_leaves_the_decoding_batch_while_a_long_one_decodes_on(served):
+    """Issue 69: the decoding batch refills as rows finish (continuous batching). A 1-token request arriving while a
+    250-token one decodes is answered before the long one ends (before, it waited for the whole batch), and both
+    come out as decoded alone: the long one's rows were repacked on the way (the short one's row added and removed,
+    its slots compacted and grown past 256)."""
+    lm, server = served
+    engine = server.app.state.engine
+    long_prompt, short_prompt = lm.tokenizer.encode("Once"), lm.tokenizer.encode(PROMPTS[0])
+    for _ in range(2):  # the second round runs on shapes compiled in the first
+        long = engine.generate(long_prompt, 250, 0)
+        deadline = time.time() + 60
+        while engine.decoding_rows == 0 and not long.done() and time.time() < deadline:
+            time.sleep(0.001)
+        with engine.working:  # the model thread waits between two chunks: the short request joins the next one
+            short = engine.generate(short_prompt, 1, 0)
+        short_tokens = short.result(timeout=60)
+        long_was_running = not long.done()
+        long_tokens = long.result(timeout=120)
+    assert long_was_running and len(short_tokens) == 1 and len(long_tokens) == 250
+    ids = [t for t, _, _ in long_tokens]
+    best, values = teacher_forced(lm, long_prompt, ids)
+    assert list(best) == ids
+    np.testing.assert_allclose([v for _, v, _ in long_tokens], values, atol=1e-4, rtol=0)
+    alone = engine.generate(short_prompt, 1, 0).result(timeout=60)
+    assert short_tokens[0][0] == alone[0][0] and abs(short_tokens[0][1] - alone[0][1]) < 1e-4
+
+
+def test_a_row_stops_where_its_stop_string_spanning_tokens_completes(served):
+    """Issue 69: a stop string that spans two tokens ends its row within a chunk of steps, the answer kept through
+    the token that completes it (before, the row decoded on to its budget and the caller cut the text)."""
+    lm, server = served
+    engine = server.app.state.engine
+    prompt = lm.tokenizer.encode(PROMPTS[2])
+    free = engine.generate(prompt, 40, 0).result(timeout=60)
+    shares = token_shares(lm.tokenizer, [t for t, _, _ in free])
+    text = "".join(shares)
+    joins = [j for j in range(1, len(shares)) if shares[j - 1] and shares[j]  # one token's last character and the
+             and not any(shares[j - 1][-1] + shares[j][0] in s for s in [*shares, "".join(shares[:j])])]  # next's first
+    assert joins, text
+    j = joins[0]
+    stop = shares[j - 1][-1] + shares[j][0]  # in no single token's text; first completed by token j
+    stopped = engine.generate(prompt, 200, 0, (stop,)).result(timeout=60)
+    assert [t for t, _, _ in stopped] == [t for t, _, _ in free[: j + 1]]
+    reply = post(server.url, {"prompt": prompt, "max_tokens": 200, "temperature": 0, "stop": [stop]})
+    assert reply["choices"][0]["text"] == text[: text.index(stop)] and reply["choices"][0]["finish_reason"] == "stop"
+    assert reply["usage"]["completion_tokens"] == j + 1
+
+
+def test_a_row_whose_client_has_gone_leaves_the_decoding_batch(served):
+    """A prompt cancelled while it decodes (its client gone) is dropped at the next chunk, not decoded on."""
+    lm, server = served
+    engine = server.app.state.engine
+    before = engine.abandoned
+    future = engine.generate(lm.tokenizer.encode("Once"), 250, 0)
+    deadline = time.time() + 60
+    while engine.decoding_rows == 0 and time.time() < deadline:
+        time.sleep(0.001)
+    with engine.working:
+        assert engine.decoding_rows == 1 and future.cancel()
+    deadline = time.time() + 10
+    while engine.decoding_rows and time.time() < deadline:
+        time.sleep(0.01)
+    assert engine.decoding_rows == 0 and engine.abandoned == before + 1

@@ -26,6 +26,7 @@ import os
 import warnings
 
 import lm_eval.models  # noqa: F401 (lm-eval's own models first: it imports them only while its registry is empty)
+import ml_collections
 import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
@@ -36,6 +37,7 @@ from replug_jax.base.errors import InputError
 from replug_jax.evaluate.windows import document_windows
 from replug_jax.harness import offline_tasks
 from replug_jax.harness.queries import QueryResolver
+from replug_jax.jobs import input_checks
 from replug_jax.jobs.prepare import LM_CACHE_FILE
 from replug_jax.method.passages import DOC_TEMPLATE
 from replug_jax.replug import REPLUG, WEIGHTS, as_documents, check_mixture
@@ -48,7 +50,8 @@ INCLUDE_ENV = "REPLUG_JAX_HARNESS_INCLUDE"  # include paths `python -m replug_ja
 
 
 def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpus=None,
-                    temperature=QA["temperature"], posterior_alpha=None, rerank_depth=None, **windows) -> None:
+                    temperature=QA["temperature"], posterior_alpha=None, rerank_depth=None, lm="smollm2",
+                    tokenizer=None, doc_tokens=QA["doc_tokens"], **windows) -> None:
     """The model's arguments checked without loading anything (`python -m replug_jax.harness` calls it before lm-eval
     indexes its tasks): an `InputError` naming the first mistake."""
     if unknown:
@@ -69,8 +72,27 @@ def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpu
             if corpus != offline_tasks.CORPUS_NAME and not corpus.startswith("tfds:") and not os.path.exists(corpus):
                 raise ValueError(f"corpus={corpus!r} is not a file or folder (a JSONL or .txt file, a folder of .txt "
                                  f"files, or {offline_tasks.CORPUS_NAME!r})")
+            check_corpus_size(corpus, k, doc_tokens, lm, tokenizer)
     except ValueError as e:
         raise InputError(str(e)) from None
+
+
+def check_corpus_size(corpus: str, k: int, doc_tokens: int, lm, tokenizer: str | None) -> None:
+    """k above a small corpus's passages refused before a model loads, as the jobs refuse it
+    (jobs/input_checks.py): by its bytes' bound, and where that leaves it open by the LM's tokenizer alone."""
+    if not os.path.isfile(corpus):
+        return
+    config = ml_collections.ConfigDict({"job": "qa", "corpus": corpus, "k": k, "doc_tokens": doc_tokens,
+                                        "lm": lm if isinstance(lm, str) else "", "lm_tokenizer": tokenizer or ""})
+    try:
+        bound = input_checks.passages_at_most(config)
+        if bound is not None:
+            input_checks.check_depth_fits(config, bound, at_most=True)
+            exact = input_checks.passages_exactly(config) if config.lm or config.lm_tokenizer else None
+            if exact is not None:
+                input_checks.check_depth_fits(config, exact)
+    except InputError as e:  # the jobs' words, in --model_args' names
+        raise ValueError(str(e).replace("--config.", "")) from None
 
 
 @register_model("replug")
@@ -94,7 +116,8 @@ class REPLUGHarnessLM(LM):
         super().__init__()
         check_arguments(unknown=unknown, k=k, weights=weights, corpus=corpus, temperature=temperature,
                         posterior_alpha=posterior_alpha, rerank_depth=rerank_depth, stride_tokens=stride_tokens,
-                        query_tokens=query_tokens, context_tokens=context_tokens)
+                        query_tokens=query_tokens, context_tokens=context_tokens, lm=lm, tokenizer=tokenizer,
+                        doc_tokens=doc_tokens)
         self.method = "none" if weights == "none" or k == 0 else weights
         paths = [p for p in (include_path or "").split(os.pathsep) + os.environ.get(INCLUDE_ENV, "").split(os.pathsep)
                  if p]

@@ -30,6 +30,22 @@ def greedy_decode(params, config, cache, logits, stop_mask, limits, done, *, ste
     generate nothing). Returns tokens [B, steps] int32, their log-probs [B, steps] float32, counts [B] (tokens
     generated, a stop token included) and, with top > 0, each step's best `top` (log-probs [B, steps, top] float32,
     ids [B, steps, top] int32; else None, None)."""
+    tokens, lps, counts, tops, _, _ = _decode_loop(params, config, cache, logits, stop_mask, limits, done, steps=steps,
+                                                   dtype=dtype, next_logprobs=next_logprobs, rows=rows, top=top,
+                                                   extend_last=False)
+    return tokens, lps, counts, tops
+
+
+def decode_steps(params, config, cache, logits, stop_mask, limits, done, *, steps: int, dtype, top: int = 0):
+    """`greedy_decode` of one row per sequence for `steps` steps at most, each chosen token appended to its row's
+    cache (the last one too; a finished row's tokens are not): -> tokens, log-probs, counts, tops as greedy_decode's,
+    the cache and the next-token logits [B, V] after each row's last token, to continue from."""
+    return _decode_loop(params, config, cache, logits, stop_mask, limits, done, steps=steps, dtype=dtype,
+                        next_logprobs=row_logprobs, rows=1, top=top, extend_last=True)
+
+
+def _decode_loop(params, config, cache, logits, stop_mask, limits, done, *, steps, dtype, next_logprobs, rows, top,
+                 extend_last):
     b = limits.shape[0]
     stops = jnp.broadcast_to(stop_mask, (b, stop_mask.shape[-1]))  # [B, V]
     width = max(top, 1)
@@ -47,11 +63,12 @@ def greedy_decode(params, config, cache, logits, stop_mask, limits, done, *, ste
         counts = counts + (~done).astype(jnp.int32)
         done = done | jnp.take_along_axis(stops, token[:, None], axis=-1)[:, 0] | (counts >= limits)
 
-        def extend(cache):  # the chosen token goes to every row of its sequence: [B·rows, 1]
-            ids = jnp.repeat(token, rows)[:, None]
-            return kv_cache.extend(params, config, cache, ids, jnp.ones_like(ids), dtype)
+        def extend(cache):  # the chosen token goes to every row of its sequence: [B·rows, 1]; a finished
+            ids = jnp.repeat(token, rows)[:, None]  # sequence's rows take nothing (mask 0)
+            return kv_cache.extend(params, config, cache, ids, jnp.repeat(~done, rows)[:, None].astype(jnp.int32), dtype)
 
-        logits, cache = jax.lax.cond(jnp.all(done) | (step + 1 >= steps), lambda c: (logits, c), extend, cache)
+        last = jnp.all(done) if extend_last else jnp.all(done) | (step + 1 >= steps)
+        logits, cache = jax.lax.cond(last, lambda c: (logits, c), extend, cache)
         return step + 1, cache, logits, tokens, lps, top_lps, top_ids, counts, done
 
     def cond(carry):
@@ -61,5 +78,5 @@ def greedy_decode(params, config, cache, logits, stop_mask, limits, done, *, ste
     start = (jnp.zeros((), jnp.int32), cache, logits, jnp.zeros((b, steps), jnp.int32),
              jnp.zeros((b, steps), jnp.float32), jnp.zeros((b, steps, width), jnp.float32),
              jnp.zeros((b, steps, width), jnp.int32), jnp.zeros((b,), jnp.int32), done | (limits <= 0))
-    _, _, _, tokens, lps, top_lps, top_ids, counts, _ = jax.lax.while_loop(cond, choose, start)
-    return tokens, lps, counts, (top_lps, top_ids) if top else (None, None)
+    _, cache, logits, tokens, lps, top_lps, top_ids, counts, _ = jax.lax.while_loop(cond, choose, start)
+    return tokens, lps, counts, (top_lps, top_ids) if top else (None, None), cache, logits

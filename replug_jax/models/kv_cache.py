@@ -1,6 +1,10 @@
 """Key/value caches of `causal_lm.CausalLM` for generation and shared prefixes: an empty cache (`init_cache`), one row
 copied to many (`repeat_cache`), tokens appended with the next-token logits after them (`extend`), and scores of
-some appended tokens read in the same pass (`extend_and_score`)."""
+some appended tokens read in the same pass (`extend_and_score`). For a batch whose rows are refilled as they finish
+(server/decoding_batch.py): rows replaced by those of another cache (`insert_rows`), rows taken in a new order
+(`take_rows`) and each row's tokens moved to the front of its slots (`compact`). A cached token's key holds its
+position (rotary) and attention reads the slots through `key_mask` alone, so moving a row's slots keeps its numbers.
+"""
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -56,3 +60,39 @@ def extend_and_score(params, config: CausalLMConfig, cache: dict, input_ids, att
     targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
     scores = jnp.where(target_positions > 0, layers.gather_logprobs(out[:, :-1], targets), 0.0)
     return out[:, -1], scores, cache
+
+
+def insert_rows(cache: dict, new: dict, rows) -> dict:
+    """`cache` with rows `rows` [n] replaced by the n rows of `new` (a cache of W slots): their earlier tokens
+    masked out, `new`'s written at slots [length, length + W) (the caller leaves room: rows past the cache's are
+    dropped, as a filler row of `new` is given one). k, v [layers, B, S, Hkv, Dh]; new's [layers, n, W, Hkv, Dh]."""
+    slots = cache["length"] + jnp.arange(new["k"].shape[2])  # [W]
+    at = (rows[:, None], slots[None, :])  # [n, W] each
+    key_mask = cache["key_mask"].at[rows].set(0, mode="drop").at[at].set(new["key_mask"], mode="drop")
+    return {"k": cache["k"].at[(slice(None),) + at].set(new["k"].astype(cache["k"].dtype), mode="drop"),
+            "v": cache["v"].at[(slice(None),) + at].set(new["v"].astype(cache["v"].dtype), mode="drop"),
+            "key_mask": key_mask, "count": cache["count"].at[rows].set(new["count"], mode="drop"),
+            "length": cache["length"] + new["k"].shape[2]}
+
+
+def take_rows(cache: dict, rows) -> dict:
+    """The cache's rows `rows` [B'] in that order; an index past the cache's rows gives an empty row."""
+    take = lambda x, axis: jnp.take(x, rows, axis=axis, mode="fill", fill_value=0)  # noqa: E731
+    return {"k": take(cache["k"], 1), "v": take(cache["v"], 1), "key_mask": take(cache["key_mask"], 0),
+            "count": take(cache["count"], 0), "length": cache["length"]}
+
+
+def compact(cache: dict, slots: int) -> dict:
+    """Each row's real tokens moved to the front of its slots, in their order, in a cache of `slots` slots (at least
+    the most real tokens of any row); `length` becomes that most."""
+    order = jnp.argsort(cache["key_mask"] == 0, axis=1, stable=True)[:, :slots]  # [B, slots] real slots first
+    take = lambda x: jnp.take_along_axis(x, order[None, :, :, None, None], axis=2, mode="fill", fill_value=0)  # noqa: E731
+    key_mask = jnp.take_along_axis(cache["key_mask"], order, axis=1)
+    if slots > order.shape[1]:  # grown: empty slots appended
+        grow = lambda x, axis: jnp.pad(x, [(0, slots - x.shape[axis]) if a == axis else (0, 0)  # noqa: E731
+                                           for a in range(x.ndim)])
+        k, v, key_mask = grow(take(cache["k"]), 2), grow(take(cache["v"]), 2), grow(key_mask, 1)
+    else:
+        k, v = take(cache["k"]), take(cache["v"])
+    return {"k": k, "v": v, "key_mask": key_mask, "count": cache["count"],
+            "length": key_mask.sum(axis=1).max().astype(jnp.int32)}

@@ -2,10 +2,11 @@
 
 A stop string is matched on the decoded text (whole characters: models/detokenize.py) by the local backend
 (lm/local_generate.py), the scoring server (server/completions.py) and the HTTP client (lm/http/generation.py), so it
-ends an answer at the same token on every path. On the device (`StopMasks`: the local backend's loop and
-server/engine.py's) only a token holding a whole stop string, or EOS, ends a row at once; a stop string spanning
-tokens ends the text where it completes while the row decodes on to its budget. Numpy only: the HTTP client imports
-it without JAX.
+ends an answer at the same token on every path. On the device (`StopMasks`: the local backend's loop and the
+server's decoding batch) a token holding a whole stop string, or EOS, ends a row at once. A stop string spanning
+tokens is found on the text: the server's decoding batch (server/decoding_batch.py) looks at its rows' texts every
+few steps and ends a row there; the local backend's loop decodes on to its budget and the text is cut where the stop
+string completes. Numpy only: the HTTP client imports it without JAX.
 """
 from __future__ import annotations
 

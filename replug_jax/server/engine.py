@@ -2,11 +2,12 @@
 
 Scoring (echo log-probs) runs each batch of prompts through LocalLM: every token's log-prob, or (a request's
 `echo_from`) only those from a given token on, read as the local backend reads a continuation's
-(`LocalLM.score_token_pairs`: the LM head at those positions alone). Generation prefills each prompt once into a
-key/value cache and decodes one token per step (models/decoding.py, the loop the local backend's ensembles use),
-the prompts of concurrent requests decoded together, each stopping at its own stop strings, EOS or token budget.
-A prompt whose request's client has gone (its future cancelled: server/completions.py cancels every prompt of such a
-request) is dropped before the model takes it up; a batch under way runs to its end.
+(`LocalLM.score_token_pairs`: the LM head at those positions alone). Generation goes to the decoding batch
+(server/decoding_batch.py): each prompt prefilled once into a key/value cache, then a token per step, the prompts of
+concurrent requests decoded together in rows that refill as they finish, each row stopping at its own stop strings,
+EOS or token budget. The thread alternates a chunk of decoding steps with the scoring work that waits, so neither a
+short generation nor a scoring request waits for a long generation to end. A prompt whose request's client has gone
+(its future cancelled: server/completions.py cancels every prompt of such a request) is dropped, waiting or decoding.
 """
 from __future__ import annotations
 
@@ -20,14 +21,14 @@ from concurrent.futures import Future
 import jax
 import numpy as np
 
-from replug_jax.models import causal_lm, decoding, kv_cache
+from replug_jax.models import causal_lm
 from replug_jax.models.detokenize import token_shares
 from replug_jax.models.served_model import ServedModel, check_served
 from replug_jax.models.stop_strings import StopMasks
 from replug_jax.parallel import sharding
+from replug_jax.server.decoding_batch import DecodingBatch, GenerationRequest
 
 MAX_NEW_TOKENS = 256  # tokens one request may generate
-NEW_TOKEN_MULTIPLE = 16  # decoding steps are compiled for multiples of this
 MAX_TOP_LOGPROBS = 20
 
 
@@ -50,14 +51,26 @@ class ScoringEngine:
         if add_start_token and lm.start_id is None:
             raise ValueError("--add-start-token: the tokenizer has no document-start token")
         self._top_k = min(MAX_TOP_LOGPROBS, lm.config.vocab_size)
+        self._params = _placed_params(lm.params)
         self._tops = self._compile(functools.partial(_position_tops, config=lm.config, dtype=lm.dtype, k=self._top_k))
-        self._stop_mask = StopMasks(lm.tokenizer, lm.config.vocab_size)
-        self._decoders: dict[tuple, object] = {}
-        self.abandoned = 0  # requests dropped because their client had gone
+        self._decoding = DecodingBatch(lm, self._params, max_rows=max_batch_rows, top=self._top_k,
+                                       stop_masks=StopMasks(lm.tokenizer, lm.config.vocab_size),
+                                       lead=[lm.start_id] if add_start_token else [], batch_wait=batch_wait)
+        self._abandoned_scoring = 0  # scoring requests dropped because their client had gone
         self.working = threading.Lock()  # held by the model thread from taking a request to answering its batch
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="replug-scoring", daemon=True)
         self._thread.start()
+
+    @property
+    def abandoned(self) -> int:
+        """Requests (a generation: each prompt) dropped because their client had gone."""
+        return self._abandoned_scoring + self._decoding.abandoned
+
+    @property
+    def decoding_rows(self) -> int:
+        """Prompts being decoded now."""
+        return sum(1 for row in self._decoding.rows if row)
 
     def close(self) -> None:
         self._queue.put(None)
@@ -95,9 +108,11 @@ class ScoringEngine:
 
     def generate(self, ids: list[int], new_tokens: int, top: int, stop: tuple[str, ...] = ()) -> Future:
         """Future of [(token id, log p, [(token id, log p)] top entries, best first)] for greedy next tokens, through
-        the first token whose text holds a stop string (a stop string spanning tokens is cut by the caller) or EOS;
-        the caller decodes texts, off the model thread."""
-        return self._submit("generate", [(list(ids), int(new_tokens), int(top), tuple(stop))])
+        the token whose text completes a stop string, or EOS; the caller decodes texts, off the model thread."""
+        future: Future = Future()
+        self._queue.put(("generate", GenerationRequest(list(ids), int(new_tokens), int(top), tuple(stop), future),
+                         future))
+        return future
 
     def prompt_tops(self, prompts: list[list[int]], k: int) -> Future:
         """Future of [per prompt: per token, its position's top-k (token id, log p) pairs, best first (None where
@@ -112,18 +127,36 @@ class ScoringEngine:
     def _run(self) -> None:
         pending: collections.deque = collections.deque()
         while True:
-            item = pending.popleft() if pending else self._queue.get()
+            if pending:
+                item = pending.popleft()
+            elif self._decoding.busy:  # a chunk of decoding steps whenever nothing else waits
+                try:
+                    wait = self._decoding.seconds_to_gather()
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    item = _DECODE
+            else:
+                item = self._queue.get()
             if item is None:
+                self._decoding.fail(RuntimeError("the server is stopping"))
                 return
             with self.working:  # whoever holds it (a test, a pause) keeps the model idle; requests wait, cancellable
-                self._answer(item, pending)
+                if item is _DECODE:
+                    try:
+                        self._decoding.step()
+                    except Exception as e:  # noqa: BLE001 - handed to every prompt being decoded
+                        self._decoding.fail(e)
+                elif item[0] == "generate":
+                    self._decoding.add(item[1])
+                else:
+                    self._answer(item, pending)
 
     def _answer(self, item, pending: collections.deque) -> None:
         """Work on `item` and the requests of its kind that join it within batch_wait (others go to `pending`)."""
         batch = [item] if self._claim(item) else []
         rows = len(item[1])
         deadline = time.monotonic() + self.batch_wait
-        while item[0] in ("score", "generate") and rows < self.max_batch_rows:
+        while item[0] == "score" and rows < self.max_batch_rows:
             try:  # prompts of requests arriving within batch_wait seconds join this batch (the same kind)
                 more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
@@ -139,22 +172,21 @@ class ScoringEngine:
         if item[0] == "tops":
             _resolve(item[2], self._prompt_tops, *item[1])
             return
-        work = self._score_rows if item[0] == "score" else self._generate_rows
         try:
-            flat = work([p for _, prompts, _ in batch for p in prompts])
+            flat = self._score_rows([p for _, prompts, _ in batch for p in prompts])
         except Exception as e:  # noqa: BLE001 - handed to every waiting request
             for _, _, future in batch:
                 future.set_exception(e)
             return
-        for _, prompts, future in batch:  # a score request's list of prompts; a generate request's one prompt
-            future.set_result(flat[: len(prompts)] if item[0] == "score" else flat[0])
+        for _, prompts, future in batch:
+            future.set_result(flat[: len(prompts)])
             flat = flat[len(prompts):]
 
     def _claim(self, item) -> bool:
         """Whether to work on a queued request: False (and counted) when its client has gone."""
         if item[2].set_running_or_notify_cancel():
             return True
-        self.abandoned += 1
+        self._abandoned_scoring += 1
         return False
 
     def _score_rows(self, items: list[tuple[list[int], int]]) -> list[list[float | None]]:
@@ -186,60 +218,15 @@ class ScoringEngine:
                         for i in range(len(ids))])
         return out
 
-    def _generate_rows(self, requests: list[tuple]) -> list[list[tuple[int, float, list]]]:
-        """Greedy decoding of (ids, new tokens, top, stop strings) requests together: one prefill of every prompt
-        into a key/value cache, then one token per step (models/decoding.py)."""
-        lm, shift = self.lm, [self.lm.start_id] if self.add_start_token else []
-        prompts = [shift + ids for ids, *_ in requests]
-        limits = [n for _, n, _, _ in requests]
-        steps = sharding.round_up(max(max(limits), 1), NEW_TOKEN_MULTIPLE)
-        width = sharding.length_bucket(max(len(p) for p in prompts), lm.length_multiple, lm.max_length)
-        rows = 1 << (len(prompts) - 1).bit_length()  # a power of two: few shapes to compile
-        ids, mask = sharding.pad_rows(prompts + [[lm.pad_id]] * (rows - len(prompts)), width, lm.pad_id, rows)
-        stops = np.stack([self._stop_mask(stop) for *_, stop in requests]
-                         + [self._stop_mask(())] * (rows - len(prompts)))  # [rows, V]
-        budget = np.array(limits + [0] * (rows - len(prompts)), np.int32)  # filler rows generate nothing
-        tokens, lps, counts, top_lps, top_ids = self._decoder(rows, width, steps)(ids, mask, stops, budget)
-        out = []
-        for r, (_, _, top, _) in enumerate(requests):
-            out.append([(int(tokens[r, j]), float(lps[r, j]),
-                         list(zip(top_ids[r, j, :top].tolist(), top_lps[r, j, :top].tolist())))
-                        for j in range(int(counts[r]))])
-        return out
-
-    def _decoder(self, rows: int, width: int, steps: int):
-        key = (rows, width, steps)
-        if key not in self._decoders:
-            fn = functools.partial(_decode, config=self.lm.config, dtype=self.lm.dtype, slots=width + steps,
-                                   steps=steps, top=self._top_k)
-            self._decoders[key] = self._compile(fn)
-        return self._decoders[key]
-
     def _compile(self, fn):
-        """fn(params, *arrays) -> numpy array(s), jitted on the LM's parameters as they are placed: the first
-        device's copy of replicated parameters (no copy made), sharded ones as they are."""
-        params = self.lm.params
-        if all(getattr(x, "sharding", None) is not None and x.sharding.is_fully_replicated
-               for x in jax.tree.leaves(params)):
-            params = jax.tree.map(lambda x: x.addressable_shards[0].data, params)
+        """fn(params, *arrays) -> numpy array(s), jitted on the LM's parameters as they are placed."""
         jitted = jax.jit(fn)
 
         def run(*arrays):
-            out = jitted(params, *arrays)
+            out = jitted(self._params, *arrays)
             as_numpy = lambda x: np.asarray(sharding.local_copy(x))  # noqa: E731
             return tuple(map(as_numpy, out)) if isinstance(out, tuple) else as_numpy(out)
         return run
-
-
-def _decode(params, ids, mask, stop_masks, limits, *, config, dtype, slots, steps, top):
-    """Prefill the prompts [B, L] into a cache of `slots` positions, then greedy decoding (models/decoding.py):
-    tokens [B, steps], log-probs [B, steps], counts [B], each step's top log-probs and ids [B, steps, top]."""
-    cache = kv_cache.init_cache(config, ids.shape[0], slots, dtype)
-    logits, cache = kv_cache.extend(params, config, cache, ids, mask, dtype)  # [B, V] after each prompt
-    tokens, lps, counts, (top_lps, top_ids) = decoding.greedy_decode(
-        params, config, cache, logits, stop_masks, limits, jax.numpy.zeros(limits.shape, bool), steps=steps,
-        dtype=dtype, top=top)
-    return tokens, lps, counts, top_lps, top_ids
 
 
 def _position_tops(params, ids, mask, *, config, dtype, k):
@@ -247,6 +234,17 @@ def _position_tops(params, ids, mask, *, config, dtype, k):
     logp = jax.nn.log_softmax(causal_lm.logits(params, config, ids, mask, dtype), axis=-1)
     values, idx = jax.lax.top_k(logp.astype(jax.numpy.float32), k)  # float32 holds ids < 2^24 exactly
     return jax.numpy.concatenate([values, idx.astype(jax.numpy.float32)], axis=-1)
+
+
+def _placed_params(params):
+    """The LM's parameters as the model thread's functions take them: the first device's copy of replicated
+    parameters (no copy made), sharded ones as they are."""
+    if all(getattr(x, "sharding", None) is not None and x.sharding.is_fully_replicated for x in jax.tree.leaves(params)):
+        return jax.tree.map(lambda x: x.addressable_shards[0].data, params)
+    return params
+
+
+_DECODE = object()  # the model thread's own work item: a chunk of decoding steps
 
 
 def _resolve(future: Future, fn, *args) -> None:
