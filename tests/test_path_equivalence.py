@@ -28,6 +28,8 @@ Cells (W: every weighting; P: local, http, http_server):
                   http_ids
   REPLUG object   `REPLUG.score` W × P gives one number, `evaluate_lm`'s perplexity of the same window;
                   `REPLUG.answer` equals the QA job's prediction (local)
+  lm-eval harness the `replug` model's loglikelihood, is_greedy and generate_until (replug, α 1 re-ranked) × P;
+                  its log-likelihoods are `REPLUG.score_many`'s with the instance's question as the query
   alone / listed  each method alone equals the same method beside the others (LM evaluation, QA);
                   a k sweep never changes the posterior (rerank_depth 0 means k)
   α 0             equals REPLUG bit for bit where the passes are shared (LM evaluation), to 1e-6 elsewhere
@@ -486,6 +488,45 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
     if job == "lm_eval":
         ids_only = job_results(servers[1].url, "", paths, tmp_path, job, weighting)
         assert [w for w in ids_only["warnings"] if "gives no token pieces" in w]
+
+
+@pytest.mark.parametrize("weighting", ["replug", "posterior_rerank"])
+def test_the_harness_model_gives_one_number_on_every_path(paths, tmp_path, weighting):
+    """lm-evaluation-harness's `replug` model (issue 71) on requests in several scripts: each continuation's
+    log-likelihood, is_greedy and generate_until's answer are the same on the local LM, over HTTP with the local
+    tokenizer and with the server's /tokenize, and the log-likelihoods are the REPLUG object's (local) for the
+    instance's own question as the query."""
+    pytest.importorskip("lm_eval", reason="the [harness] extra (lm-eval) is not installed")
+    from lm_eval.api.instance import Instance
+
+    from replug_jax.harness.model import REPLUGHarnessLM
+
+    lms, encoder = paths[0], paths[1]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": d.id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n"
+                              for d in documents("c", 8)), encoding="utf-8")
+    setting = WEIGHTINGS[weighting]
+    mixing = {"weights": "replug"} if setting is None else {
+        "weights": "replug_posterior", "posterior_alpha": setting[0], "rerank_depth": setting[1]}
+    cuts = [(t[: len(t) // 2], t[len(t) // 2:]) for t in TOPICS[2:]]  # mid-text, in four scripts; the query:
+    scored = [Instance("loglikelihood", {"question": c[-12:]}, (c, x), i)  # the context's end (not all of it)
+              for i, (c, x) in enumerate(cuts)]
+    asked = [Instance("generate_until", {"question": c[-12:]}, (c, {"until": ["\n"], "max_gen_toks": 6}), i)
+             for i, (c, _) in enumerate(cuts)]
+    out = {}
+    for name in ("local", "http", "http_server"):
+        model = REPLUGHarnessLM(lm=lms[name], encoder=encoder, corpus=str(corpus), k=K, temperature=TAU,
+                                doc_tokens=24, query="field:question", **mixing)
+        out[name] = model.loglikelihood(scored), model.generate_until(asked)
+    for name, (pairs, answers) in out.items():
+        np.testing.assert_allclose([ll for ll, _ in pairs], [ll for ll, _ in out["local"][0]], atol=1e-4, err_msg=name)
+        assert [g for _, g in pairs] == [g for _, g in out["local"][0]] and answers == out["local"][1], name
+    assert "\ufffd" not in json.dumps(out, ensure_ascii=False)
+    rag = rj.REPLUG.from_documents(str(corpus), lm=lms["local"], encoder=encoder, k=K, temperature=TAU,
+                                   doc_tokens=24, **mixing)
+    want = rag.score_many([r.args[0] for r in scored], [r.args[1] for r in scored],
+                          queries=[r.doc["question"] for r in scored])
+    np.testing.assert_allclose([ll for ll, _ in out["local"][0]], [float(np.sum(w)) for w in want], atol=1e-4)
 
 
 def test_a_qa_job_keeps_what_it_finished_when_its_server_stops_and_the_same_command_resumes(paths, tmp_path):
