@@ -257,3 +257,39 @@ def test_the_commands_mistakes_are_one_line_in_the_first_seconds(tmp_path):
                              env=dict(os.environ, REPLUG_JAX_HARNESS_TASKS=str(tmp_path)))
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 2 and len(lines) == 1 and words in lines[0], run.stderr[-1500:]
+
+
+@pytest.mark.slow  # starts llama-cpp-python's server
+def test_generate_until_through_the_llama_cpp_server(tasks, smollm2, minilm, tmp_path):
+    """The third-party llama.cpp server (llama-cpp-python) as the harness model's LM, passed from Python as an HTTPLM
+    with its text-only settings (its echoed log-probs are shifted by one position, so the client refuses it for
+    scoring: tests/test_http.py): generate_until with retrieval gives REPLUG.generate's answers through the same
+    server, and the local LM's first tokens (llama.cpp's own kernels may part from ours at a near-tie later on)."""
+    pytest.importorskip("llama_cpp.server.app", reason="pip install 'llama-cpp-python[server]==0.3.36'")
+    from lm_eval.api.instance import Instance
+
+    from replug_jax.lm.http.client import HTTPLM
+    from replug_jax.models.registry import packaged_path
+    from tests.test_http import free_port, start, stop, wait_for
+
+    # mid-sentence contexts: llama-cpp-python leaves a generated EOS out of its tokens and log-probs, so a pass whose
+    # greedy next token is EOS (after "Answer:", at times) gives the mixture nothing to read, and the client refuses it
+    contexts = ["An area of land that is wet all year is called a", "Plants use sunlight to make food by"]
+    asked = [Instance("generate_until", {"question": c}, (c, {"until": ["\n"], "max_gen_toks": 6}), i)
+             for i, c in enumerate(contexts)]
+    args = {"k": 2, "temperature": 0.1, "weights": "replug", "encoder": minilm, "query": "context"}
+    port, log = free_port(), tmp_path / "llama.log"
+    proc = start(["-m", "llama_cpp.server", "--model", packaged_path("smollm2"), "--host", "127.0.0.1",
+                  "--port", str(port), "--n_ctx", "1024", "--n_threads", "2"], log)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/v1/models", proc, 60, log)
+        remote = HTTPLM(f"http://127.0.0.1:{port}/v1", tokenizer=smollm2.tokenizer, probe=False, token_prompts=False)
+        model = harness_model(tasks, remote, **args)
+        got = model.generate_until(asked)
+        direct = [model.rag.generate(r.args[0], query=r.args[0], max_new_tokens=6, stop=("\n",)) for r in asked]
+    finally:
+        stop(proc)
+    local = harness_model(tasks, smollm2, **args).generate_until(asked)
+    assert got == direct and all(got), got
+    for g, w in zip(got, local):
+        assert smollm2.tokenizer.encode(g)[:2] == smollm2.tokenizer.encode(w)[:2], (g, w)
