@@ -85,12 +85,7 @@ def check_corpus_size(corpus: str, k: int, doc_tokens: int, lm, tokenizer: str |
     config = ml_collections.ConfigDict({"job": "qa", "corpus": corpus, "k": k, "doc_tokens": doc_tokens,
                                         "lm": lm if isinstance(lm, str) else "", "lm_tokenizer": tokenizer or ""})
     try:
-        bound = input_checks.passages_at_most(config)
-        if bound is not None:
-            input_checks.check_depth_fits(config, bound, at_most=True)
-            exact = input_checks.passages_exactly(config) if config.lm or config.lm_tokenizer else None
-            if exact is not None:
-                input_checks.check_depth_fits(config, exact)
+        input_checks.check_corpus_size(config)
     except InputError as e:  # the jobs' words, in --model_args' names
         raise ValueError(str(e).replace("--config.", "")) from None
 

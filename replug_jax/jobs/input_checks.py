@@ -154,12 +154,7 @@ def check_job_inputs(config) -> None:
                 raise InputError(f"--config.methods has replug_lsr but {where} does not exist: set "
                                  "--config.retriever_workdir to an LSR job's workdir")
     _check_empty_documents(config)
-    bound = passages_at_most(config)
-    if bound is not None:  # k beyond the corpus first: a depth below k is the lesser fault when neither fits
-        check_depth_fits(config, bound, at_most=True)
-        exact = passages_exactly(config)  # where the bound leaves it open: the LM's tokenizer alone cuts the corpus
-        if exact is not None:
-            check_depth_fits(config, exact)
+    check_corpus_size(config)  # k beyond the corpus first: a depth below k is the lesser fault when neither fits
     evaluated = config.job in ("qa", "mmlu", "lm_eval") or config.job == "lsr" and not _trains_on_questions(config)
     if evaluated and "replug_posterior" in job_methods(config):
         check_posterior_settings(config)
@@ -365,6 +360,17 @@ def dropped_documents(config) -> list[str]:
             for key, ids in empty_documents(config).items()]
 
 
+def check_corpus_size(config) -> None:
+    """Refuse a k beyond a corpus's passages where that is known before any model loads: by the bytes' bound, and
+    where that leaves it open, by cutting a small corpus with the LM's tokenizer alone."""
+    bound = passages_at_most(config)
+    if bound is not None:
+        check_depth_fits(config, bound, at_most=True)
+        exact = passages_exactly(config)
+        if exact is not None:
+            check_depth_fits(config, exact)
+
+
 def passages_at_most(config) -> int | None:
     """An upper bound of the datastore's passages known in the first second, or None: DPR's passages (.tsv) cut at
     max_passages, or a small JSONL / .txt corpus: a document of b UTF-8 bytes has at most b + 2 tokens (each token
@@ -382,7 +388,7 @@ def passages_at_most(config) -> int | None:
 def passages_exactly(config) -> int | None:
     """The datastore's passage count, cut by the LM's tokenizer before any model loads, where a small JSONL / .txt
     corpus has fewer documents with text than the k asked (each gives a passage or more, so more documents settle
-    it without cutting) and the tokenizer is local (not a server's /tokenize); else None."""
+    it without cutting) and the tokenizer is named and local (not a server's /tokenize); else None."""
     documents = _small_documents("corpus", config.corpus)
     if documents is None or config.get("doc_tokens", 0) < 1:
         return None
@@ -390,7 +396,7 @@ def passages_exactly(config) -> int | None:
     if sum(bool(d.text.strip()) for d in documents) >= needed:
         return None
     name = config.get("lm_tokenizer") or config.lm
-    if name.startswith(("http://", "https://")):
+    if not name or name.startswith(("http://", "https://")):  # no name: an LM passed as an object
         return None
     from replug_jax.loading import load_tokenizer
     from replug_jax.retrieval.datastore import chunk_rows
