@@ -246,3 +246,20 @@ def test_a_row_whose_client_has_gone_leaves_the_decoding_batch(served):
     while engine.decoding_rows and time.time() < deadline:
         time.sleep(0.01)
     assert engine.decoding_rows == 0 and engine.abandoned == before + 1
+
+
+def test_rows_finishing_before_a_row_below_them_repack_without_losing_it(served):
+    """A short prompt admitted in a row before a long one: when it finishes the batch shrinks (the long row moved
+    to row 0) and the long row decodes on in its new place, as it would alone (the chunk once read the rows by
+    their places before the repack: IndexError)."""
+    lm, server = served
+    engine = server.app.state.engine
+    prompts = [lm.tokenizer.encode(p) for p in PROMPTS]
+    budgets = [1, 30, 2, 30]
+    with engine.working:  # admitted together, in this order: rows 0..3
+        futures = [engine.generate(p, n, 0) for p, n in zip(prompts, budgets)]
+    together = [f.result(timeout=120) for f in futures]
+    for prompt, n, got in zip(prompts, budgets, together):
+        alone = engine.generate(prompt, n, 0).result(timeout=120)
+        assert [t for t, _, _ in got] == [t for t, _, _ in alone] and len(got) == n
+        np.testing.assert_allclose([v for _, v, _ in got], [v for _, v, _ in alone], atol=1e-4, rtol=0)

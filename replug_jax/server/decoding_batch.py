@@ -106,11 +106,11 @@ class DecodingBatch:
         """Admit what waits, decode one chunk, retire the rows that are done (module docstring)."""
         self._drop_abandoned()
         self._admit()
-        busy = [i for i, row in enumerate(self.rows) if row]
-        if not busy:
+        if not any(self.rows):
             self._reset()
             return
-        self._make_room(CHUNK_STEPS)
+        self._make_room(CHUNK_STEPS)  # may repack: the busy rows' places are read after it
+        busy = [i for i, row in enumerate(self.rows) if row]
         done = np.array([row is None for row in self.rows])
         limits = np.array([0 if row is None else row.request.new_tokens - len(row.out) for row in self.rows], np.int32)
         stops = np.stack([self.stop_masks(row.request.stop if row else ()) for row in self.rows])  # [R, V]
