@@ -5,7 +5,7 @@
 
 MiniLM's projections at [32, 136] tokens (M = 4352): q/k/v/out (384 -> 384), the FFN up (384 -> 1536) and
 down (1536 -> 384) projections, each `x @ w + b` jitted with XLA's own (Eigen) dots (`xla_cpu.NO_YNNPACK`,
-what DenseEncoder uses below jaxlib 0.12) and with YNNPACK fusions (XLA's default), against `torch.addmm` and
+what DenseEncoder used below jaxlib 0.12 until issue 72) and with YNNPACK fusions (XLA's default), against `torch.addmm` and
 numpy's `@` in the same process (best of `--rounds`, interleaved). The per-call times include allocating the
 output: run under the same allocator settings for all (benchmarks/README.md "PyTorch's page faults").
 `--lm-mlp`: SmolLM2's MLP, down(silu(gate(x)) * up(x)) at [4 x 480, 576] tokens (a scoring batch), jitted under

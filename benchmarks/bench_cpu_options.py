@@ -3,7 +3,7 @@
     python benchmarks/bench_cpu_options.py --rounds 4
 
 encoder: MiniLM embedding 32 passages of 136 tokens (every third cut to 90) compiled with XLA's defaults,
-         with `xla_cpu.NO_YNNPACK` (no YNNPACK fusions: what DenseEncoder uses below jaxlib 0.12), and with that
+         with `xla_cpu.NO_YNNPACK` (no YNNPACK fusions: what DenseEncoder used below jaxlib 0.12 until issue 72), and with that
          plus one attention op per batch row (faster, compiles ~6x longer: not used); PyTorch's forward of the same
          padded batch as the reference.
 scoring: SmolLM2 scoring 8 REPLUG passes of ~450 tokens in batches of 4 with the attention in query blocks

@@ -79,7 +79,7 @@ def main():
     from replug_jax.parallel import xla_cpu
 
     enc = rj.load_encoder("minilm", batch_size=args.batch_size)
-    # the same encoder compiled with the other choice (xla_cpu.ENCODER is NO_YNNPACK below jaxlib 0.12, else {})
+    # the same encoder compiled with the other choice (xla_cpu.ENCODER is XLA's defaults, {}, since issue 72)
     other = "xla_defaults" if xla_cpu.ENCODER else "without_ynnpack"
     with patch.multiple(xla_cpu, ENCODER={} if xla_cpu.ENCODER else xla_cpu.NO_YNNPACK):
         enc_other = rj.load_encoder("minilm", batch_size=args.batch_size)

@@ -67,6 +67,7 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
     for results in (qa, lm):
         assert results["software"]["replug_jax"] == replug_jax.__version__
         assert results["software"]["jax"] and results["software"]["flax"] and results["lm_backend"]["kind"] == "LocalLM"
+        assert results["compute_dtypes"] == {"encoder": "float32", "lm": "float32"}  # bf16 on CPU only when asked
         if os.path.isdir(os.path.join(ROOT, ".git")):
             assert re.fullmatch(r"[0-9a-f]{40}", results["software"]["git_commit"])
     corpus_ids = {json.loads(line).get("id", str(i)) for i, line in

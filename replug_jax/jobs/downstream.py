@@ -124,6 +124,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
                "lm": config.lm, "lm_mesh": prepare.lm_mesh_record(lm),
                "lm_backend": results_file.lm_backend(lm), "k": config.k,
+               "compute_dtypes": results_file.compute_dtypes(prepared.encoder, lm),
                "shots": len(demos) if kind == "qa" else config.shots, "config": results_file.config_record(config),
                "temperature": config.temperature, "methods": list(config.methods), "seconds": time.time() - started,
                "processes": jax.process_count(),

@@ -79,6 +79,16 @@ def lm_backend(lm) -> dict:
     return {"kind": type(inner).__name__, "cached": inner is not lm}
 
 
+def compute_dtypes(encoder, lm) -> dict:
+    """results.json's "compute_dtypes": the dtype the encoder and this package's LM computed in ("auto" resolved:
+    float32 on CPU unless bfloat16 was asked for); the LM's is None where a server answered."""
+    from replug_jax.lm.cache import CachedLM
+
+    inner = lm.lm if isinstance(lm, CachedLM) else lm
+    dtype = getattr(inner, "dtype", None)
+    return {"encoder": str(encoder.dtype), "lm": None if dtype is None else str(dtype)}
+
+
 # config keys that cannot change a number of the results: where a run caches, how often it logs or checkpoints
 NUMBER_FREE_KEYS = frozenset({"cache_dir", "lm_cache", "log_every", "checkpoint_every", "keep_checkpoints",
                               *settings.HTTP_CLIENT})

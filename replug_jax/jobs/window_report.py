@@ -58,6 +58,7 @@ def evaluate_and_report(config, workdir: str, prepared: prepare.Workspace, retri
         rerank_depth=config.get("rerank_depth", 0), evidence=evidence, method_finished=method_finished)
     results.update({"encoder": config.encoder, "lm": config.lm, "lm_mesh": prepare.lm_mesh_record(prepared.lm),
                     "lm_backend": results_file.lm_backend(prepared.lm),
+                    "compute_dtypes": results_file.compute_dtypes(prepared.encoder, prepared.lm),
                     "datastore_chunks": len(prepared.store),
                     "doc_tokens": config.doc_tokens, "query_tokens": config.query_tokens,
                     "context_tokens": config.context_tokens, "stride_tokens": config.stride_tokens,

@@ -110,8 +110,6 @@ def _attention(kv):
     return layers.causal_attention if kv is None else layers.dot_product_attention
 
 
-def _dense(features: int, dtype, name: str, use_bias: bool):
-    return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32, name=name)
 
 
 class GPT2Block(nn.Module):
@@ -123,15 +121,15 @@ class GPT2Block(nn.Module):
         c = self.config
         kv = None if layer_cache is None else (*layer_cache, slot)
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_1")(x)
-        qkv = _dense(3 * c.hidden_size, self.dtype, "c_attn", True)(h)
+        qkv = layers.dense(3 * c.hidden_size, self.dtype, "c_attn", True)(h)
         q, k, v = (t.reshape(t.shape[:2] + (c.num_heads, c.dims_per_head)) for t in jnp.split(qkv, 3, axis=-1))
         attend = _attention(kv)
         k, v, kv = _through_cache(k, v, kv)
         attn = attend(q, k, v, bias).reshape(x.shape)
-        x = x + _dense(c.hidden_size, self.dtype, "c_proj", True)(attn)
+        x = x + layers.dense(c.hidden_size, self.dtype, "c_proj", True)(attn)
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_2")(x)
-        h = layers.activation(c.hidden_act)(_dense(c.intermediate_size, self.dtype, "c_fc", True)(h))
-        return x + _dense(c.hidden_size, self.dtype, "mlp_proj", True)(h), kv
+        h = layers.activation(c.hidden_act)(layers.dense(c.intermediate_size, self.dtype, "c_fc", True)(h))
+        return x + layers.dense(c.hidden_size, self.dtype, "mlp_proj", True)(h), kv
 
 
 class LlamaBlock(nn.Module):
@@ -144,18 +142,18 @@ class LlamaBlock(nn.Module):
         kv = None if layer_cache is None else (*layer_cache, slot)
         dh = c.dims_per_head
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="input_norm")(x)
-        q = _dense(c.num_heads * dh, self.dtype, "q_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_heads, dh))
-        k = _dense(c.num_kv_heads * dh, self.dtype, "k_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
-        v = _dense(c.num_kv_heads * dh, self.dtype, "v_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
+        q = layers.dense(c.num_heads * dh, self.dtype, "q_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_heads, dh))
+        k = layers.dense(c.num_kv_heads * dh, self.dtype, "k_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
+        v = layers.dense(c.num_kv_heads * dh, self.dtype, "v_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         q, k = rotary(q, positions, c.rope_theta), rotary(k, positions, c.rope_theta)
         attend = _attention(kv)
         k, v, kv = _through_cache(k, v, kv)
         attn = attend(q, k, v, bias).reshape(x.shape[:2] + (c.num_heads * dh,))
-        x = x + _dense(c.hidden_size, self.dtype, "o_proj", False)(attn)
+        x = x + layers.dense(c.hidden_size, self.dtype, "o_proj", False)(attn)
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="post_attention_norm")(x)
-        gate = layers.activation(c.hidden_act)(_dense(c.intermediate_size, self.dtype, "gate_proj", False)(h))
-        up = _dense(c.intermediate_size, self.dtype, "up_proj", False)(h)
-        return x + _dense(c.hidden_size, self.dtype, "down_proj", False)(gate * up), kv
+        gate = layers.activation(c.hidden_act)(layers.dense(c.intermediate_size, self.dtype, "gate_proj", False)(h))
+        up = layers.dense(c.intermediate_size, self.dtype, "up_proj", False)(h)
+        return x + layers.dense(c.hidden_size, self.dtype, "down_proj", False)(gate * up), kv
 
 
 class CausalLM(nn.Module):
@@ -196,7 +194,7 @@ class CausalLM(nn.Module):
         if c.tie_embeddings:
             out = wte.attend(x).astype(jnp.float32)
         else:
-            out = _dense(c.vocab_size, self.dtype, "lm_head", False)(x).astype(jnp.float32)
+            out = layers.dense(c.vocab_size, self.dtype, "lm_head", False)(x).astype(jnp.float32)
         if cache is None:
             return out
         count = cache["count"] + attention_mask.sum(-1).astype(jnp.int32)

@@ -58,7 +58,7 @@ class BertLayer(nn.Module):
     def __call__(self, x, bias):  # x: [B, L, D]
         c = self.config
         head_dim = c.hidden_size // c.num_heads
-        dense = lambda n, name: nn.Dense(n, dtype=self.dtype, param_dtype=jnp.float32, name=name)
+        dense = lambda n, name: layers.dense(n, self.dtype, name)
         split = lambda t: t.reshape(t.shape[:2] + (c.num_heads, head_dim))  # [B, L, H, Dh]
         q, k, v = (split(dense(c.hidden_size, n)(x)) for n in ("query", "key", "value"))
         attn = layers.dot_product_attention(q, k, v, bias).reshape(x.shape)

@@ -23,6 +23,30 @@ ACTIVATIONS = {
 }
 
 
+def dense(features: int, dtype, name: str, use_bias: bool = True) -> nn.Dense:
+    """A linear layer computing in `dtype` with float32 weights as loaded (`precision.weight_dtype` casts them).
+
+    On CPU with a compute dtype below float32 its matmul accumulates into float32 and rounds the result to
+    `dtype` once (`dot_rounded_once`): XLA's CPU programs hand a bf16 x bf16 -> float32 dot to YNNPACK, which uses
+    AMX-BF16 where the CPU has it (~4x its float32 GEMM), and leave a bf16 -> bf16 dot to a kernel slower than
+    float32 (benchmarks/README.md "bf16 on CPU"). Accelerators accumulate bf16 matmuls in float32 anyway and keep
+    flax's dot; float32 compute is unchanged everywhere."""
+    return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32, name=name,
+                    dot_general=dot_rounded_once if low_precision_on_cpu(dtype) else None)
+
+
+def low_precision_on_cpu(dtype) -> bool:
+    """Whether matmuls in `dtype` should accumulate into float32 explicitly (`dense`): below float32, on CPU."""
+    return jnp.dtype(dtype) != jnp.float32 and jax.default_backend() == "cpu"
+
+
+def dot_rounded_once(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **options):
+    """`lax.dot_general` accumulated and returned in float32, then rounded to the operands' dtype."""
+    out = jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                              preferred_element_type=jnp.float32, **options)
+    return out.astype(preferred_element_type or lhs.dtype)
+
+
 def activation(name: str):
     """The activation function a Hugging Face config names, or a clear error."""
     if name not in ACTIVATIONS:
@@ -36,6 +60,11 @@ def dot_product_attention(q, k, v, bias):
     q: [B, L, H, Dh]; k, v: [B, S, Hkv, Dh] with H a multiple of Hkv;
     bias: [B, 1, L, S] additive (0 or MASK_VALUE). Returns [B, L, H, Dh].
     """
+    if low_precision_on_cpu(q.dtype):  # jax.nn's probs x V product is a bf16 -> bf16 dot: `dense` says why not
+        (b, length, heads, dh), kv_heads = q.shape, k.shape[2]
+        qh = q.reshape(b, length, kv_heads, heads // kv_heads, dh).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, L, Dh]
+        out = head_major_attention(qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), bias)
+        return out.transpose(0, 3, 1, 2, 4).reshape(q.shape)
     return jax.nn.dot_product_attention(q, k, v, bias=bias.astype(q.dtype))
 
 
@@ -72,6 +101,8 @@ def head_major_attention(q, k, v, bias):
     logits = jnp.einsum("bkgqd,bksd->bkgqs", q, k, preferred_element_type=jnp.float32)
     logits = logits * (q.shape[-1] ** -0.5) + bias[:, :, None].astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    if low_precision_on_cpu(v.dtype):
+        return jnp.einsum("bkgqs,bksd->bkgqd", probs, v, preferred_element_type=jnp.float32).astype(v.dtype)
     return jnp.einsum("bkgqs,bksd->bkgqd", probs, v)
 
 

@@ -1,8 +1,9 @@
 """Compute and weight dtypes of the models.
 
-"auto" (every job's default) is bfloat16 on accelerators (TPU, GPU) and float32 on CPU, where bf16 matmuls
-are slow and buy nothing. Whatever the dtype, softmax, norms, log-probabilities and the REPLUG ensemble's
-log-sum-exp run in float32 (models/layers.py, mixture.py); the retriever's LSR training keeps float32 weights.
+"auto" (every job's default) is bfloat16 on accelerators (TPU, GPU) and float32 on CPU. bfloat16 on a CPU is
+opt-in: with AMX-BF16 it runs ~1.7-1.9x float32 (models/layers.py `dense`; docs/models.md says when to use it).
+Whatever the dtype, softmax, norms, log-probabilities and the REPLUG ensemble's log-sum-exp run in float32
+(models/layers.py, mixture.py); the retriever's LSR training keeps float32 weights.
 """
 from __future__ import annotations
 

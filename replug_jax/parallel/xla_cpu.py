@@ -1,11 +1,11 @@
 """XLA compiler options per program on CPU hosts, chosen by measurement.
 
-jaxlib 0.10 hands CPU dots, with the elementwise and reduction ops around them, to YNNPACK fusions.
-On the project's x86-64 machine (an AMD EPYC) that made the BERT encoder's forward about 10% slower than XLA's own
-(Eigen) dots (themselves 0.80-0.83x PyTorch's GEMM at the FFN shapes, `benchmarks/bench_cpu_gemm.py`); the
-causal LMs (a scan over layers, RMSNorm, grouped attention) run faster with them (benchmarks/README.md "CPU speed";
-`benchmarks/bench_cpu_options.py` times both choices). So the encoder's programs compile without YNNPACK
-fusions under jaxlib < 0.12 and every other program keeps XLA's defaults.
+jaxlib hands CPU dots, with the elementwise and reduction ops around them, to YNNPACK fusions. Both programs keep
+XLA's defaults now. The encoder compiled without YNNPACK fusions below jaxlib 0.12 until issue 72: with one row
+count per length bucket (issue 62) the defaults embed faster on both hosts measured (AMD EPYC: 1.72-1.75x PyTorch
+against 1.54-1.57x; Intel Xeon: 5-20% faster), and a bf16 encoder needs them (its dots reach AMX-BF16 through
+YNNPACK alone: benchmarks/README.md "bf16 on CPU"). The causal LMs were measured faster with them from the start.
+`benchmarks/bench_cpu_options.py` times the choices; `NO_YNNPACK` stays for it.
 
 The options are per program (`jax.jit(..., compiler_options=...)`): nothing process-wide (XLA_FLAGS)
 is changed, accelerators never see them, and a jaxlib that does not know an option simply goes without.
@@ -19,11 +19,9 @@ import jax
 import numpy as np
 
 NO_YNNPACK = {"xla_cpu_experimental_ynn_fusion_type": ""}  # XLA's own (Eigen) dots, no YNNPACK fusions
-# jaxlib 0.12 (Python >= 3.12) builds its Eigen kernels with FMA and its YNNPACK fusions run the encoder 11-14%
-# faster than without them (benchmarks/README.md "JAX 0.12 on Python 3.12"): there XLA's defaults are kept
 JAXLIB_VERSION = tuple(int(part) for part in jax.lib.__version__.split(".")[:2])
-# the encoder's forward (corpus and query embedding)
-ENCODER: dict[str, str] = NO_YNNPACK if JAXLIB_VERSION < (0, 12) else {}
+# the encoder's forward (corpus and query embedding): XLA's defaults (YNNPACK fusions), the module docstring says why
+ENCODER: dict[str, str] = {}
 # LocalLM's scoring: XLA's defaults (YNNPACK fusions measured faster there)
 LM_SCORING: dict[str, str] = {}
 
