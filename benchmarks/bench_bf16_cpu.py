@@ -9,7 +9,8 @@ embedded in the dtype) are float32's top 10.
 Scoring (SmolLM2): tokens/s on bench_scoring.py's REPLUG passes, LocalLM at batch 4 against PyTorch one pass at a
 time with the LM head at the continuation; each dtype's largest and mean |log p - float32's log p| over the
 continuations' tokens and their perplexity.
-Every figure has PyTorch's counterpart in the same dtype (bf16 through oneDNN, AMX where the CPU has it).
+Every figure has PyTorch's counterpart in the same dtype (bf16 through oneDNN, AMX where the CPU has it); with
+`--skip-torch` (an install without PyTorch: `make install`'s) the jax rows alone, against jax's float32.
 """
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--lm", default="smollm2")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--skip-torch", action="store_true", help="jax rows alone (an install without PyTorch)")
     p.add_argument("--out", default="benchmarks/results.jsonl")
     args = p.parse_args()
 
@@ -109,26 +111,29 @@ def main():
     questions = [e.question for e in load_nq_open()[: args.questions]]
     timed = passages(args.docs)
     embedders = {f"jax_{d}": rj.load_encoder("minilm", dtype=d).embed for d in DTYPES}
-    embedders.update({f"torch_{d}": torch_embedder(d, args.threads) for d in DTYPES})
+    if not args.skip_torch:
+        embedders.update({f"torch_{d}": torch_embedder(d, args.threads) for d in DTYPES})
     corpus = {name: np.asarray(embed(store), np.float32) for name, embed in embedders.items()}  # compiles too
     queries = {name: np.asarray(embed(questions), np.float32) for name, embed in embedders.items()}
     for embed in embedders.values():
         embed(timed)
     seconds = common.interleaved_best({name: (lambda e=embed: e(timed)) for name, embed in embedders.items()},
                                       args.rounds)
-    agreement = {**top10_agreement({k: v for k, v in corpus.items() if k.startswith("jax")},
-                                   {k: v for k, v in queries.items() if k.startswith("jax")}, "jax_float32"),
-                 **top10_agreement({k: v for k, v in corpus.items() if k.startswith("torch")},
-                                   {k: v for k, v in queries.items() if k.startswith("torch")}, "torch_float32")}
+    agreement = {}
+    for side in sorted({name.split("_")[0] for name in embedders}):  # jax, torch: each against its own float32
+        agreement.update(top10_agreement({k: v for k, v in corpus.items() if k.startswith(side)},
+                                         {k: v for k, v in queries.items() if k.startswith(side)}, f"{side}_float32"))
+    reference_name = "torch_float32" if "torch_float32" in seconds else "jax_float32"
     rows = []
     for name in embedders:
         reference = corpus[name.replace("bfloat16", "float32")]
         cosine = np.sum(corpus[name] * reference, axis=1)
         rows.append({"benchmark": "bf16_cpu_embedding", "impl": name, "docs_per_s": len(timed) / seconds[name],
-                     "vs_torch_float32": seconds["torch_float32"] / seconds[name],
+                     f"vs_{reference_name}": seconds[reference_name] / seconds[name],
                      "min_cosine_to_float32": float(cosine.min()), "mean_cosine_to_float32": float(cosine.mean()),
                      "top10_agreement": agreement[name], "datastore": len(store), "questions": len(questions), **base})
-    common.print_table(rows, ["impl", "docs_per_s", "vs_torch_float32", "min_cosine_to_float32", "top10_agreement"])
+    common.print_table(rows, ["impl", "docs_per_s", f"vs_{reference_name}", "min_cosine_to_float32",
+                              "top10_agreement"])
     common.write_rows(rows, args.out)
 
     # scoring: speed, log-prob differences and perplexity on REPLUG's passes
@@ -136,7 +141,8 @@ def main():
     pairs = workload(lms["jax_float32"].tokenizer, args.passes, 128, 192, 128)
     tokens = sum(len(c) + len(y) for c, y in pairs)
     scorers = {name: lm.score_token_pairs for name, lm in lms.items()}
-    scorers.update({f"torch_{d}": torch_scorer(d, args.threads, args.lm) for d in DTYPES})
+    if not args.skip_torch:
+        scorers.update({f"torch_{d}": torch_scorer(d, args.threads, args.lm) for d in DTYPES})
     logps = {name: np.concatenate(score(pairs)) for name, score in scorers.items()}  # compiles too
     seconds = common.interleaved_best({name: (lambda s=score: s(pairs)) for name, score in scorers.items()},
                                       max(1, args.rounds - 1))
@@ -144,10 +150,10 @@ def main():
     for name in scorers:
         delta = np.abs(logps[name] - logps[name.replace("bfloat16", "float32")])
         rows.append({"benchmark": "bf16_cpu_scoring", "impl": name, "tokens_per_s": tokens / seconds[name],
-                     "vs_torch_float32": seconds["torch_float32"] / seconds[name],
+                     f"vs_{reference_name}": seconds[reference_name] / seconds[name],
                      "max_abs_dlogp": float(delta.max()), "mean_abs_dlogp": float(delta.mean()),
                      "perplexity": float(np.exp(-logps[name].mean())), "passes": len(pairs), "lm": args.lm, **base})
-    common.print_table(rows, ["impl", "tokens_per_s", "vs_torch_float32", "max_abs_dlogp", "mean_abs_dlogp",
+    common.print_table(rows, ["impl", "tokens_per_s", f"vs_{reference_name}", "max_abs_dlogp", "mean_abs_dlogp",
                               "perplexity"])
     common.write_rows(rows, args.out)
 
