@@ -77,6 +77,11 @@ def torch_scorer(dtype: str, threads: int, lm_name: str):
     return score
 
 
+def reference(seconds: dict) -> str:
+    """The row the speeds are relative to: PyTorch's float32 where it ran, else jax's."""
+    return "torch_float32" if "torch_float32" in seconds else "jax_float32"
+
+
 def top10_agreement(corpus: dict, queries: dict, reference: str) -> dict:
     """{dtype: mean share of each query's top 10 that is also in `reference`'s top 10}."""
     top = {name: np.argsort(-(queries[name] @ corpus[name].T), axis=1, kind="stable")[:, :10] for name in corpus}
@@ -93,20 +98,29 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--lm", default="smollm2")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--parts", default="embedding,scoring", help="which of the two to run")
     p.add_argument("--skip-torch", action="store_true", help="jax rows alone (an install without PyTorch)")
     p.add_argument("--out", default="benchmarks/results.jsonl")
     args = p.parse_args()
 
     import jax
+
+    command = "python " + " ".join(sys.argv)
+    base = {"cpu": common.cpu_model(), "command": command, "device": jax.devices()[0].platform}
+
+    if "embedding" in args.parts:
+        embedding(args, base)
+    if "scoring" in args.parts:
+        scoring(args, base)
+
+
+def embedding(args, base: dict) -> None:
+    """Speed on --docs passages; cosine to float32 and top-10 agreement over the datastore."""
     import replug_jax as rj
     from replug_jax.data.question_sets import load_nq_open
     from replug_jax.data.wiki import load_wiki_articles
     from replug_jax.retrieval.datastore import chunk_documents
 
-    command = "python " + " ".join(sys.argv)
-    base = {"cpu": common.cpu_model(), "command": command, "device": jax.devices()[0].platform}
-
-    # embedding: speed on --docs passages; cosine to float32 and top-10 agreement over the datastore
     store = chunk_documents(load_wiki_articles()[: args.articles], rj.load_tokenizer("smollm2"), chunk_tokens=128).texts
     questions = [e.question for e in load_nq_open()[: args.questions]]
     timed = passages(args.docs)
@@ -123,11 +137,11 @@ def main():
     for side in sorted({name.split("_")[0] for name in embedders}):  # jax, torch: each against its own float32
         agreement.update(top10_agreement({k: v for k, v in corpus.items() if k.startswith(side)},
                                          {k: v for k, v in queries.items() if k.startswith(side)}, f"{side}_float32"))
-    reference_name = "torch_float32" if "torch_float32" in seconds else "jax_float32"
+    reference_name = reference(seconds)
     rows = []
     for name in embedders:
-        reference = corpus[name.replace("bfloat16", "float32")]
-        cosine = np.sum(corpus[name] * reference, axis=1)
+        float32_rows = corpus[name.replace("bfloat16", "float32")]
+        cosine = np.sum(corpus[name] * float32_rows, axis=1)
         rows.append({"benchmark": "bf16_cpu_embedding", "impl": name, "docs_per_s": len(timed) / seconds[name],
                      f"vs_{reference_name}": seconds[reference_name] / seconds[name],
                      "min_cosine_to_float32": float(cosine.min()), "mean_cosine_to_float32": float(cosine.mean()),
@@ -136,7 +150,12 @@ def main():
                               "top10_agreement"])
     common.write_rows(rows, args.out)
 
-    # scoring: speed, log-prob differences and perplexity on REPLUG's passes
+
+
+def scoring(args, base: dict) -> None:
+    """Speed, log-prob differences and perplexity on REPLUG's passes."""
+    import replug_jax as rj
+
     lms = {f"jax_{d}": rj.load_lm(args.lm, batch_size=4, dtype=d) for d in DTYPES}
     pairs = workload(lms["jax_float32"].tokenizer, args.passes, 128, 192, 128)
     tokens = sum(len(c) + len(y) for c, y in pairs)
@@ -146,7 +165,7 @@ def main():
     logps = {name: np.concatenate(score(pairs)) for name, score in scorers.items()}  # compiles too
     seconds = common.interleaved_best({name: (lambda s=score: s(pairs)) for name, score in scorers.items()},
                                       max(1, args.rounds - 1))
-    rows = []
+    rows, reference_name = [], reference(seconds)
     for name in scorers:
         delta = np.abs(logps[name] - logps[name.replace("bfloat16", "float32")])
         rows.append({"benchmark": "bf16_cpu_scoring", "impl": name, "tokens_per_s": tokens / seconds[name],
