@@ -1,7 +1,7 @@
 """Compute and weight dtypes of the models.
 
 "auto" (every job's default) is bfloat16 on accelerators (TPU, GPU) and float32 on CPU. bfloat16 on a CPU is
-opt-in: with AMX-BF16 it runs ~1.7-1.9x float32 (models/layers.py `dense`; docs/models.md says when to use it).
+opt-in: with AMX-BF16 it runs ~1.7-2.4x float32 (models/layers.py `dense`; docs/models.md says when to use it).
 Whatever the dtype, softmax, norms, log-probabilities and the REPLUG ensemble's log-sum-exp run in float32
 (models/layers.py, mixture.py); the retriever's LSR training keeps float32 weights.
 """
