@@ -110,8 +110,6 @@ def _attention(kv):
     return layers.causal_attention if kv is None else layers.dot_product_attention
 
 
-
-
 class GPT2Block(nn.Module):
     config: CausalLMConfig
     dtype: jnp.dtype

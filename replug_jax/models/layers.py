@@ -61,10 +61,8 @@ def dot_product_attention(q, k, v, bias):
     bias: [B, 1, L, S] additive (0 or MASK_VALUE). Returns [B, L, H, Dh].
     """
     if low_precision_on_cpu(q.dtype):  # jax.nn's probs x V product is a bf16 -> bf16 dot: `dense` says why not
-        (b, length, heads, dh), kv_heads = q.shape, k.shape[2]
-        qh = q.reshape(b, length, kv_heads, heads // kv_heads, dh).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, L, Dh]
-        out = head_major_attention(qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), bias)
-        return out.transpose(0, 3, 1, 2, 4).reshape(q.shape)
+        qh, kh, vh = to_head_major(q, k, v)
+        return from_head_major(head_major_attention(qh, kh, vh, bias), q.shape)
     return jax.nn.dot_product_attention(q, k, v, bias=bias.astype(q.dtype))
 
 
@@ -83,15 +81,25 @@ def causal_attention(q, k, v, bias, block: int | None = None):
     7% of SmolLM2's scoring on CPU, benchmarks/README.md "CPU scoring").
     q: [B, L, H, Dh]; k, v: [B, L, Hkv, Dh]; bias: [B, 1, L, L] causal (`causal_bias`). Returns [B, L, H, Dh].
     """
-    (b, length, heads, dh), kv_heads = q.shape, k.shape[2]
-    block = block or CAUSAL_BLOCK
-    qh = q.reshape(b, length, kv_heads, heads // kv_heads, dh).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, L, Dh]
-    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, Hkv, L, Dh]
+    length, block = q.shape[1], block or CAUSAL_BLOCK
+    qh, kh, vh = to_head_major(q, k, v)
     outs = [head_major_attention(qh[:, :, :, start : start + block], kh[:, :, : start + block],
                                  vh[:, :, : start + block], bias[:, :, start : start + block, : start + block])
             for start in range(0, length, block)]  # block i: queries [s, s + block), keys [0, s + block)
-    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)  # [B, Hkv, G, L, Dh]
-    return out.transpose(0, 3, 1, 2, 4).reshape(q.shape)
+    return from_head_major(outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3), q.shape)
+
+
+def to_head_major(q, k, v):
+    """q [B, L, H, Dh], k and v [B, S, Hkv, Dh] -> q [B, Hkv, G, L, Dh] (grouped query heads beside their K/V head),
+    k and v [B, Hkv, S, Dh]."""
+    (b, length, heads, dh), kv_heads = q.shape, k.shape[2]
+    qh = q.reshape(b, length, kv_heads, heads // kv_heads, dh).transpose(0, 2, 3, 1, 4)
+    return qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+
+def from_head_major(out, shape):
+    """[B, Hkv, G, L, Dh] -> `shape` [B, L, H, Dh]."""
+    return out.transpose(0, 3, 1, 2, 4).reshape(shape)
 
 
 def head_major_attention(q, k, v, bias):
@@ -101,9 +109,8 @@ def head_major_attention(q, k, v, bias):
     logits = jnp.einsum("bkgqd,bksd->bkgqs", q, k, preferred_element_type=jnp.float32)
     logits = logits * (q.shape[-1] ** -0.5) + bias[:, :, None].astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    if low_precision_on_cpu(v.dtype):
-        return jnp.einsum("bkgqs,bksd->bkgqd", probs, v, preferred_element_type=jnp.float32).astype(v.dtype)
-    return jnp.einsum("bkgqs,bksd->bkgqd", probs, v)
+    accumulate = jnp.float32 if low_precision_on_cpu(v.dtype) else None  # `dense` says why
+    return jnp.einsum("bkgqs,bksd->bkgqd", probs, v, preferred_element_type=accumulate).astype(v.dtype)
 
 
 def padding_bias(attention_mask):
