@@ -221,6 +221,20 @@ def test_settings_no_chosen_method_reads_are_named():
     assert depth.startswith("--config.rerank_depth=8 unused: only replug_posterior reads it")
 
 
+def test_a_precision_the_server_ignores_is_named():
+    """--config.dtype / param_dtype with a server URL as the LM set the encoder alone: one warning naming them and
+    the server, in every job's input warnings (console and results.json); none for a local LM or "auto"."""
+    url = "http://127.0.0.1:8000"
+    for name in ("qa.py", "lm_eval.py", "mmlu.py", "lsr.py"):
+        assert input_checks.precision_a_server_ignores(_config(name, lm=url)) == []  # auto
+        assert input_checks.precision_a_server_ignores(_config(name, dtype="bfloat16")) == []  # a local LM: both
+        (said,) = input_checks.input_warnings(_config(name, lm=url, dtype="bfloat16"))
+        assert said.startswith("--config.dtype='bfloat16' sets the encoder's precision only: the LM at " + url)
+    (both,) = input_checks.precision_a_server_ignores(_config("qa.py", lm=url, dtype="bfloat16",
+                                                              param_dtype="float32"))
+    assert both.startswith("--config.dtype='bfloat16' and --config.param_dtype='float32' set the encoder's")
+
+
 def _config(name: str, **overrides):
     config = sibling_config(os.path.join(ROOT, "experiments", "configs", name), name)
     config.update(overrides)

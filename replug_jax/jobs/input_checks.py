@@ -464,8 +464,25 @@ def short_passages(config) -> list[str]:
             "(the paper: 128)"]
 
 
+PRECISION_KEYS = ("dtype", "param_dtype")  # the encoder's and a local LM's; a server computes in its own
+
+
+def precision_a_server_ignores(config) -> list[str]:
+    """A warning where --config.dtype / param_dtype is set and the LM is a server URL: they set the encoder alone
+    (the server computes in the precision it was started with), where a reader would take the LM's numbers to be
+    in that dtype too."""
+    given = [f"--config.{key}={config.get(key)!r}" for key in PRECISION_KEYS
+             if config.get(key) not in (None, "", "auto")]
+    if not given or not config.lm.startswith(("http://", "https://")):
+        return []
+    return [f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the encoder's precision only: the LM at "
+            f"{config.lm} computes in its server's own (`python -m replug_jax.serve --dtype`); results.json's "
+            "compute_dtypes has the LM's as null"]
+
+
 def input_warnings(config) -> list[str]:
     """What a job says of its inputs before its models load (and keeps in results.json): settings no method reads,
-    documents left out, passages of a few words."""
-    return unused_settings(config) + dropped_documents(config) + short_passages(config)
+    precision a server ignores, documents left out, passages of a few words."""
+    return (unused_settings(config) + precision_a_server_ignores(config) + dropped_documents(config)
+            + short_passages(config))
 

@@ -117,9 +117,10 @@ def load_job_lm(config, dtype):
         if config.get("lm_prompts_per_request"):  # 0 or unset: the probe decides
             options["prompts_per_request"] = config.lm_prompts_per_request
         options.update({name: config[key] for key, name in HTTP_CLIENT_KEYS.items() if key in config})
-    else:
-        options = {"mesh": sharding.job_lm_mesh(config.get("lm_model_parallel", 1)),
-                   "param_dtype": precision.weights_option(config.get("param_dtype"))}
+        return load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
+                       **options)  # the server's own precision: `input_checks.precision_a_server_ignores` says so
+    options = {"mesh": sharding.job_lm_mesh(config.get("lm_model_parallel", 1)),
+               "param_dtype": precision.weights_option(config.get("param_dtype"))}
     return load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
                    dtype=dtype, **options)
 

@@ -45,10 +45,17 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
 
     An http(s) URL gives an `HTTPLM` for that OpenAI-compatible server; `http_options` (e.g.
     tokenizer="smollm2", a name or a TextTokenizer, concurrency=8) go to it, with `max_length` (the
-    server's window, when /models does not say it); the other local-model arguments are ignored. A local model's
-    weights are split over `model_parallel` devices (the "model" axis of `sharding.lm_mesh`; models/partition.py
-    says how), batches over the rest; dtype / param_dtype as for `load_encoder`."""
+    server's window, when /models does not say it); a precision or a mesh is refused there (the server computes
+    in its own: `python -m replug_jax.serve --dtype`), batch_size ignored. A local model's weights are split over
+    `model_parallel` devices (the "model" axis of `sharding.lm_mesh`; models/partition.py says how), batches over
+    the rest; dtype / param_dtype as for `load_encoder`."""
     if name.startswith(("http://", "https://")):
+        local = {"dtype": dtype not in (None, "auto"), "param_dtype": param_dtype not in (None, "auto"),
+                 "mesh": mesh is not None, "model_parallel": model_parallel != 1}
+        if any(local.values()):
+            raise TypeError(f"{sorted(k for k, given in local.items() if given)}: options for a local model, but "
+                            f"{name!r} is a server, which computes in the precision and on the devices it was "
+                            "started with (python -m replug_jax.serve --dtype)")
         if isinstance(http_options.get("tokenizer"), str):  # a model name: the tokenizer alone is loaded
             http_options["tokenizer"] = load_tokenizer(http_options["tokenizer"], revision)
         return HTTPLM(name, max_length=max_length, **http_options)
