@@ -66,17 +66,25 @@ def minilm():
 
 
 def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: its files in LONGEST_FIRST's order (below)
+        config.option.loadscopereorder = False
     config.addinivalue_line("markers", "exclusive: runs while no other pytest-xdist worker runs a test (memory)")
     config.addinivalue_line("markers", "slow: a second check of a path the core suite covers once (another process "
                             "layout, real weights where tiny ones are checked, a script's smoke run); `make test` "
                             "leaves these out, `make test-all` and a plain `pytest tests` run them")
 
 
-# The longest files (seconds of one serial run, 2026-11-25) first: pytest-xdist hands files to workers in this order,
-# so the last file a worker takes is a short one rather than test_multiprocess.py (~280 s), which alphabetical order
-# starts mid-run. Fresh clones measured no clear change (14:23 before, 14:26 and 14:13 after): the suite is CPU-bound.
-LONGEST_FIRST = ("test_multiprocess.py", "test_lsr_loop.py", "test_models.py", "test_downstream.py",
-                 "test_generate_http.py", "test_lm_mesh.py", "test_real_weights.py", "test_notebook.py")
+# The longest files first, so that the last file a worker takes is a short one: `make test`'s seconds per file
+# (summed over its tests, 2 workers, Intel Xeon, 2026-11-29), the files of 40 s or more; the rest follow in
+# alphabetical order. pytest-xdist hands files (--dist loadfile) to workers in collection order only without its own
+# reordering by test count (`pytest_configure` turns it off): with it, test_readme.py (2 tests, 274 s), test_harness.py
+# (8, 301 s) and test_text_beyond_ascii.py (6, 202 s) came last and one worker ran them while the other was idle.
+LONGEST_FIRST = ("test_harness.py", "test_readme.py", "test_path_equivalence.py", "test_text_beyond_ascii.py",
+                 "test_http.py", "test_downstream.py", "test_lsr_loop.py", "test_readers.py", "test_command_line.py",
+                 "test_models.py", "test_real_weights.py", "test_launch.py", "test_retrieval.py", "test_lm_mesh.py",
+                 "test_posterior.py", "test_pipeline.py", "test_qa_lsr.py", "test_train_step.py",
+                 "test_generate_http.py", "test_generate.py", "test_multiprocess.py", "test_server_decoding.py",
+                 "test_contract.py")
 
 
 def pytest_collection_modifyitems(items):

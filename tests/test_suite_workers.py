@@ -63,3 +63,21 @@ def test_an_exclusive_test_skipped_by_a_true_condition_does_not_wait_to_be_alone
     found = dict(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RUNS_ALONE"))
     assert found == {"test_alone": "True", "test_skipped": "False", "test_installed": "True", "test_param[a]": "False",
                      "test_param[b]": "True", "test_plain": "False"}
+
+
+def test_workers_take_the_longest_files_first(tmp_path):
+    """Under `--dist loadfile` the files go to the workers in LONGEST_FIRST's order (tests/conftest.py), not in
+    pytest-xdist's own order by test count, which handed the two-test, four-minute test_readme.py out last."""
+    shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
+    for name, count in (("test_harness.py", 1), ("test_readme.py", 1), ("test_many.py", 12)):
+        (tmp_path / name).write_text(LOG_TEST + "".join(f"\ndef test_{i}():\n    log('{name}', 0.1)\n"
+                                                        for i in range(count)))
+    env = {key: value for key, value in os.environ.items()  # a session of its own, not this one's lock
+           if key not in ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")}
+    env["INTERVALS"] = str(tmp_path / "intervals.jsonl")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                           "loadfile", "."], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = sorted(json.loads(line) for line in open(tmp_path / "intervals.jsonl"))
+    first = {worker: min((start, name) for name, w, start, _ in rows if w == worker)[1] for worker in ("gw0", "gw1")}
+    assert sorted(first.values()) == ["test_harness.py", "test_readme.py"], first
