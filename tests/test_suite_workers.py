@@ -81,3 +81,13 @@ def test_workers_take_the_longest_files_first(tmp_path):
     rows = sorted(json.loads(line) for line in open(tmp_path / "intervals.jsonl"))
     first = {worker: min((start, name) for name, w, start, _ in rows if w == worker)[1] for worker in ("gw0", "gw1")}
     assert sorted(first.values()) == ["test_harness.py", "test_readme.py"], first
+
+
+def test_the_processes_a_test_launches_reuse_compiled_modules():
+    """A process the suite launches writes and reads compiled modules (each of the suite's processes would otherwise
+    compile torch, transformers and jax from source: PYTHONDONTWRITEBYTECODE on the CI machines), to the session's
+    folder where that variable was set (tests/conftest.py)."""
+    probe = ("import importlib.util, os, sys; import replug_jax.jobs.downstream as m; "
+             "print(sys.flags.dont_write_bytecode, os.path.exists(importlib.util.cache_from_source(m.__file__)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["0", "True"], done.stdout + done.stderr[-2000:]
