@@ -235,6 +235,16 @@ def test_a_precision_the_server_ignores_is_named():
     assert both.startswith("--config.dtype='bfloat16' and --config.param_dtype='float32' set the encoder's")
 
 
+def test_a_local_lms_split_is_refused_for_a_server():
+    """lm_model_parallel with a server URL as the LM would be ignored (the server runs on its own devices): refused,
+    naming it; 1 passes."""
+    url = "http://127.0.0.1:8000"
+    input_checks._check_lm_model_parallel(_config("qa.py", lm=url))
+    input_checks._check_lm_model_parallel(_config("qa.py", lm_model_parallel=2))  # a local LM: split
+    with pytest.raises(input_checks.InputError, match=r"--config.lm_model_parallel=2 splits a local LM .* is a server"):
+        input_checks.check_job_inputs(_config("qa.py", lm=url, lm_model_parallel=2))
+
+
 def _config(name: str, **overrides):
     config = sibling_config(os.path.join(ROOT, "experiments", "configs", name), name)
     config.update(overrides)

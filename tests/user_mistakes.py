@@ -74,6 +74,7 @@ MISTAKES = [
     ("an HTTP timeout of 0 s", QA, QA_OWN + ["--config.lm=http://127.0.0.1:9/v1", "--config.lm_timeout=0"]),
     ("no requests in flight", QA, QA_OWN + ["--config.lm=http://127.0.0.1:9/v1", "--config.lm_concurrency=0"]),
     ("an HTTP client setting for a local LM", QA, QA_OWN + ["--config.lm_retries=9"]),
+    ("a local LM's split for a server", QA, QA_OWN + ["--config.lm=http://127.0.0.1:9/v1", "--config.lm_model_parallel=2"]),
     ("a server that is not there", QA, QA_OWN + ["--config.lm=http://127.0.0.1:9/v1"]),
     # checked by the settings schema (replug_jax/base/settings.py) alone: no per-key check was written for these
     ("a dtype misspelt", QA, QA_OWN + ["--config.dtype=bf16"]),

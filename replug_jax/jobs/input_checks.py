@@ -113,6 +113,7 @@ def check_job_inputs(config) -> None:
     check_model("lm", config.lm)
     _check_lm_tokenizer(config)
     _check_http_client_keys(config)
+    _check_lm_model_parallel(config)
     check_model("encoder", config.encoder)
     _check_fractions(config)
     if config.job == "lsr":
@@ -189,6 +190,16 @@ def _check_http_client_keys(config) -> None:
         if config.get(key, default) != default:
             raise InputError(f"--config.{key}={config[key]!r} sets the client of an LM behind a server URL; "
                              f"--config.lm={config.lm!r} runs here: leave {key} at {default}")
+
+
+def _check_lm_model_parallel(config) -> None:
+    """lm_model_parallel splits a local LM over devices: with a server URL as the LM it would be ignored, so it is
+    refused."""
+    parts = config.get("lm_model_parallel", 1)
+    if parts != 1 and config.lm.startswith(("http://", "https://")):
+        raise InputError(f"--config.lm_model_parallel={parts!r} splits a local LM over devices; --config.lm="
+                         f"{config.lm!r} is a server, which runs on the devices it was started with: leave "
+                         "lm_model_parallel at 1")
 
 
 def _check_lsr_target(config) -> None:
