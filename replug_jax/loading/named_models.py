@@ -50,7 +50,8 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
     `model_parallel` devices (the "model" axis of `sharding.lm_mesh`; models/partition.py says how), batches over
     the rest; dtype / param_dtype as for `load_encoder`."""
     if name.startswith(("http://", "https://")):
-        local = {"dtype": dtype not in (None, "auto"), "param_dtype": param_dtype not in (None, "auto"),
+        local = {"dtype": precision.weights_option(dtype) is not None,  # None / "auto": the server's own
+                 "param_dtype": precision.weights_option(param_dtype) is not None,
                  "mesh": mesh is not None, "model_parallel": model_parallel != 1}
         if any(local.values()):
             raise TypeError(f"{sorted(k for k, given in local.items() if given)}: options for a local model, but "
