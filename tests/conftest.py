@@ -1,11 +1,11 @@
-"""Test setup: 8 fake CPU devices (set before jax is imported) and shared model fixtures."""
+"""Test setup: 8 fake CPU devices in the test processes, the user's own in the commands they launch, and shared model
+fixtures."""
 import atexit
 import os
 import shutil
 import sys
 import tempfile
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Python's compiled modules, shared by the session and every process it launches: with PYTHONDONTWRITEBYTECODE set
@@ -42,6 +42,12 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
+# 8 fake CPU devices for this process's sharded functions (checked against their one-device versions), set by JAX's
+# config rather than XLA_FLAGS: the commands a test launches (`python -m replug_jax.main`, a server, the harness) then
+# run on the devices a user's would, one CPU device, instead of inheriting 8 fake ones on 2 cores (a job's scoring
+# 1.8x and its decoding 3.6x as long: the README's QA command 129 s against 70 s). A test about several devices or
+# processes says how many (replug_jax.launch --devices, or XLA_FLAGS in the command's environment).
+jax.config.update("jax_num_cpu_devices", 8)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,5 @@
 """The README as a newcomer runs it: its own-data commands run as written on the files it names (the jobs finish,
 write what the README says they write), and its Python blocks print the weights the README shows."""
-import contextlib
-import io
 import json
 import math
 import os
@@ -40,6 +38,15 @@ def readme_commands() -> list[list[str]]:
                     part = part.replace(f"${name}", value)
                 commands.append([sys.executable] + shlex.split(part)[1:])
     return commands
+
+
+def run_python(code: str) -> str:
+    """What `python -c code` prints, run from the repository as a newcomer runs it: a fresh process on the machine's
+    own devices (one CPU device, not the test process's 8 fake ones)."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def test_the_readmes_own_data_commands_run_as_written(tmp_path):
@@ -81,10 +88,13 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
     assert qa["shots"] == 2 and lm["k"] == 4
     # one default (issue 69, item 5): the REPLUG object given the corpus alone answers each question as the QA job's
     # replug_posterior did, with the job's demos (it gave other answers at τ 1 with the paper's weights)
-    rag = replug_jax.REPLUG.from_documents(os.path.join(ROOT, "examples/own_data/corpus.jsonl"))
-    demos = replug_jax.read_questions(os.path.join(ROOT, "examples/own_data/demos.jsonl"))[: qa["shots"]]
     asked = rows[:3]  # three questions: each posterior answer re-ranks 12 passages (seconds each on 2 cores)
-    assert [rag.answer(r["question"], demos=demos) for r in asked] == [r["replug_posterior"]["prediction"] for r in asked]
+    answers = run_python(
+        "import json, replug_jax as rj\n"
+        "rag = rj.REPLUG.from_documents('examples/own_data/corpus.jsonl')\n"
+        f"demos = rj.read_questions('examples/own_data/demos.jsonl')[:{qa['shots']}]\n"
+        f"print(json.dumps([rag.answer(q, demos=demos) for q in {[r['question'] for r in asked]!r}]))")
+    assert json.loads(answers.splitlines()[-1]) == [r["replug_posterior"]["prediction"] for r in asked]
     assert any("bytes of held-out text are scored" in w for w in lm["warnings"])
     assert any("bytes of held-out text are scored" in w for w in outputs[1])
     # each held-out window's evidence: its passages and λ per method, summing to the table's perplexities
@@ -107,12 +117,10 @@ def test_the_readmes_python_prints_the_weights_it_shows():
     they print: the default (the QA job's posterior, with log p(x | d)) and the paper's weights."""
     blocks = code_blocks(section("In Python: answers, and the weights behind them"), "python")
     assert len(blocks) == 2
-    namespace: dict = {}
     said = re.search(r"print\(answer\)\s+# (.+)", blocks[0]).group(1)
+    between = "\x1eblock\x1e"  # printed after each block: the two run in one session, as in a notebook
+    printed = run_python(f"{blocks[0]}\nprint({between!r})\n{blocks[1]}\nprint({between!r}, answer)").split(between)
+    assert len(printed) == 3 and printed[2].strip() == said  # the second block's answer is the first's
     for i, block in enumerate(blocks):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            exec(compile(block, "README.md", "exec"), namespace)
         shown = [line[2:] for line in block.splitlines() if line.startswith("# ")]
-        assert out.getvalue().splitlines() == ([said] if i == 0 else []) + shown, (out.getvalue(), shown)
-        assert namespace["answer"] == said
+        assert printed[i].strip("\n").splitlines() == ([said] if i == 0 else []) + shown, (printed[i], shown)
