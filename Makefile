@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 WORKDIR ?= runs/demo
 TEST_WORKERS ?= 2  # pytest-xdist workers, a test file each at a time; up to ~9 GB each (0: one process)
 
-.PHONY: install install-test llama-cpp readers reader-0.5b reader-1.5b demo demo-readers test test-all bench clean
+.PHONY: install install-test llama-cpp llama-cpp-wheel readers reader-0.5b reader-1.5b demo demo-readers test test-all bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,8 @@ install: $(PY)
 
 # llama-cpp-python (the real third-party server the HTTP tests probe) is built from its sdist, pinned by sha256, for
 # portable x86-64 with AVX2: its default build for the building machine's own instructions (AVX-512, AMX) segfaulted
-# on an AVX-512/AMX host (2026-11-24), and pip's wheel cache would hand that build to every later install. Not built:
+# on an AVX-512/AMX host (2026-11-24), and pip's wheel cache (keyed by the sdist, not the build's options) would hand
+# that build to every later install, so pip's cache is not used. Not built:
 # its multimodal library (mtmd, imported only by the vision chat handlers, which no test uses) and llama.cpp's
 # `common` library (command-line, chat-template and JSON helpers for llama.cpp's own programs; the Python package
 # loads libllama and libggml only), which llama-cpp-python's CMakeLists forces on: 192 of the 367 CPU-seconds of
@@ -35,16 +36,34 @@ LLAMA_CPP_SRC := $(VENV)/llama-cpp-python-sdist
 LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
 	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF
 
+# The built wheel is kept in LLAMA_WHEELS, a folder named by a hash of everything that makes it (the version, the
+# sdist's sha256, the CMake options, the patch below, the machine's architecture), and installed from there by every
+# later `make llama-cpp` (a py3-none wheel, loaded through ctypes: any Python 3): a fresh clone or a new venv on a
+# machine that built it once installs it in seconds instead of building for 2.7 minutes (160 of make test's 230 s of installing, Intel Xeon, 2026-11-29). The
+# wheel is written there whole or not at all (copied beside it under another name, then renamed); `rm -rf` the folder
+# to build again.
+LLAMA_PATCH := s/set(LLAMA_BUILD_COMMON ON CACHE/set(LLAMA_BUILD_COMMON OFF CACHE/
+LLAMA_KEY := $(shell printf '%s' "$(LLAMA_CPP_VERSION) $(LLAMA_CPP_SHA256) $(LLAMA_CMAKE) $(LLAMA_PATCH) $$(uname -m)" \
+	| sha256sum | cut -c1-16)
+LLAMA_WHEELS ?= $(HOME)/.cache/replug_jax/llama-cpp-python/$(LLAMA_KEY)
+LLAMA_WHEEL = $(firstword $(wildcard $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl))
+
 llama-cpp: $(PY)
+	$(if $(LLAMA_WHEEL),,$(MAKE) llama-cpp-wheel)
+	$(PIP) install -q --no-compile "$$(ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl | head -1)[server]"
+
+llama-cpp-wheel: $(PY)
 	rm -rf $(LLAMA_CPP_SRC) && mkdir -p $(LLAMA_CPP_SRC)
 	echo "llama-cpp-python==$(LLAMA_CPP_VERSION) --hash=sha256:$(LLAMA_CPP_SHA256)" > $(LLAMA_CPP_SRC)/pin.txt
 	$(PIP) download -q --no-deps --no-binary :all: --require-hashes -r $(LLAMA_CPP_SRC)/pin.txt -d $(LLAMA_CPP_SRC)
 	tar xzf $(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_CPP_SRC)
-	sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE/set(LLAMA_BUILD_COMMON OFF CACHE/' \
+	sed -i '$(LLAMA_PATCH)' \
 		$(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)/CMakeLists.txt
 	! grep -q "LLAMA_BUILD_COMMON ON" $(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)/CMakeLists.txt
-	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-compile --no-cache-dir \
-		"$(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)[server]"
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) wheel -q --no-deps --no-cache-dir -w $(LLAMA_CPP_SRC)/wheel \
+		"$(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)"
+	mkdir -p $(LLAMA_WHEELS) && for w in $(LLAMA_CPP_SRC)/wheel/*.whl; do \
+		cp "$$w" $(LLAMA_WHEELS)/.partial && mv $(LLAMA_WHEELS)/.partial "$(LLAMA_WHEELS)/$$(basename "$$w")"; done
 	rm -rf $(LLAMA_CPP_SRC)
 
 install-test: install

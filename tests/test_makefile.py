@@ -1,5 +1,7 @@
-"""The quick start's interpreter: `make` takes python3.12 where it runs (jax 0.12), else python3."""
+"""The Makefile: the quick start's interpreter (python3.12 where it runs: jax 0.12, else python3) and llama-cpp-python
+built once per set of build inputs."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,3 +32,27 @@ def first_command(tmp_path, python312: str | None) -> str:
 def test_make_takes_python312_where_it_runs(tmp_path, runs):
     command = first_command(tmp_path, f'exec {sys.executable} "$@"' if runs else None)
     assert command == f"{'python3.12' if runs else 'python3'} -m venv {tmp_path / 'venv'}"
+
+
+def llama_cpp_commands(home, *assignments: str) -> str:
+    """What `make -n llama-cpp` would run with HOME=`home` (so the wheel folder is under it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "LLAMA_WHEELS")}
+    done = subprocess.run(["make", "--no-print-directory", "-n", "llama-cpp", f"HOME={home}", *assignments], cwd=ROOT,
+                          env=env, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_llama_cpp_is_built_once_per_set_of_build_inputs(tmp_path):
+    """`make llama-cpp` builds llama-cpp-python's wheel where none was built with the same inputs, into a folder named
+    by them, and installs a wheel found there without building; other CMake options name another folder."""
+    first = llama_cpp_commands(tmp_path)
+    folder = re.search(rf"({re.escape(str(tmp_path))}/\.cache/replug_jax/llama-cpp-python/[0-9a-f]{{16}})", first)[1]
+    assert "pip wheel" in first and "--require-hashes" in first and f'mv {folder}/.partial "{folder}/' in first
+    os.makedirs(folder)
+    wheel = os.path.join(folder, "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl")
+    open(wheel, "w").close()
+    again = llama_cpp_commands(tmp_path)
+    assert "pip wheel" not in again and "pip download" not in again and f"{folder}/llama_cpp_python-0.3.36-" in again
+    other = llama_cpp_commands(tmp_path, "LLAMA_CMAKE=-DGGML_NATIVE=ON")
+    assert "pip wheel" in other and folder not in other
