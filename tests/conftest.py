@@ -22,15 +22,34 @@ if "REPLUG_JAX_SEARCH_CHOICES" not in os.environ:
     handle, os.environ["REPLUG_JAX_SEARCH_CHOICES"] = tempfile.mkstemp(prefix="replug_jax_test_search_choices_")
     os.close(handle)
     atexit.register(lambda path: os.path.exists(path) and os.remove(path), os.environ["REPLUG_JAX_SEARCH_CHOICES"])
-# One persistent XLA compilation cache for the session and every process it launches, for programs of any compile
-# time: tests build the same tiny models again and again (new instances, same programs), modules recompile what
-# earlier modules compiled (caches are cleared between modules, below), and the multi-process tests launch the
-# same jobs many times. XLA's flags and the devices are part of each entry's key. Removed at exit.
+# One persistent XLA compilation cache for the suite's runs on this machine and every process they launch, for
+# programs of any compile time: tests build the same tiny models again and again (new instances, same programs),
+# modules recompile what earlier modules compiled (caches are cleared between modules, below), the multi-process
+# tests launch the same jobs many times, and a later run of the suite (another clone, another venv of the same jax)
+# compiles only what changed. JAX keys each entry by the program, jaxlib's version, XLA's flags, the compile options
+# and the devices; not by the CPU's instructions, so the folder is one per CPU kind (`suite_xla_cache_dir`). Capped at
+# 4 GiB (JAX evicts the least recently used entries). An existing JAX_COMPILATION_CACHE_DIR is used instead.
+def suite_xla_cache_dir() -> str:
+    """$REPLUG_JAX_TEST_XLA_CACHE, else ~/.cache/replug_jax/test-xla-cache/<hash of the CPU's model and flags>."""
+    import hashlib
+    import platform
+
+    if os.environ.get("REPLUG_JAX_TEST_XLA_CACHE"):
+        return os.environ["REPLUG_JAX_TEST_XLA_CACHE"]
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = [line for line in f if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        cpu = [platform.processor()]
+    kind = hashlib.sha256(("".join(cpu) + platform.machine()).encode()).hexdigest()[:16]
+    return os.path.join(os.path.expanduser("~"), ".cache", "replug_jax", "test-xla-cache", kind)
+
+
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="replug_jax_test_xla_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = suite_xla_cache_dir()
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # default 1 s: no tiny-model program qualified
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(4 << 30)
 # `make test` runs 2 pytest-xdist workers: one lock file for the session, which every test holds shared and a test
 # marked `exclusive` (the reader LMs: up to ~15 GB) holds alone. Set here, before the workers start, so they inherit it.
 if "REPLUG_JAX_TEST_LOCK" not in os.environ:

@@ -91,3 +91,27 @@ def test_the_processes_a_test_launches_reuse_compiled_modules():
              "print(sys.flags.dont_write_bytecode, os.path.exists(importlib.util.cache_from_source(m.__file__)))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["0", "True"], done.stdout + done.stderr[-2000:]
+
+
+def test_a_later_run_of_the_suite_reads_back_the_programs_an_earlier_one_compiled(tmp_path):
+    """The suite's XLA compilation cache outlives its run (tests/conftest.py: one folder per CPU kind, under
+    ~/.cache, or $REPLUG_JAX_TEST_XLA_CACHE): a second session compiles nothing the first compiled."""
+    shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_compiles.py").write_text(
+        "import os, jax, jax.numpy as jnp, jax.monitoring as m\n\n"
+        "def test_compile():\n"
+        "    hits = []\n"
+        "    m.register_event_listener(lambda event, **kw: hits.append(event) if 'cache_hits' in event else None)\n"
+        "    jax.jit(lambda x: jnp.sin(x) * 3 + jnp.cos(x))(jnp.arange(7.0)).block_until_ready()\n"
+        "    print('CACHE', os.environ['JAX_COMPILATION_CACHE_DIR'], len(hits))\n")
+    env = {key: value for key, value in os.environ.items()  # a session of its own, with its own cache folder
+           if key not in ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER", "JAX_COMPILATION_CACHE_DIR")}
+    env["REPLUG_JAX_TEST_XLA_CACHE"] = str(tmp_path / "xla")
+    said = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "."],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        said.append([line.split()[1:] for line in done.stdout.splitlines() if line.startswith("CACHE")][0])
+    assert [folder for folder, _ in said] == [str(tmp_path / "xla")] * 2
+    assert said[0][1] == "0" and int(said[1][1]) >= 1, said  # the jitted function (and jnp.arange's program)
