@@ -115,3 +115,18 @@ def test_a_later_run_of_the_suite_reads_back_the_programs_an_earlier_one_compile
         said.append([line.split()[1:] for line in done.stdout.splitlines() if line.startswith("CACHE")][0])
     assert [folder for folder, _ in said] == [str(tmp_path / "xla")] * 2
     assert said[0][1] == "0" and int(said[1][1]) >= 1, said  # the jitted function (and jnp.arange's program)
+
+
+def test_the_suites_xla_cache_drops_entries_written_long_ago(tmp_path):
+    """An entry written 15 days ago goes as a session starts; one of yesterday stays."""
+    import time
+
+    from tests.conftest import prune_xla_cache
+
+    old, recent = tmp_path / "old-cache", tmp_path / "recent-cache"
+    for path, days in ((old, 15), (recent, 1)):
+        path.write_bytes(b"x")
+        os.utime(path, (time.time() - days * 86400,) * 2)
+    prune_xla_cache(str(tmp_path))
+    assert not old.exists() and recent.exists()
+    prune_xla_cache(str(tmp_path / "absent"))  # no folder yet: nothing to do
