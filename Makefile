@@ -8,7 +8,8 @@ PIP := $(PY) -m pip
 WORKDIR ?= runs/demo
 TEST_WORKERS ?= 2  # pytest-xdist workers, a test file each at a time; up to ~9 GB each (0: one process)
 
-.PHONY: install install-test llama-cpp llama-cpp-wheel readers reader-0.5b reader-1.5b demo demo-readers test test-all bench clean
+.PHONY: install install-test llama-cpp llama-cpp-wheel readers reader-0.5b reader-1.5b demo demo-readers test test-all \
+	bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,18 +40,18 @@ LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGG
 # The built wheel is kept in LLAMA_WHEELS, a folder named by a hash of everything that makes it (the version, the
 # sdist's sha256, the CMake options, the patch below, the machine's architecture), and installed from there by every
 # later `make llama-cpp` (a py3-none wheel, loaded through ctypes: any Python 3): a fresh clone or a new venv on a
-# machine that built it once installs it in seconds instead of building for 2.7 minutes (160 of make test's 230 s of installing, Intel Xeon, 2026-11-29). The
-# wheel is written there whole or not at all (copied beside it under another name, then renamed); `rm -rf` the folder
-# to build again.
+# machine that built it once installs it in seconds instead of building for 2.7 minutes (160 of make test's 230 s of
+# installing, Intel Xeon, 2026-11-29). The wheel is written there whole or not at all (copied beside it under another
+# name, then renamed); `rm -rf` the folder to build again.
 LLAMA_PATCH := s/set(LLAMA_BUILD_COMMON ON CACHE/set(LLAMA_BUILD_COMMON OFF CACHE/
 LLAMA_KEY := $(shell printf '%s' "$(LLAMA_CPP_VERSION) $(LLAMA_CPP_SHA256) $(LLAMA_CMAKE) $(LLAMA_PATCH) $$(uname -m)" \
 	| sha256sum | cut -c1-16)
 LLAMA_WHEELS ?= $(HOME)/.cache/replug_jax/llama-cpp-python/$(LLAMA_KEY)
-LLAMA_WHEEL = $(firstword $(wildcard $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl))
+LLAMA_WHEEL_GLOB = $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 
-llama-cpp: $(PY)
-	$(if $(LLAMA_WHEEL),,$(MAKE) llama-cpp-wheel)
-	$(PIP) install -q --no-compile "$$(ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl | head -1)[server]"
+llama-cpp: $(PY)  # the glob read once by make (built yet?), once by the shell after the build
+	$(if $(wildcard $(LLAMA_WHEEL_GLOB)),,$(MAKE) llama-cpp-wheel)
+	$(PIP) install -q --no-compile "$$(ls $(LLAMA_WHEEL_GLOB) | head -1)[server]"
 
 llama-cpp-wheel: $(PY)
 	rm -rf $(LLAMA_CPP_SRC) && mkdir -p $(LLAMA_CPP_SRC)

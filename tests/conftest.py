@@ -51,8 +51,9 @@ def prune_xla_cache(folder: str, days: float = 14) -> None:
     """Remove the entries of `folder` written more than `days` ago (a program not compiled since is likely gone)."""
     import time
 
+    written_before = time.time() - days * 86400
     for entry in os.scandir(folder) if os.path.isdir(folder) else ():
-        if entry.is_file() and entry.stat().st_mtime < time.time() - days * 86400:
+        if entry.is_file() and entry.stat().st_mtime < written_before:
             os.remove(entry.path)
 
 
