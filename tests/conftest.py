@@ -63,7 +63,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     prune_xla_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])  # the session's first process: workers inherit the dir
 # `make test` runs 2 pytest-xdist workers: one lock file for the session, which every test holds shared and a test
-# marked `exclusive` (the reader LMs: up to ~15 GB) holds alone. Set here, before the workers start, so they inherit it.
+# marked `exclusive` (the 1.5B reader LM: up to ~15 GB) holds alone. Set here, before the workers start, so they inherit it.
 if "REPLUG_JAX_TEST_LOCK" not in os.environ:
     handle, os.environ["REPLUG_JAX_TEST_LOCK"] = tempfile.mkstemp(prefix="replug_jax_test_lock_")
     os.close(handle)
@@ -150,8 +150,11 @@ def pytest_runtest_protocol(item, nextitem):
         return
     import fcntl
 
+    alone = _runs_alone(item)
+    if alone:
+        free_compiled_programs()  # this worker's own share of the memory, before the big model loads
     with open(os.environ["REPLUG_JAX_TEST_LOCK"]) as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if _runs_alone(item) else fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         yield  # closing the file releases the lock
 
 
@@ -164,12 +167,36 @@ def _runs_alone(item) -> bool:
     return item.get_closest_marker("exclusive") is not None and not skipped
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _free_compiled_programs():
-    """After each test module: drop JAX's compiled programs and collect garbage, so the suite's memory does not
-    grow with every shape every module compiled (session fixtures recompile what they need)."""
-    yield
+# A worker keeps the programs JAX traced and compiled (the session models' scoring and decoding, read by most modules)
+# until it holds a quarter of the machine's memory: clearing them after every module made each module trace and
+# lower the session models' programs again (the persistent cache skips only XLA's compile). With the test changes of
+# the same day the suite's CPU fell 1,967 -> 1,713 s; the workers ended at 5-8 GB on a 24 GB machine
+# (benchmarks/README.md, "The test suite's time on an Intel host").
+KEEP_PROGRAMS_BELOW = int(os.environ.get("REPLUG_JAX_TEST_KEEP_PROGRAMS_BELOW",  # bytes resident per process
+                                         os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4))
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 where there is none, so nothing is freed)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def free_compiled_programs() -> None:
+    """Drop JAX's traced and compiled programs and collect garbage (session fixtures recompile what they need)."""
     import gc
 
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+    """After each test module: drop the compiled programs once this process holds KEEP_PROGRAMS_BELOW or more, so
+    the suite's memory does not grow with every shape every module compiled."""
+    yield
+    if resident_bytes() >= KEEP_PROGRAMS_BELOW:
+        free_compiled_programs()

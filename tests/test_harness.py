@@ -65,9 +65,9 @@ def test_without_retrieval_every_request_equals_lm_evals_hf_backend(tasks, smoll
     model, tokenizer = torch_smollm2
     hf_lm = get_model("hf")(pretrained=model, tokenizer=copy.deepcopy(tokenizer))  # its pad token set on a copy
     ours_lm = harness_model(tasks, smollm2, k=0)
-    hf, hf_results = evaluate(hf_lm, tasks, [MC], limit=5, shots=1)
-    ours, results = evaluate(ours_lm, tasks, [MC], limit=5, shots=1)
-    assert len(hf[MC]) == len(ours[MC]) == 5
+    hf, hf_results = evaluate(hf_lm, tasks, [MC], limit=3, shots=1)
+    ours, results = evaluate(ours_lm, tasks, [MC], limit=3, shots=1)
+    assert len(hf[MC]) == len(ours[MC]) == 3
     for h, o in zip(hf[MC], ours[MC]):
         assert h["arguments"] == o["arguments"]  # the same prompts, shots included
         got = np.array([float(r[0][0]) for r in o["resps"]])
@@ -102,7 +102,7 @@ def test_with_retrieval_every_loglikelihood_is_replug_score_for_the_example(task
     if weights == "replug_posterior":
         mixing.update(posterior_alpha=0.5, rerank_depth=4)
     samples, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, is_greedy=weights == "replug", **mixing),
-                          tasks, [MC], limit=3, shots=1)
+                          tasks, [MC], limit=2, shots=1)
     rag = rag_of(**mixing)
     pairs = [(c, x, own_text(sample)) for sample in samples[MC] for c, x in sample["arguments"]]
     got = [(float(resp[0][0]), bool(resp[0][1])) for sample in samples[MC] for resp in sample["resps"]]
@@ -127,14 +127,14 @@ def test_generate_until_is_replug_generate_and_with_the_knowledge_line_replug_an
     """generate_until: REPLUG.generate of the request's context (stop "\\n", 16 tokens); with the QA job's passage
     line ("Knowledge: <passage>\\n") and 0 shots, REPLUG.answer's answer to the question."""
     mixing = {"k": 2, "temperature": 0.1, "weights": "replug"}
-    samples, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, **mixing), tasks, [QA], limit=3, shots=1)
+    samples, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, **mixing), tasks, [QA], limit=2, shots=1)
     rag = rag_of(**mixing)
     for sample in samples[QA]:
         context = sample["arguments"][0][0]
         assert sample["resps"][0][0] == rag.generate(context, max_new_tokens=16, stop=("\n",),
                                                      query=own_text(sample))
     samples, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, doc_template="Knowledge: {passage}\n",
-                                        **mixing), tasks, [QA], limit=3, shots=0)
+                                        **mixing), tasks, [QA], limit=2, shots=0)
     with pytest.warns(UserWarning, match="zero-shot"):
         answers = [rag.answer(s["doc"]["question"], max_new_tokens=16) for s in samples[QA]]
     assert [s["resps"][0][0].strip() for s in samples[QA]] == answers
@@ -165,7 +165,7 @@ def test_loglikelihood_rolling_scores_every_token(smollm2, minilm, tasks):
     stretches."""
     from lm_eval.api.instance import Instance
 
-    text = " ".join(f"Wetlands are areas of land {i} wet for all or part of the year." for i in range(30))
+    text = " ".join(f"Wetlands are areas of land {i} wet for all or part of the year." for i in range(12))
     windows = document_windows("t", text, smollm2.tokenizer, stride_tokens=64, query_tokens=64, context_tokens=64,
                                whole=True)
     assert "".join(w.continuation for w in windows) == text and not windows[0].query and windows[1].query

@@ -495,19 +495,25 @@ def test_a_vllm_entrys_value_is_its_first_option_whatever_the_ranks():
 # ---- a real third-party server: llama-cpp-python ----------------------------------------------------------------
 
 
-def test_llama_cpp_python_server_shift_is_detected(tmp_path):
+@pytest.fixture(scope="module")
+def llama_cpp_server(tmp_path_factory):
+    """llama-cpp-python's OpenAI-compatible server on the packaged SmolLM2 GGUF: its /v1 URL."""
     pytest.importorskip("llama_cpp.server.app", reason="pip install 'llama-cpp-python[server]==0.3.36'")
     from replug_jax.models.registry import packaged_path
 
-    port, log = free_port(), tmp_path / "llama.log"
+    port, log = free_port(), tmp_path_factory.mktemp("llama_cpp") / "llama.log"
     proc = start(["-m", "llama_cpp.server", "--model", packaged_path("smollm2"), "--host", "127.0.0.1",
                   "--port", str(port), "--n_ctx", "512", "--n_threads", "2"], log)
     try:
         wait_for(f"http://127.0.0.1:{port}/v1/models", proc, 60, log)
-        with pytest.raises(BlackBoxServerError, match="shifted by one position"):
-            HTTPLM(f"http://127.0.0.1:{port}/v1")
+        yield f"http://127.0.0.1:{port}/v1"
     finally:
         stop(proc)
+
+
+def test_llama_cpp_python_server_shift_is_detected(llama_cpp_server):
+    with pytest.raises(BlackBoxServerError, match="shifted by one position"):
+        HTTPLM(llama_cpp_server)
 
 
 def test_server_api_key(tiny, monkeypatch):
@@ -555,26 +561,16 @@ def test_servers_adding_a_start_token_either_way_score_by_the_contract(tiny, ser
     assert_close(got[1:2], local_scores(lm, PAIRS[1:2]))  # empty context: LocalLM's own convention either way
 
 
-def test_llama_cpp_python_server_decodes_a_mid_word_split_as_local(tmp_path, smollm2):
+def test_llama_cpp_python_server_decodes_a_mid_word_split_as_local(llama_cpp_server, smollm2):
     """The third-party server (its echo is refused above, so no probe; it takes text prompts only): contexts ending
     inside a word, decoded by llama.cpp through the client's generation path, give LocalLM's greedy tokens and
     log-probs (its own quantised kernels: within 0.3 nats), and the per-token mixture over two passes the local mixture's tokens.
     A generation prompt is one text tokenised alone, so text and token ids agree here (unlike a scored split)."""
-    pytest.importorskip("llama_cpp.server.app", reason="pip install 'llama-cpp-python[server]==0.3.36'")
-    from replug_jax.models.registry import packaged_path
-
-    port, log = free_port(), tmp_path / "llama.log"
-    proc = start(["-m", "llama_cpp.server", "--model", packaged_path("smollm2"), "--host", "127.0.0.1",
-                  "--port", str(port), "--n_ctx", "512", "--n_threads", "2"], log)
     contexts = [["The capital of Fra"], ["Photosynth"]]  # mid-word: text prompts would re-tokenise the word
     mixed = [["Paris is the capital of Fra", "The Eiffel Tower is in the capital of Fra"]]
-    try:
-        wait_for(f"http://127.0.0.1:{port}/v1/models", proc, 60, log)
-        remote = HTTPLM(f"http://127.0.0.1:{port}/v1", tokenizer=smollm2.tokenizer, probe=False, token_prompts=False)
-        got = remote.generate(contexts, [[0.0], [0.0]], max_new_tokens=6, stop=("\n",))
-        got_mixed = remote.generate(mixed, [np.log([0.7, 0.3])], max_new_tokens=6, stop=("\n",), top_n=5)
-    finally:
-        stop(proc)
+    remote = HTTPLM(llama_cpp_server, tokenizer=smollm2.tokenizer, probe=False, token_prompts=False)
+    got = remote.generate(contexts, [[0.0], [0.0]], max_new_tokens=6, stop=("\n",))
+    got_mixed = remote.generate(mixed, [np.log([0.7, 0.3])], max_new_tokens=6, stop=("\n",), top_n=5)
     local = smollm2.generate(contexts, [[0.0], [0.0]], max_new_tokens=6, stop=("\n",))
     # llama.cpp's kernels are not ours: greedy paths may part at a near-tie after a few tokens, so the first three
     for g, w in zip(got, local):

@@ -1,5 +1,6 @@
 """The offline Qwen2 readers: assembling GGUF part packages (fake small packages, always), and the real
 files against transformers' GGUF loading and llama.cpp (only where `make readers` installed them)."""
+import functools
 import gc
 import hashlib
 import importlib
@@ -79,6 +80,19 @@ def load_reader(name):
     return rj.load_lm(name, batch_size=1, mesh=sharding.data_mesh(jax.devices()[:1]))
 
 
+@functools.lru_cache(maxsize=None)
+def reader_scores(name):
+    """(TEXT's token ids, the ids of the document start before it, our per-token log-probs of TEXT after it), one
+    load of the reader for the tests that check them; the model is freed before a reference loads (the 1.5B is
+    6 GB in float32)."""
+    lm = load_reader(name)
+    ours = np.asarray(lm.score([""], [TEXT])[0])  # after the document-start token
+    ids, start = lm.tokenizer.encode(TEXT), lm.pair_tokens("", TEXT)[0]
+    del lm
+    gc.collect()
+    return ids, start, ours
+
+
 def installed(name):
     try:
         split_gguf.part_paths(split_gguf.READERS[name])
@@ -98,8 +112,13 @@ def skip_unless_installed(name):
     return pytest.mark.skipif(not installed(name), reason=f"{name} not installed (make readers)")
 
 
-@pytest.mark.exclusive  # up to ~15 GB: no other pytest-xdist worker in a test meanwhile
-@pytest.mark.parametrize("name", [pytest.param(name, marks=skip_unless_installed(name))
+def reader_marks(name):
+    """Skipped unless installed; the 1.5B `exclusive` (up to ~15 GB: no other pytest-xdist worker in a test
+    meanwhile), the 0.5B beside the other worker's tests (~7 GB at most: both models in float32)."""
+    return [skip_unless_installed(name)] + ([pytest.mark.exclusive] if name == "qwen2.5-coder-1.5b" else [])
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=reader_marks(name))
                                   for name in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")])
 def test_real_reader_matches_transformers_gguf(name):
     """Our dequantised JAX model against transformers' own GGUF loading (float32 torch) on the same file:
@@ -107,16 +126,11 @@ def test_real_reader_matches_transformers_gguf(name):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    lm = load_reader(name)
+    ids, start, ours = reader_scores(name)
     path = registry.resolve(name).path
     folder, file = os.path.split(path)
     ref_tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    ids = lm.tokenizer.encode(TEXT)
     assert ids == ref_tok(TEXT, add_special_tokens=False)["input_ids"]
-    ours = np.asarray(lm.score([""], [TEXT])[0])  # after the document-start token
-    start = lm.pair_tokens("", TEXT)[0]
-    del lm  # one model in memory at a time (the 1.5B is 6 GB in float32)
-    gc.collect()
     ref = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = ref(torch.tensor([start + ids])).logits[0].float()
@@ -128,7 +142,6 @@ def test_real_reader_matches_transformers_gguf(name):
     assert ppl < 60  # a working LM on plain English (31 measured for the 0.5B coder; a wrong layout gives thousands)
 
 
-@pytest.mark.exclusive
 @skip_unless_installed("qwen2.5-coder-0.5b")
 def test_real_reader_agrees_with_llama_cpp():
     """An independent implementation of the same file: llama.cpp's per-token log-probs. It multiplies with
@@ -136,14 +149,13 @@ def test_real_reader_agrees_with_llama_cpp():
     dequantisation matches transformers to 2e-3; the perplexities agree within a few percent."""
     name = "qwen2.5-coder-0.5b"
     llama_cpp = pytest.importorskip("llama_cpp")
-    lm = load_reader(name)
-    ids = lm.pair_tokens("", TEXT)[0] + lm.tokenizer.encode(TEXT)
+    text_ids, start, ours = reader_scores(name)
+    ids = start + text_ids
     ref = llama_cpp.Llama(registry.resolve(name).path, n_ctx=256, logits_all=True, verbose=False, n_threads=2)
     ref.eval(ids)
     logits = np.asarray(ref.scores[: len(ids)], np.float64)
     logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     expected = logits[np.arange(len(ids) - 1), ids[1:]] - logz[:-1]
-    ours = np.asarray(lm.score([""], [TEXT])[0])
     assert np.abs(ours - expected).mean() <= 0.15
     assert abs(ours.mean() - expected.mean()) <= 0.05  # perplexities within 5%
     assert np.corrcoef(ours, expected)[0, 1] > 0.99

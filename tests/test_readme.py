@@ -49,7 +49,31 @@ def run_python(code: str) -> str:
     return done.stdout
 
 
-def test_the_readmes_own_data_commands_run_as_written(tmp_path):
+OWN_DATA_ASKED = 2  # own-data questions the REPLUG object answers (each posterior answer re-ranks 12 passages)
+BETWEEN = "\x1eblock\x1e"  # printed between the parts of `readme_python`'s one session
+
+
+@pytest.fixture(scope="module")
+def readme_python():
+    """One fresh process, as a notebook session: the README's two Python blocks, then the REPLUG object given
+    examples/own_data's corpus alone answering its first questions with the own-data QA command's demos (one
+    interpreter start and model load for both tests). (blocks, what each block printed and the second's answer,
+    {question: the object's answer}, the command's shots)."""
+    blocks = code_blocks(section("In Python: answers, and the weights behind them"), "python")
+    shots = int(re.search(r"--config\.shots=(\d+)", section("Your own data")).group(1))
+    questions = [json.loads(line)["question"] for line in
+                 open(os.path.join(ROOT, "examples/own_data/questions.jsonl"), encoding="utf-8")][:OWN_DATA_ASKED]
+    printed = run_python(
+        f"{blocks[0]}\nprint({BETWEEN!r})\n{blocks[1]}\nprint({BETWEEN!r}, answer)\n"
+        "import json\n"
+        "rag = rj.REPLUG.from_documents('examples/own_data/corpus.jsonl')\n"
+        f"demos = rj.read_questions('examples/own_data/demos.jsonl')[:{shots}]\n"
+        f"print({BETWEEN!r}, json.dumps([rag.answer(q, demos=demos) for q in {questions!r}]))").split(BETWEEN)
+    assert len(printed) == 4, printed
+    return blocks, printed[:3], dict(zip(questions, json.loads(printed[3]))), shots
+
+
+def test_the_readmes_own_data_commands_run_as_written(tmp_path, readme_python):
     """Each command of "Your own data" exits 0 on examples/own_data; results.json records the code that ran; QA's
     predictions name the passages each method mixed by datastore id; the small held-out set is warned about."""
     commands = readme_commands()
@@ -88,13 +112,10 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
     assert qa["shots"] == 2 and lm["k"] == 4
     # one default (issue 69, item 5): the REPLUG object given the corpus alone answers each question as the QA job's
     # replug_posterior did, with the job's demos (it gave other answers at τ 1 with the paper's weights)
-    asked = rows[:3]  # three questions: each posterior answer re-ranks 12 passages (seconds each on 2 cores)
-    answers = run_python(
-        "import json, replug_jax as rj\n"
-        "rag = rj.REPLUG.from_documents('examples/own_data/corpus.jsonl')\n"
-        f"demos = rj.read_questions('examples/own_data/demos.jsonl')[:{qa['shots']}]\n"
-        f"print(json.dumps([rag.answer(q, demos=demos) for q in {[r['question'] for r in asked]!r}]))")
-    assert json.loads(answers.splitlines()[-1]) == [r["replug_posterior"]["prediction"] for r in asked]
+    answers, shots = readme_python[2], readme_python[3]
+    asked = [r for r in rows if r["question"] in answers]
+    assert len(asked) == OWN_DATA_ASKED and shots == qa["shots"]
+    assert [answers[r["question"]] for r in asked] == [r["replug_posterior"]["prediction"] for r in asked]
     assert any("bytes of held-out text are scored" in w for w in lm["warnings"])
     assert any("bytes of held-out text are scored" in w for w in outputs[1])
     # each held-out window's evidence: its passages and λ per method, summing to the table's perplexities
@@ -112,15 +133,13 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path):
         assert sum(math.exp(x) for x in w["replug"]["log_weights"]) == pytest.approx(1, abs=1e-5)
 
 
-def test_the_readmes_python_prints_the_weights_it_shows():
+def test_the_readmes_python_prints_the_weights_it_shows(readme_python):
     """The README's Python blocks run as written; the answer and every weight line they show in comments are what
     they print: the default (the QA job's posterior, with log p(x | d)) and the paper's weights."""
-    blocks = code_blocks(section("In Python: answers, and the weights behind them"), "python")
+    blocks, printed = readme_python[0], readme_python[1]
     assert len(blocks) == 2
     said = re.search(r"print\(answer\)\s+# (.+)", blocks[0]).group(1)
-    between = "\x1eblock\x1e"  # printed after each block: the two run in one session, as in a notebook
-    printed = run_python(f"{blocks[0]}\nprint({between!r})\n{blocks[1]}\nprint({between!r}, answer)").split(between)
-    assert len(printed) == 3 and printed[2].strip() == said  # the second block's answer is the first's
+    assert printed[2].strip() == said  # the second block's answer is the first's
     for i, block in enumerate(blocks):
         shown = [line[2:] for line in block.splitlines() if line.startswith("# ")]
         assert printed[i].strip("\n").splitlines() == ([said] if i == 0 else []) + shown, (printed[i], shown)

@@ -130,3 +130,29 @@ def test_the_suites_xla_cache_drops_entries_written_long_ago(tmp_path):
     prune_xla_cache(str(tmp_path))
     assert not old.exists() and recent.exists()
     prune_xla_cache(str(tmp_path / "absent"))  # no folder yet: nothing to do
+
+
+def test_a_worker_keeps_its_compiled_programs_for_the_next_module_until_its_memory_limit(tmp_path):
+    """Two modules call one jitted function: traced once while the process holds less than the limit (a quarter of
+    the machine's memory), again in the second module once it holds more (the programs dropped after the first)."""
+    shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "shared_program.py").write_text(
+        "import os\nimport jax\n\n@jax.jit\ndef double(x):\n"
+        "    with open(os.environ['TRACES'], 'a') as f:\n        f.write('traced\\n')\n    return 2 * x\n")
+    for name in ("a", "b"):
+        (tmp_path / f"test_{name}.py").write_text("from shared_program import double\n\n"
+                                                  f"def test_{name}():\n    assert float(double(1.0)) == 2.0\n")
+    traces = {}
+    for limit in (None, "0"):
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
+                              "REPLUG_JAX_TEST_KEEP_PROGRAMS_BELOW")}
+        env["TRACES"] = str(tmp_path / f"traces_{limit}.txt")
+        if limit is not None:
+            env["REPLUG_JAX_TEST_KEEP_PROGRAMS_BELOW"] = limit
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               "test_a.py", "test_b.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        traces[limit] = open(env["TRACES"]).read().count("traced")
+    assert traces == {None: 1, "0": 2}
