@@ -92,17 +92,68 @@ def smollm2():
     return rj.load_lm("smollm2", batch_size=8, mesh=sharding.lm_mesh(1, jax.devices()[:1]))
 
 
-@pytest.fixture(scope="session")
-def torch_smollm2():
-    """(transformers' PyTorch model of the same GGUF, its tokenizer): the reference, loaded once (~12 s)."""
+def torch_reference_dir(gguf_path: str) -> str:
+    """Where transformers' own load of a GGUF is kept for the suite's later processes and runs:
+    ~/.cache/replug_jax/test-torch-reference/<hash of the file's bytes and transformers' and torch's versions>
+    ($REPLUG_JAX_TEST_TORCH_REFERENCE instead of ~/.cache/replug_jax/test-torch-reference)."""
+    import hashlib
+
+    import torch
+    import transformers
+
+    digest = hashlib.sha256()
+    with open(gguf_path, "rb") as gguf:
+        for block in iter(lambda: gguf.read(1 << 24), b""):
+            digest.update(block)
+    digest.update(f"{transformers.__version__} {torch.__version__}".encode())
+    root = os.environ.get("REPLUG_JAX_TEST_TORCH_REFERENCE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "replug_jax", "test-torch-reference")
+    return os.path.join(root, digest.hexdigest()[:16])
+
+
+def load_torch_reference(gguf_path: str):
+    """(transformers' float32 PyTorch model of the GGUF, its tokenizer). transformers reads a GGUF's metadata with
+    gguf-py four times per model and tokenizer (~25-35 s on 2 cores, in each process that needs it), so the first
+    process saves what it loaded (safetensors, tokenizer.json) under `torch_reference_dir`, whole or not at all, and
+    later ones read that (under a second); test_real_weights.py checks the saved copy against a fresh load (`slow`),
+    test_suite_workers.py that a saved copy is what loads."""
+    import shutil
+    import time
+
+    import safetensors.torch
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    folder = torch_reference_dir(gguf_path)
+    if os.path.isdir(folder):
+        return (AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(),
+                AutoTokenizer.from_pretrained(folder))
+    gguf_folder, name = os.path.split(gguf_path)
+    model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=name)
+    partial = f"{folder}.partial-{os.getpid()}"
+    os.makedirs(partial)
+    model.config.save_pretrained(partial)  # (save_pretrained refuses a model loaded from a GGUF: its weights alone)
+    model.generation_config.save_pretrained(partial)
+    safetensors.torch.save_model(model, os.path.join(partial, "model.safetensors"))  # tied weights once
+    tokenizer.save_pretrained(partial)
+    try:
+        os.rename(partial, folder)  # whole or absent: another process may have saved it first
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+    written_before = time.time() - 14 * 86400  # others (older versions, a killed save's part) after two weeks
+    for entry in os.scandir(os.path.dirname(folder)):
+        if entry.path != folder and entry.stat().st_mtime < written_before:
+            shutil.rmtree(entry.path, ignore_errors=True)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def torch_smollm2():
+    """(transformers' PyTorch model of the same GGUF, its tokenizer): the reference, loaded once per process."""
     from replug_jax.models import registry
 
-    folder, name = os.path.split(registry.packaged_path("smollm2"))
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return load_torch_reference(registry.packaged_path("smollm2"))
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
 """The packaged real weights (all-MiniLM-L6-v2, SmolLM2-135M GGUF) against transformers in PyTorch."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -58,6 +60,24 @@ def test_smollm2_gguf_logprobs_and_perplexity_match_torch(smollm2, torch_smollm2
     ppl_ours, ppl_ref = np.exp(-ours.mean()), np.exp(-ref.mean())
     assert abs(ppl_ours / ppl_ref - 1) <= 0.005, (ppl_ours, ppl_ref)
     assert 3 < ppl_ours < 60  # a real LM on real English, not noise
+
+
+@pytest.mark.slow  # a fresh GGUF load (~30 s): the core suite's checks above compare against the saved copy
+def test_the_saved_torch_reference_is_transformers_own_gguf_load(torch_smollm2):
+    """`torch_smollm2` (tests/conftest.py: transformers' load of the GGUF, saved once per machine and read back) has
+    a fresh load's every weight bit for bit and its tokenizer's ids, special tokens included, in several scripts."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = os.path.split(registry.packaged_path("smollm2"))
+    fresh = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    fresh_tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model, tok = torch_smollm2
+    saved, want = model.state_dict(), fresh.state_dict()
+    assert saved.keys() == want.keys() and all(torch.equal(saved[key], want[key]) for key in want)
+    for text in TEXTS + [PARAGRAPH, "<|im_start|>user\nhi<|im_end|>", "Søren Østergård, Київ, 東京, 🐱🎉"]:
+        assert tok(text).input_ids == fresh_tok(text).input_ids, text
+    assert (tok.bos_token, tok.eos_token, tok.unk_token) == (fresh_tok.bos_token, fresh_tok.eos_token,
+                                                             fresh_tok.unk_token)
 
 
 def test_smollm2_uses_context(smollm2):

@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LOG_TEST = '''
@@ -156,3 +158,26 @@ def test_a_worker_keeps_its_compiled_programs_for_the_next_module_until_its_memo
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         traces[limit] = open(env["TRACES"]).read().count("traced")
     assert traces == {None: 1, "0": 2}
+
+
+
+def test_the_torch_reference_is_read_back_from_the_saved_copy(tmp_path, monkeypatch):
+    """Once transformers' load of a GGUF (the PyTorch reference) is saved, later processes read the copy, never the
+    GGUF: here the copy is a tiny model of its own beside bytes that are no GGUF at all, and it is what loads.
+    (test_real_weights.py, `slow`: the saved copy equals a fresh load bit for bit.)"""
+    import torch
+
+    from tests import hf_tiny
+    from tests.conftest import load_torch_reference, torch_reference_dir
+
+    monkeypatch.setenv("REPLUG_JAX_TEST_TORCH_REFERENCE", str(tmp_path / "reference"))
+    not_a_gguf = tmp_path / "model.gguf"
+    not_a_gguf.write_bytes(b"no GGUF here")
+    want = hf_tiny.tiny_qwen2(torch_reference_dir(str(not_a_gguf)))  # saved where the reference of that file goes
+    model, tokenizer = load_torch_reference(str(not_a_gguf))
+    got, expected = model.state_dict(), want.state_dict()
+    assert got.keys() == expected.keys() and all(torch.equal(got[key], expected[key]) for key in expected)
+    assert tokenizer("ab").input_ids
+    not_a_gguf.write_bytes(b"other bytes")  # another file's reference is another folder: not there, so a load
+    with pytest.raises(Exception):
+        load_torch_reference(str(not_a_gguf))
