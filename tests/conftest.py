@@ -28,7 +28,7 @@ if "REPLUG_JAX_SEARCH_CHOICES" not in os.environ:
 # tests launch the same jobs many times, and a later run of the suite (another clone, another venv of the same jax)
 # compiles only what changed. JAX keys each entry by the program, jaxlib's version, XLA's flags, the compile options
 # and the devices; not by the CPU's instructions, so the folder is one per CPU kind (`suite_xla_cache_dir`). Entries
-# written over 14 days ago are removed as a session starts (`prune_xla_cache`; ~50 MB a full run): JAX's own size cap
+# written over 14 days ago are removed as a session starts (`prune_old_entries`; ~50 MB a full run): JAX's own size cap
 # (least recently used eviction) locks and stamps the folder at every read, and took 97 s against 79 for two files.
 # An existing JAX_COMPILATION_CACHE_DIR is used instead.
 def suite_xla_cache_dir() -> str:
@@ -47,21 +47,23 @@ def suite_xla_cache_dir() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "replug_jax", "test-xla-cache", kind)
 
 
-def prune_xla_cache(folder: str, days: float = 14) -> None:
-    """Remove the entries of `folder` written more than `days` ago (a program not compiled since is likely gone)."""
+def prune_old_entries(folder: str, days: float = 14) -> None:
+    """Remove the entries of `folder`, files and folders, written more than `days` ago (an XLA program not compiled
+    since, a PyTorch reference of older versions or a killed save's part, are likely gone)."""
+    import shutil
     import time
 
     written_before = time.time() - days * 86400
     for entry in os.scandir(folder) if os.path.isdir(folder) else ():
-        if entry.is_file() and entry.stat().st_mtime < written_before:
-            os.remove(entry.path)
+        if entry.stat().st_mtime < written_before:
+            shutil.rmtree(entry.path) if entry.is_dir() else os.remove(entry.path)
 
 
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = suite_xla_cache_dir()
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # default 1 s: no tiny-model program qualified
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    prune_xla_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])  # the session's first process: workers inherit the dir
+    prune_old_entries(os.environ["JAX_COMPILATION_CACHE_DIR"])  # the session's first process: workers inherit the dir
 # `make test` runs 2 pytest-xdist workers: one lock file for the session, which every test holds shared and a test
 # marked `exclusive` (the 1.5B reader LM: up to ~15 GB) holds alone. Set here, before the workers start, so they inherit it.
 if "REPLUG_JAX_TEST_LOCK" not in os.environ:
@@ -118,7 +120,6 @@ def load_torch_reference(gguf_path: str):
     later ones read that (under a second); test_real_weights.py checks the saved copy against a fresh load (`slow`),
     test_suite_workers.py that a saved copy is what loads."""
     import shutil
-    import time
 
     import safetensors.torch
     import torch
@@ -141,10 +142,7 @@ def load_torch_reference(gguf_path: str):
         os.rename(partial, folder)  # whole or absent: another process may have saved it first
     except OSError:
         shutil.rmtree(partial, ignore_errors=True)
-    written_before = time.time() - 14 * 86400  # others (older versions, a killed save's part) after two weeks
-    for entry in os.scandir(os.path.dirname(folder)):
-        if entry.path != folder and entry.stat().st_mtime < written_before:
-            shutil.rmtree(entry.path, ignore_errors=True)
+    prune_old_entries(os.path.dirname(folder))  # older versions' copies, a killed save's part
     return model, tokenizer
 
 

@@ -10,6 +10,13 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+def own_session_env(*also_drop: str) -> dict[str, str]:
+    """This environment for a pytest session of its own: without this session's lock and worker variables (and
+    `also_drop`)."""
+    drop = ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT") + also_drop
+    return {key: value for key, value in os.environ.items() if key not in drop}
+
 LOG_TEST = '''
 import json, os, time
 import pytest
@@ -29,8 +36,7 @@ def test_an_exclusive_test_runs_alone_and_the_others_side_by_side(tmp_path):
                                             "    log('alone', 1.0)\n")
     (tmp_path / "test_shared.py").write_text(LOG_TEST + "".join(f"\ndef test_{i}():\n    log('shared{i}', 0.4)\n"
                                                                 for i in range(8)))
-    env = {key: value for key, value in os.environ.items()  # a session of its own, not this one's lock
-           if key not in ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")}
+    env = own_session_env()
     env["INTERVALS"] = str(tmp_path / "intervals.jsonl")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "."],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -58,7 +64,7 @@ def test_an_exclusive_test_skipped_by_a_true_condition_does_not_wait_to_be_alone
         "@pytest.mark.exclusive\n@pytest.mark.skipif(False, reason='installed')\ndef test_installed():\n    pass\n\n"
         "@pytest.mark.exclusive\n@pytest.mark.parametrize('name', [pytest.param('a', marks=pytest.mark.skipif(True, "
         "reason='x')), 'b'])\ndef test_param(name):\n    pass\n\ndef test_plain():\n    pass\n")
-    env = {key: value for key, value in os.environ.items() if key not in ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER")}
+    env = own_session_env()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "--collect-only", "."],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -74,8 +80,7 @@ def test_workers_take_the_longest_files_first(tmp_path):
     for name, count in (("test_harness.py", 1), ("test_readme.py", 1), ("test_many.py", 12)):
         (tmp_path / name).write_text(LOG_TEST + "".join(f"\ndef test_{i}():\n    log('{name}', 0.1)\n"
                                                         for i in range(count)))
-    env = {key: value for key, value in os.environ.items()  # a session of its own, not this one's lock
-           if key not in ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")}
+    env = own_session_env()
     env["INTERVALS"] = str(tmp_path / "intervals.jsonl")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
                            "loadfile", "."], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -106,8 +111,7 @@ def test_a_later_run_of_the_suite_reads_back_the_programs_an_earlier_one_compile
         "    m.register_event_listener(lambda event, **kw: hits.append(event) if 'cache_hits' in event else None)\n"
         "    jax.jit(lambda x: jnp.sin(x) * 3 + jnp.cos(x))(jnp.arange(7.0)).block_until_ready()\n"
         "    print('CACHE', os.environ['JAX_COMPILATION_CACHE_DIR'], len(hits))\n")
-    env = {key: value for key, value in os.environ.items()  # a session of its own, with its own cache folder
-           if key not in ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER", "JAX_COMPILATION_CACHE_DIR")}
+    env = own_session_env("JAX_COMPILATION_CACHE_DIR")  # with its own cache folder
     env["REPLUG_JAX_TEST_XLA_CACHE"] = str(tmp_path / "xla")
     said = []
     for _ in range(2):
@@ -123,15 +127,15 @@ def test_the_suites_xla_cache_drops_entries_written_long_ago(tmp_path):
     """An entry written 15 days ago goes as a session starts; one of yesterday stays."""
     import time
 
-    from tests.conftest import prune_xla_cache
+    from tests.conftest import prune_old_entries
 
     old, recent = tmp_path / "old-cache", tmp_path / "recent-cache"
     for path, days in ((old, 15), (recent, 1)):
         path.write_bytes(b"x")
         os.utime(path, (time.time() - days * 86400,) * 2)
-    prune_xla_cache(str(tmp_path))
+    prune_old_entries(str(tmp_path))
     assert not old.exists() and recent.exists()
-    prune_xla_cache(str(tmp_path / "absent"))  # no folder yet: nothing to do
+    prune_old_entries(str(tmp_path / "absent"))  # no folder yet: nothing to do
 
 
 def test_a_worker_keeps_its_compiled_programs_for_the_next_module_until_its_memory_limit(tmp_path):
@@ -146,9 +150,7 @@ def test_a_worker_keeps_its_compiled_programs_for_the_next_module_until_its_memo
                                                   f"def test_{name}():\n    assert float(double(1.0)) == 2.0\n")
     traces = {}
     for limit in (None, "0"):
-        env = {key: value for key, value in os.environ.items()
-               if key not in ("REPLUG_JAX_TEST_LOCK", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
-                              "REPLUG_JAX_TEST_KEEP_PROGRAMS_BELOW")}
+        env = own_session_env("REPLUG_JAX_TEST_KEEP_PROGRAMS_BELOW")
         env["TRACES"] = str(tmp_path / f"traces_{limit}.txt")
         if limit is not None:
             env["REPLUG_JAX_TEST_KEEP_PROGRAMS_BELOW"] = limit
