@@ -201,6 +201,8 @@ class FaultyProxy:
 
     def __init__(self, upstream: str):
         self.upstream, self.script, self.mode, self.auth = upstream.rsplit("/v1", 1)[0], [], "ok", []
+        self.in_flight = self.most_in_flight = 0  # completions requests being answered at once
+        self.lock = threading.Lock()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -225,13 +227,19 @@ class FaultyProxy:
 
             def forward(self, body):
                 proxy.auth.append(self.headers.get("Authorization"))
-                fault = "ok"
-                if self.path.endswith("/completions"):
-                    fault = proxy.script.pop(0) if proxy.script else proxy.mode
+                fault, completions = "ok", self.path.endswith("/completions")
+                with proxy.lock:
+                    if completions:
+                        fault = proxy.script.pop(0) if proxy.script else proxy.mode
+                        proxy.in_flight += 1
+                        proxy.most_in_flight = max(proxy.most_in_flight, proxy.in_flight)
                 try:
                     proxy.apply(self, fault, body)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout fault)
+                finally:
+                    with proxy.lock:
+                        proxy.in_flight -= completions
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -246,6 +254,8 @@ class FaultyProxy:
             return handler.reply(429, {"error": {"message": "slow down"}}, [("Retry-After", fault[4:] or "0")])
         if fault == "timeout":
             time.sleep(1.0)
+        if fault == "slow":  # a remote server's round trip
+            time.sleep(0.2)
         prompt = (body or {}).get("prompt")
         texts = isinstance(prompt, str) or all(isinstance(p, str) for p in prompt or [])
         if fault == "no_lists" and isinstance(prompt, list) and len(prompt) > 1 and isinstance(prompt[0], (str, list)):
@@ -436,6 +446,20 @@ def test_max_tokens_zero_fallback(proxy, tiny, mode):
     remote = HTTPLM(proxy.url, tokenizer=tiny[1].tokenizer)
     assert remote.stats()["max_tokens"].startswith("max_tokens=1")
     assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), local_scores(tiny[1], PAIRS))
+
+
+def test_the_probe_sends_requests_that_wait_on_no_answer_side_by_side(tiny, tiny_server, proxy):
+    """Each request costs a server far away a round trip: the probe's independent requests go out together (the
+    top log-probs, max_tokens and next-token requests; then how to ask for scores and generations: 7 at once) and
+    find what one request at a time finds."""
+    lm = tiny[1]
+    proxy.mode = "slow"
+    remote = HTTPLM(proxy.url, tokenizer=lm.tokenizer)
+    direct = HTTPLM(tiny_server.url, tokenizer=lm.tokenizer)
+    assert proxy.most_in_flight >= 6, proxy.most_in_flight
+    assert {k: v for k, v in remote.stats().items() if k != "requests"} == \
+        {k: v for k, v in direct.stats().items() if k != "requests"}
+    assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), local_scores(lm, PAIRS))
 
 
 def test_scoring_asks_logprobs_0_where_the_server_allows_it(tiny, tiny_server, proxy):

@@ -51,13 +51,7 @@ from replug_jax.lm.http.echo import (
     select_continuation,
 )
 from replug_jax.lm.http.generation import http_generate
-from replug_jax.lm.http.probe import (  # noqa: F401 (BATCH_PROMPTS: re-exported)
-    BATCH_PROMPTS,
-    probe_batching,
-    probe_echo_from,
-    probe_logprobs,
-    probe_token_ids,
-)
+from replug_jax.lm.http.probe import BATCH_PROMPTS, probe_requests  # noqa: F401 (BATCH_PROMPTS: re-exported)
 from replug_jax.lm.http.transport import BlackBoxServerError, Transport
 from replug_jax.lm.http.context_room import cut_text_context, generation_room, score_window, scoring_room
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, document_start_text, tokenizer_fingerprint
@@ -213,14 +207,12 @@ class HTTPLM:
         self.max_length = self.max_length or result.max_length
         self.score_max_tokens, self._start, self.start_text = result.max_tokens, result.start, result.start_text
         self.token_prompts, self._leading, self.top_logprobs = result.token_prompts, result.leading, result.top_logprobs
-        self.lookahead = result.lookahead
-        self.logprobs, logprobs = probe_logprobs(self, self._logprobs_setting)  # 0 where the server allows it
-        self.prompts_per_request, batching = probe_batching(self, self._batch_setting)
-        self.echo_from, echo_from = probe_echo_from(self)
-        self.token_ids, token_ids = probe_token_ids(self)
+        asked = probe_requests(self, self._logprobs_setting, self._batch_setting)  # logprobs: 0 where allowed
+        self.logprobs, self.prompts_per_request, self.echo_from = asked.logprobs, asked.prompts_per_request, \
+            asked.echo_from
+        self.lookahead, self.token_ids = asked.lookahead, asked.token_ids
         with self._lock:
-            self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), "prompts_per_request": batching,
-                              "logprobs": logprobs, "echo_from": echo_from, "generated_tokens": token_ids}
+            self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), **asked.findings}
         return self._findings
 
     def _tokenizer_kind(self) -> str:
@@ -235,12 +227,14 @@ class HTTPLM:
 
     # ---- requests: public for the probe -----------------------------------------------------------------------
 
-    def body(self, prompts: list, max_tokens: int, logprobs: int, starts: list[int] | None = None) -> dict:
+    def body(self, prompts: list, max_tokens: int, logprobs: int, starts: list[int] | None = None,
+             echo_from: bool | None = None) -> dict:
         """A completions request body; prompts are texts or token-id lists; `starts`: per prompt, the first token
-        whose log-prob is needed, sent as `echo_from` where the probe found the server honours it."""
+        whose log-prob is needed, sent as `echo_from` where the probe found the server honours it (`echo_from`:
+        that setting, None for the client's own)."""
         body: dict = {"prompt": prompts[0] if len(prompts) == 1 else prompts, "max_tokens": max_tokens,
                       "temperature": 0}
-        if starts is not None and self.echo_from:
+        if starts is not None and (self.echo_from if echo_from is None else echo_from):
             body["echo_from"] = starts
         if self.model:
             body["model"] = self.model
@@ -251,11 +245,13 @@ class HTTPLM:
         return body
 
     def completions(self, prompts: list, max_tokens: int, logprobs: int, optional: bool = False,
-                    retries: int | None = None, starts: list[int] | None = None) -> list[dict]:
+                    retries: int | None = None, starts: list[int] | None = None,
+                    echo_from: bool | None = None) -> list[dict]:
         """POST /completions; the choices in prompt order (their count checked). optional, retries: as
-        `Transport.post` (optional with retries=0: one try, and any failure raises `Refused`); starts: as `body`."""
-        reply = self.transport.post(self.base_url + "/completions", self.body(prompts, max_tokens, logprobs, starts),
-                                    optional=optional, retries=retries)
+        `Transport.post` (optional with retries=0: one try, and any failure raises `Refused`); starts, echo_from: as
+        `body`."""
+        body = self.body(prompts, max_tokens, logprobs, starts, echo_from)
+        reply = self.transport.post(self.base_url + "/completions", body, optional=optional, retries=retries)
         try:
             choices = sorted(reply["choices"], key=lambda c: c.get("index", 0))
         except (KeyError, TypeError, AttributeError) as e:
@@ -299,15 +295,17 @@ class HTTPLM:
                          "the first prompt token (it adds no start-of-document token) and no start_text is usable "
                          f"({self._findings.get('start', 'not probed')}); pass start_text=")
 
-    def score_chunk(self, items: list, probing: bool = False) -> list[np.ndarray]:
-        """One request's scores; probing: one try, a refusal or failure raises `Refused`, prompts not counted."""
+    def score_chunk(self, items: list, probing: bool = False, logprobs: int | None = None) -> list[np.ndarray]:
+        """One request's scores; probing: one try, a refusal or failure raises `Refused`, prompts not counted;
+        logprobs: the request's `logprobs` (None: the client's probed setting)."""
         prompts = [p for p, _ in items]
         retries = 0 if probing else None
+        logprobs = self.logprobs if logprobs is None else logprobs
         if self.token_prompts:  # each prompt's log-probs are read from its continuation's (query's) first token on
             starts = [len(ids) - n for ids, n in items]
-            choices = self.completions(prompts, self.score_max_tokens, self.logprobs, probing, retries, starts)
+            choices = self.completions(prompts, self.score_max_tokens, logprobs, probing, retries, starts)
         else:
-            echoes = self.text_echoes(prompts, self.score_max_tokens, self.logprobs, probing, retries)
+            echoes = self.text_echoes(prompts, self.score_max_tokens, logprobs, probing, retries)
         if not probing:
             self.transport.count("prompts", len(prompts))
         try:

@@ -4,6 +4,12 @@
 passed in needs `transport`, `model`, `tokenizer`, `start_text`, `prompt_logprobs`, `logprobs`,
 `token_prompts`, `body(...)`, `completions(...)` and `text_echoes(...)`: HTTPLM's public methods.
 
+Requests that do not wait on each other's answers are sent side by side (`side_by_side`: a server that batches
+concurrent requests, as ours and vLLM do, answers them together; a remote one's latency is paid once): the
+next-token candidates, the top log-probs allowed and the max_tokens check; the token-id and text echoes of the
+prompt-format check; then, with the probe's result applied, `probe_requests`' checks of how to ask for scores and
+generations. Errors are raised in the order the checks would have run one after another.
+
 What it finds out, in order:
   * model and window: the model id and `max_model_len` from `/models` (a server serving several
     models needs `model=`);
@@ -28,6 +34,7 @@ import dataclasses
 import math
 import re
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -53,8 +60,23 @@ class ProbeResult:
     token_prompts: bool  # send context ids + continuation ids
     leading: int  # entries the server echoes before a token-id prompt's own (its start token)
     top_logprobs: int  # the most next-token log-probs one request gets (ensembled generation's top-n)
-    lookahead: bool  # a continuation's later steps give the log-probs a request for the next token gives
     findings: dict
+
+
+def side_by_side(*calls):
+    """Each zero-argument call's result, the calls run at once in threads (independent requests); the first
+    exception in call order is raised once all have ended."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+    return [future.result() for future in futures]
+
+
+def _or_failure(call):
+    """The call's result, or the Refused / BlackBoxServerError it raised (a check that reads a refusal as a finding)."""
+    try:
+        return call()
+    except (Refused, BlackBoxServerError) as e:
+        return e
 
 
 def probe(client) -> ProbeResult:
@@ -63,7 +85,9 @@ def probe(client) -> ProbeResult:
     model, max_length = _model_and_window(client)
     client.model = model  # requests from here on name it
     text = probe_text(max_length or client.max_length)
-    candidates = _next_token_candidates(client, text)
+    candidates, wide, max_tokens_check = side_by_side(
+        lambda: _next_token_candidates(client, text), lambda: _next_token_candidates(client, text, GENERATION_TOP),
+        lambda: _or_failure(lambda: (1, None) if client.prompt_logprobs else _check_max_tokens_zero(client)))
     targets = _clean_candidates(candidates)
     echo = client.text_echoes([text + (targets[0][0] if targets else "")], 1, PROBE_TOP)[0]
     first = [i for i, e in enumerate(echo.ends) if e > 0][0]
@@ -74,9 +98,11 @@ def probe(client) -> ProbeResult:
         raise BlackBoxServerError(f"{t.base_url}: returned null log-probabilities for {len(nulls)} of "
                                   f"{len(echo.logprobs)} prompt tokens after the first")
     findings = {"model": model, "alignment": _check_alignment(client, echo, targets, text)}
-    max_tokens = 1
-    if not client.prompt_logprobs:
-        max_tokens, findings["max_tokens"] = _check_max_tokens_zero(client)
+    if isinstance(max_tokens_check, Exception):  # said after the echo's own faults, as when it was sent after it
+        raise max_tokens_check
+    max_tokens, max_tokens_found = max_tokens_check
+    if max_tokens_found:
+        findings["max_tokens"] = max_tokens_found
     start, start_text = "server", client.start_text
     if echo.logprobs[first] is not None:
         findings["start"] = "the server conditions the first token on its own start token"
@@ -87,19 +113,18 @@ def probe(client) -> ProbeResult:
         ids = client.tokenizer.encode(start_text)  # an empty context's token-id prompt: that start token
         client.start_id = ids[0] if len(ids) == 1 else None
     token_prompts, leading, findings["prompt_format"] = _check_token_prompts(client, max_tokens, text)
-    top = findings["top_logprobs"] = _top_logprobs_allowed(client, text, len(candidates))
-    client.token_prompts = token_prompts  # the next check sends prompts as generation will
-    lookahead, findings["generation"] = _check_lookahead(client, text, min(top, PROBE_TOP))
-    return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, top, lookahead,
-                       findings)
+    top = findings["top_logprobs"] = _top_logprobs_allowed(len(wide), len(candidates))
+    return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, top, findings)
 
 
-def _check_lookahead(client, text: str, top: int) -> tuple[bool, str]:
+def probe_lookahead(client) -> tuple[bool, str]:
     """Whether the second step of a two-token greedy continuation gives the top log-probs that a request for the
     next token after the text and the first token gives (tokens and values to 1e-3): ensembled generation then
-    asks each pass once for its own continuation (lm/http/generation.py), else once per step."""
+    asks each pass once for its own continuation (lm/http/generation.py), else once per step. Asked with the
+    probe's result applied (prompts sent as generation sends them)."""
     from replug_jax.lm.http.generation import continuation_tops, pass_prompt
 
+    text, top = probe_text(client.max_length), min(client.top_logprobs, PROBE_TOP)
     prompt = pass_prompt(client, "", text, 2)
     try:
         two = continuation_tops(client, prompt, top, 2, [])
@@ -166,10 +191,10 @@ def _next_token_candidates(client, text: str, top: int = PROBE_TOP) -> dict[str,
     return out
 
 
-def _top_logprobs_allowed(client, text: str, at_probe_top: int) -> int:
-    """How many next-token log-probs a request gets: GENERATION_TOP where the server takes and fills it,
-    else what it returned for PROBE_TOP (OpenAI's API refuses `logprobs` above 5 with a 400)."""
-    got = len(_next_token_candidates(client, text, GENERATION_TOP))
+def _top_logprobs_allowed(got: int, at_probe_top: int) -> int:
+    """How many next-token log-probs a request gets: GENERATION_TOP where the server takes and fills it (`got`
+    entries for GENERATION_TOP), else what it returned for PROBE_TOP (OpenAI's API refuses `logprobs` above 5 with
+    a 400)."""
     return min(got, GENERATION_TOP) if got > PROBE_TOP else max(1, min(at_probe_top, PROBE_TOP))
 
 
@@ -244,15 +269,24 @@ def _check_token_prompts(client, max_tokens: int, text: str) -> tuple[bool, int,
         why = "no tokenizer given" if client.tokenizer is None else "token_prompts=False"
         return False, 0, f"text ({why}): the server's tokens of the joined text are scored"
     ids = client.tokenizer.encode(text)
-    try:
-        choice = client.completions([ids], max_tokens, client.logprobs, optional=True)[0]
-        values = echo_values(choice, client.prompt_logprobs)
-    except (Refused, BlackBoxServerError, KeyError, TypeError) as e:
+
+    def id_echo():
+        try:
+            return echo_values(client.completions([ids], max_tokens, client.logprobs, optional=True)[0],
+                               client.prompt_logprobs)
+        except (KeyError, TypeError) as e:
+            raise Refused(str(e)) from None
+
+    values, text_echo = side_by_side(lambda: _or_failure(id_echo),
+                                     lambda: _or_failure(lambda: client.text_echoes([text], max_tokens, client.logprobs)))
+    if isinstance(values, Exception):
         if client.token_prompts:
             raise BlackBoxServerError(f"{client.transport.base_url}: token_prompts=True but the server refused a "
-                                      f"token-id prompt ({e})") from None
-        return False, 0, f"text (the server refused token-id prompts: {e}): the server's tokens are scored"
-    text_echo = client.text_echoes([text], max_tokens, client.logprobs)[0]
+                                      f"token-id prompt ({values})") from None
+        return False, 0, f"text (the server refused token-id prompts: {values}): the server's tokens are scored"
+    if isinstance(text_echo, Exception):
+        raise text_echo
+    text_echo = text_echo[0]
     text_values = [v for v, s, e in zip(text_echo.logprobs, text_echo.starts, text_echo.ends) if e > s]
     same = lambda mine, first: len(text_values) == len(ids) and all(
         a is not None and b is not None and math.isclose(a, b, abs_tol=2e-3)
@@ -305,20 +339,53 @@ def _alignment_verdict(echo: Echo, token: str, expected: float, at: int):
     return ("misaligned", got)
 
 
-# What the probe finds about scoring requests themselves (after `probe`): how many prompts one request may carry,
-# whether echoed log-probabilities need `logprobs` >= 1, and whether the server computes only the log-probs asked
-# for (`echo_from`).
+# What the probe finds about requests themselves (after `probe`, its result applied): how many prompts one scoring
+# request may carry, whether echoed log-probabilities need `logprobs` >= 1, whether the server computes only the
+# log-probs asked for (`echo_from`), and how to ask for generations (lookahead, tokens by id).
 #
-# Both keep a value given to HTTPLM's constructor as it is. `logprobs=0` is OpenAI's "the chosen tokens' log-probs,
+# Settings given to HTTPLM's constructor are kept as they are. `logprobs=0` is OpenAI's "the chosen tokens' log-probs,
 # no alternatives": a server that answers it with the same numbers is asked 0, so it computes and sends no top
 # alternatives per echoed token (our own server computes them in a second pass; over a 3x cost measured here).
 
 BATCH_PROMPTS = 16  # prompts per completions request where the probe finds the server answers lists exactly
 
 
-def probe_batching(client, given: int | None) -> tuple[int, str]:
+@dataclasses.dataclass
+class RequestSettings:
+    """How the client asks for scores and generations, and the findings in words (kept in `HTTPLM.stats()`)."""
+
+    logprobs: int  # scoring requests' `logprobs`: 0 or 1
+    prompts_per_request: int
+    echo_from: bool
+    lookahead: bool  # generation: each pass's own continuation in one request
+    token_ids: bool  # generation: tokens named by id
+    findings: dict
+
+
+def probe_requests(client, logprobs_given: int | None, batch_given: int | None) -> RequestSettings:
+    """The checks below, side by side. The batching and echo_from checks are sent at the `logprobs` the logprobs
+    check is expected to find (0, or the value given), and again, as requests will be sent, where it finds 1 (what
+    they found or raised at 0 is then dropped)."""
+    expected = 0 if logprobs_given is None else logprobs_given
+    scoring = lambda logprobs: side_by_side(lambda: probe_batching(client, batch_given, logprobs),  # noqa: E731
+                                            lambda: probe_echo_from(client, logprobs))
+    (logprobs, logprobs_found), at_expected, (lookahead, generation), (token_ids, generated_tokens) = side_by_side(
+        lambda: probe_logprobs(client, logprobs_given), lambda: _or_failure(lambda: scoring(expected)),
+        lambda: probe_lookahead(client), lambda: probe_token_ids(client))
+    if logprobs != expected:
+        at_expected = scoring(logprobs)
+    elif isinstance(at_expected, Exception):
+        raise at_expected
+    (batch, batching), (echo_from, echo_from_found) = at_expected
+    return RequestSettings(logprobs, batch, echo_from, lookahead, token_ids, {
+        "prompts_per_request": batching, "logprobs": logprobs_found, "echo_from": echo_from_found,
+        "generation": generation, "generated_tokens": generated_tokens})
+
+
+def probe_batching(client, given: int | None, logprobs: int) -> tuple[int, str]:
     """(prompts per request, the finding): `BATCH_PROMPTS` where the server answers a list of two probe pairs
-    with each pair's own numbers (1e-4), else 1; a size `given` to the client's constructor is kept as it is."""
+    with each pair's own numbers (1e-4), else 1; a size `given` to the client's constructor is kept as it is.
+    logprobs: the scoring requests' `logprobs`."""
     if given is not None:
         return given, f"{given} (as given)"
     try:
@@ -326,12 +393,12 @@ def probe_batching(client, given: int | None) -> tuple[int, str]:
                  client.prepare_prompt(PROBE_TEXT[:12], PROBE_TEXT[12:30])]
     except ValueError:  # a window too small for the probe pairs
         return 1, "1: not probed (the server's window is too small for the probe pairs)"
-    alone = [client.score_chunk([pair], probing=True)[0] for pair in pairs]
-    try:
-        together = client.score_chunk(pairs, probing=True)
-    except (Refused, BlackBoxServerError) as e:
-        return 1, f"1: the server refused a list of prompts ({str(e)[:120]})"
-    if not all(a.shape == b.shape and np.allclose(a, b, atol=1e-4) for a, b in zip(alone, together)):
+    score = lambda items: client.score_chunk(items, probing=True, logprobs=logprobs)  # noqa: E731
+    first, second, together = side_by_side(lambda: score(pairs[:1])[0], lambda: score(pairs[1:])[0],
+                                           lambda: _or_failure(lambda: score(pairs)))
+    if isinstance(together, Exception):
+        return 1, f"1: the server refused a list of prompts ({str(together)[:120]})"
+    if not all(a.shape == b.shape and np.allclose(a, b, atol=1e-4) for a, b in zip((first, second), together)):
         return 1, "1: the server answered a list of prompts with other numbers than one prompt at a time"
     return BATCH_PROMPTS, f"{BATCH_PROMPTS}: the server answers a list of prompts with each prompt's own numbers"
 
@@ -345,41 +412,37 @@ def probe_logprobs(client, given: int | None) -> tuple[int, str]:
         pair = client.prepare_prompt(PROBE_TEXT[:24], PROBE_TEXT[24:40])
     except ValueError:  # a window too small for the probe pair
         return 1, "1: not probed (the server's window is too small for the probe pair)"
-    client.logprobs = 1
-    with_top = client.score_chunk([pair], probing=True)[0]
-    client.logprobs = 0
-    try:
-        without = client.score_chunk([pair], probing=True)[0]
-    except (Refused, BlackBoxServerError) as e:
-        return 1, f"1: the server refused logprobs=0 ({str(e)[:120]})"
-    finally:
-        client.logprobs = 1
+    with_top, without = side_by_side(lambda: client.score_chunk([pair], probing=True, logprobs=1)[0],
+                                     lambda: _or_failure(lambda: client.score_chunk([pair], probing=True, logprobs=0)[0]))
+    if isinstance(without, Exception):
+        return 1, f"1: the server refused logprobs=0 ({str(without)[:120]})"
     if with_top.shape != without.shape or not np.allclose(with_top, without, atol=1e-4):
         return 1, "1: the server's echoed log-probs differ at logprobs=0"
     return 0, "0: the server echoes the prompt's log-probs without alternatives"
 
 
-def probe_echo_from(client) -> tuple[bool, str]:
+def probe_echo_from(client, logprobs: int) -> tuple[bool, str]:
     """(whether scoring requests send `echo_from`, the finding): our own server's extension (docs/http.md), by which
     it computes log-probs from the continuation's first token on (the LM head at those positions alone, as the local
     backend scores) and echoes null before it. Sent only where a probe pair comes back with nulls before its
-    continuation and the continuation's own numbers (1e-4); another server is never sent the field."""
+    continuation and the continuation's own numbers (1e-4); another server is never sent the field. logprobs: the
+    scoring requests' `logprobs`."""
     if not client.token_prompts:
         return False, "not sent: text prompts (a token index means nothing to the server's own tokens)"
     try:
         ids, n = client.prepare_prompt(PROBE_TEXT[:24], PROBE_TEXT[24:40])
     except ValueError:  # a window too small for the probe pair
         return False, "not sent: not probed (the server's window is too small for the probe pair)"
-    whole = client.score_chunk([(ids, n)], probing=True)[0]
     start = len(ids) - n
-    client.echo_from = True
-    try:
-        choice = client.completions([ids], client.score_max_tokens, client.logprobs, True, 0, [start])[0]
-        values = id_prompt_values(choice, len(ids), client.leading, client.score_max_tokens, client.prompt_logprobs)
-    except (Refused, BlackBoxServerError) as e:
-        return False, f"not sent: the server refused it ({str(e)[:120]})"
-    finally:
-        client.echo_from = False
+
+    def from_start():
+        choice = client.completions([ids], client.score_max_tokens, logprobs, True, 0, [start], echo_from=True)[0]
+        return id_prompt_values(choice, len(ids), client.leading, client.score_max_tokens, client.prompt_logprobs)
+
+    whole, values = side_by_side(lambda: client.score_chunk([(ids, n)], probing=True, logprobs=logprobs)[0],
+                                 lambda: _or_failure(from_start))
+    if isinstance(values, Exception):
+        return False, f"not sent: the server refused it ({str(values)[:120]})"
     if any(v is not None for v in values[:start]):
         return False, "not sent: the server ignores it (every prompt token's log-prob is computed)"
     if any(v is None for v in values[start:]) or not np.allclose(values[start:], whole, atol=1e-4):
