@@ -320,11 +320,17 @@ def test_a_rerun_with_another_config_or_changed_files_says_so_and_keeps_the_earl
     (workdir / "predictions.jsonl").write_text('{"id": "q1"}\n')
     assert results_file.keep_earlier_run(str(workdir), config) is None
     assert results_file.keep_earlier_run(str(workdir), ml_collections.ConfigDict(dict(config, lm_cache=""))) is None
-    said = results_file.keep_earlier_run(str(workdir), ml_collections.ConfigDict(dict(config, k=8)))
+    k8 = ml_collections.ConfigDict(dict(config, k=8))
+    said = results_file.keep_earlier_run(str(workdir), k8)
     assert said.startswith(f"{workdir} held the results of another run (k 4 -> 8)")
     assert (workdir / "history" / "results-r1.md").read_text() == "the earlier table"
     assert (workdir / "history" / "predictions-r1.jsonl").read_text() == '{"id": "q1"}\n'
     assert "history/results-r1.json" in said and "history/predictions-r1.jsonl" in said
+    results_file.save({"config": results_file.config_record(k8), "run_id": "r2"}, str(workdir))
+    assert json.load(open(workdir / "results.json"))["earlier_run"] == said  # the new run's results.json says it too
+    assert results_file.keep_earlier_run(str(workdir), k8) is None  # that run resumed: nothing to say or record
+    results_file.save({"config": results_file.config_record(k8), "run_id": "r3"}, str(workdir))
+    assert "earlier_run" not in json.load(open(workdir / "results.json"))
     corpus.write_text('{"text": "Velmora is a city."}\n')
     said = results_file.keep_earlier_run(str(workdir), config)
-    assert "(the content of --config.corpus)" in said
+    assert "k 8 -> 4; the content of --config.corpus)" in said

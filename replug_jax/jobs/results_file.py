@@ -143,6 +143,8 @@ def save(results: dict, workdir: str) -> str:
 
     results.setdefault("run_id", new_run_id())
     results.setdefault("software", software())
+    if _EARLIER_RUN.get(os.path.abspath(workdir)):  # the run this one wrote over, as it was said (keep_earlier_run)
+        results.setdefault("earlier_run", _EARLIER_RUN[os.path.abspath(workdir)])
     results.setdefault("inputs", input_fingerprints(results.get("config") or {}))
     text = json.dumps(results, indent=2, sort_keys=True, default=str)
     copy = os.path.join(workdir, HISTORY, f"results-{results['run_id']}.json")
@@ -190,11 +192,19 @@ def _fingerprint(path: str) -> str:
 EARLIER_FILES = ("results.md", "predictions.jsonl", "windows.jsonl")  # a run's files besides results.json
 
 
+_EARLIER_RUN: dict[str, str | None] = {}  # workdir (absolute) -> what keep_earlier_run said before this process's run
+
+
 def keep_earlier_run(workdir: str, config) -> str | None:
     """Before a run writes: where `workdir` holds the results of a run of another config or other input files, its
     results.md, predictions.jsonl and windows.jsonl are copied under history/ beside its results.json copy (named by
     its run_id) and a warning says what differs and where they are; None where the workdir holds none, or the same
-    run (which a rerun resumes)."""
+    run (which a rerun resumes). The warning is also this run's results.json `earlier_run` (`save`)."""
+    said = _EARLIER_RUN[os.path.abspath(workdir)] = _keep_another_runs_files(workdir, config)
+    return said
+
+
+def _keep_another_runs_files(workdir: str, config) -> str | None:
     import shutil
 
     path = os.path.join(workdir, "results.json")
