@@ -462,6 +462,17 @@ def test_the_probe_sends_requests_that_wait_on_no_answer_side_by_side(tiny, tiny
     assert_close(remote.score([c for c, _ in PAIRS], [y for _, y in PAIRS]), local_scores(lm, PAIRS))
 
 
+def test_a_server_answering_429_to_the_probes_requests_at_once_is_waited_out(tiny, tiny_server):
+    """A server that takes one request at a time answers the others 429 (Retry-After: 1): the probe's one-try
+    requests wait it out instead of reading it as a feature refused, and find what one at a time finds."""
+    with BackgroundServer(tiny[1], max_concurrent=1) as one_at_a_time:
+        remote = HTTPLM(one_at_a_time.url, tokenizer=tiny[1].tokenizer)
+    direct = HTTPLM(tiny_server.url, tokenizer=tiny[1].tokenizer)
+    assert remote.stats()["retries"] > 0  # it was told to wait
+    assert {k: v for k, v in remote.stats().items() if k not in ("requests", "retries")} == \
+        {k: v for k, v in direct.stats().items() if k not in ("requests", "retries")}
+
+
 def test_scoring_asks_logprobs_0_where_the_server_allows_it(tiny, tiny_server, proxy):
     """Echoed log-probs need no alternatives: logprobs=0 where the server answers it with the same numbers (our
     server then computes no top-k per echoed token), 1 where it does not, as given when given; the same scores."""

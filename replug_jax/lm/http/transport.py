@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import itertools
 import json
 import os
 import random
@@ -102,10 +103,12 @@ class Transport:
 
     def post(self, url: str, body: dict | None, optional: bool = False, retries: int | None = None) -> dict:
         """JSON request with retries. optional: a 4xx raises `Refused` and is not counted as a failure; with
-        `retries=0` too, so does any failed attempt (a probe of a feature the server may break on: one try)."""
+        `retries=0` too, so does any failed attempt (a probe of a feature the server may break on: one try). A 429
+        (too many requests at once, as the probe's side-by-side requests may get) says nothing of a feature: it is
+        waited out, as Retry-After says, up to `max_retries` times even there."""
         data = None if body is None else json.dumps(body).encode()
         retries = self.max_retries if retries is None else retries
-        for attempt in range(retries + 1):
+        for attempt in itertools.count():  # up to `retries` retries (a 429 raises them to max_retries)
             self.count("requests")
             retry_after = None
             try:
@@ -126,14 +129,17 @@ class Transport:
                     self.count("failures")
                     raise BlackBoxServerError(self.redact(f"{url}: HTTP {e.code} (not retried): {detail}")) from None
                 what, retry_after = f"HTTP {e.code}: {detail}", retry_after_seconds(e.headers.get("Retry-After"))
+                if e.code == 429:
+                    retries = max(retries, self.max_retries)
             except (TimeoutError, urllib.error.URLError, http.client.HTTPException, ConnectionError, OSError) as e:
                 reason = getattr(e, "reason", e)
                 what = (f"timed out after {self.timeout}s" if isinstance(reason, TimeoutError)
                         else f"{type(e).__name__}: {reason}")
-            if attempt == retries:
+            if attempt >= retries:
                 break
             self.count("retries")
-            delay = retry_after if retry_after is not None else self.backoff * 2**attempt * (1 + 0.1 * random.random())
+            delay = (retry_after * (1 + 0.5 * random.random()) if retry_after is not None  # jitter: requests told
+                     else self.backoff * 2**attempt * (1 + 0.1 * random.random()))  # to wait together part again
             time.sleep(min(delay, MAX_DELAY))
         if optional and retries == 0:
             raise Refused(self.redact(what))
