@@ -450,7 +450,7 @@ def test_max_tokens_zero_fallback(proxy, tiny, mode):
 
 def test_the_probe_sends_requests_that_wait_on_no_answer_side_by_side(tiny, tiny_server, proxy):
     """Each request costs a server far away a round trip: the probe's independent requests go out together (the
-    top log-probs, max_tokens and next-token requests; then how to ask for scores and generations: 7 at once) and
+    top log-probs, max_tokens and next-token requests; then how to ask for scores and generations: 9 at once) and
     find what one request at a time finds."""
     lm = tiny[1]
     proxy.mode = "slow"

@@ -162,7 +162,6 @@ def test_a_worker_keeps_its_compiled_programs_for_the_next_module_until_its_memo
     assert traces == {None: 1, "0": 2}
 
 
-
 def test_the_torch_reference_is_read_back_from_the_saved_copy(tmp_path, monkeypatch):
     """Once transformers' load of a GGUF (the PyTorch reference) is saved, later processes read the copy, never the
     GGUF: here the copy is a tiny model of its own beside bytes that are no GGUF at all, and it is what loads.

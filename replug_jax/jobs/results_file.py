@@ -143,8 +143,9 @@ def save(results: dict, workdir: str) -> str:
 
     results.setdefault("run_id", new_run_id())
     results.setdefault("software", software())
-    if _EARLIER_RUN.get(os.path.abspath(workdir)):  # the run this one wrote over, as it was said (keep_earlier_run)
-        results.setdefault("earlier_run", _EARLIER_RUN[os.path.abspath(workdir)])
+    earlier = _EARLIER_RUN.get(os.path.abspath(workdir))  # the run this one wrote over, as said (keep_earlier_run)
+    if earlier:
+        results.setdefault("earlier_run", earlier)
     results.setdefault("inputs", input_fingerprints(results.get("config") or {}))
     text = json.dumps(results, indent=2, sort_keys=True, default=str)
     copy = os.path.join(workdir, HISTORY, f"results-{results['run_id']}.json")
