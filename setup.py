@@ -32,7 +32,13 @@ HARNESS_REQUIRES = [
     "lm-eval==0.4.13",  # REPLUG inside lm-evaluation-harness (replug_jax/harness/, docs/harness.md); no torch needed
 ]
 
-TEST_REQUIRES = HARNESS_REQUIRES + [  # the harness's tests run in the core suite, against lm-eval's own hf backend
+PLAN_REQUIRES = [  # the TPU compiler of `python -m replug_jax.plan` (docs/tpu.md), pinned as jax[tpu] pins it
+    "libtpu==0.0.42.*; python_version < '3.12'",  # jax 0.10.2's
+    "libtpu==0.0.50.*; python_version >= '3.12'",  # jax 0.12.0's
+]
+
+# the harness's tests run in the core suite, against lm-eval's own hf backend; the plan's, with libtpu
+TEST_REQUIRES = HARNESS_REQUIRES + PLAN_REQUIRES + [
     "pytest>=8,<10",
     "pytest-xdist>=3.6,<4",  # `make test` runs the suite in 2 worker processes
     "import-linter==2.16",  # the import contract (.importlinter), checked by tests/test_architecture.py
@@ -53,5 +59,5 @@ setup(
     packages=find_packages(include=["replug_jax", "replug_jax.*"]),
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"harness": HARNESS_REQUIRES, "test": TEST_REQUIRES},
+    extras_require={"harness": HARNESS_REQUIRES, "plan": PLAN_REQUIRES, "test": TEST_REQUIRES},
 )

@@ -14,8 +14,12 @@ import JAX.
 """
 import importlib
 
-from replug_jax.base import progress  # noqa: F401 (first: a notebook without ipywidgets gets text bars, unwarned)
-from replug_jax.base.version import VERSION as __version__  # noqa: F401
+from replug_jax.base import platforms
+
+platforms.settle()  # before any module here imports JAX: no TPU runtime started on a machine without TPUs
+# before any bar: a notebook without ipywidgets gets text bars, unwarned
+from replug_jax.base import progress  # noqa: E402,F401
+from replug_jax.base.version import VERSION as __version__  # noqa: E402,F401
 
 _EXPORTS = {
     "load_encoder": "replug_jax.loading",

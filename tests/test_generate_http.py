@@ -114,3 +114,34 @@ def test_an_over_long_prompt_is_cut_the_same_way_on_both_backends(smollm2):
     full = smollm2.generate([[small.tokenizer.decode(kept)]], [[0.0]], max_new_tokens=6, stop=("\n",),
                             shared_prefix=prefix)[0]
     np.testing.assert_allclose(full.logprobs[:1], local.logprobs[:1], atol=1e-3)
+
+
+CHAT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+        "<|im_start|>assistant\n")  # SmolLM2-Instruct's chat format: its answer ends with its end token, <|im_end|>
+
+
+@pytest.mark.parametrize("path", ["local_tokenizer", "server_tokenize", "server_tokenize_ids_unannounced"])
+def test_a_generation_the_model_ends_stops_at_its_end_token_on_every_http_path(smollm2, path):
+    """An answer the LM ends itself ends there, without the end token's text, on every path (issue 85): with the
+    local tokenizer (its eos_id), with the server's /tokenize (the end token from its /models card), and against a
+    server that names no end token and tokenizes to ids only (vLLM's form: learned from a completion the server
+    ended itself, its text leaving the last token out). The mixture comes first on a fresh client, so nothing
+    learned from one pass helps it."""
+    question = "Name the capital of France in one word."
+    contexts = [[CHAT.format(question), "Knowledge: Paris is the capital of France.\n" + CHAT.format(question)]]
+    weights = [np.log([0.6, 0.4])]
+    one = [[CHAT.format("What colour is the sky? One word.")]]
+    local_mixed = smollm2.generate(contexts, weights, max_new_tokens=24, stop=())[0]
+    local_one = smollm2.generate(one, [[0.0]], max_new_tokens=24, stop=())[0]
+    eos = smollm2.tokenizer.eos_id
+    assert local_mixed.token_ids[-1] == eos and local_one.token_ids[-1] == eos, (local_mixed, local_one)
+    options = {"server_tokenize_ids_unannounced": dict(with_pieces=False, announce_end_tokens=False)}.get(path, {})
+    with BackgroundServer(smollm2, **options) as server:
+        client = HTTPLM(server.url, tokenizer=smollm2.tokenizer if path == "local_tokenizer" else None)
+        mixed = client.generate(contexts, weights, max_new_tokens=24, stop=())[0]
+        single = client.generate(one, [[0.0]], max_new_tokens=24, stop=())[0]
+    learned = client.stats()["end_tokens_learned"]
+    assert learned == (path == "server_tokenize_ids_unannounced") and client.end_ids == {eos}, client.stats()
+    for got, local in ((mixed, local_mixed), (single, local_one)):
+        assert got.text == local.text and "<|im_end|>" not in got.text, (got.text, local.text)
+        assert got.token_ids == local.token_ids and got.finish_reason == local.finish_reason == "stop"

@@ -30,6 +30,9 @@ Cells (W: every weighting; P: local, http, http_server):
                   `REPLUG.answer` equals the QA job's prediction (local)
   lm-eval harness the `replug` model's loglikelihood, is_greedy and generate_until (replug, α 1 re-ranked) × P;
                   its log-likelihoods are `REPLUG.score_many`'s with the instance's question as the query
+  end of sequence an answer the LM ends at its end token, × {local, http, http_server, http_ids with no end token
+                  named}, mixed and one pass: tests/test_generate_http.py (SmolLM2's chat answers end there; this
+                  matrix's tiny GPT-2 never emits its end token)
   alone / listed  each method alone equals the same method beside the others (LM evaluation, QA);
                   a k sweep never changes the posterior (rerank_depth 0 means k)
   α 0             equals REPLUG bit for bit where the passes are shared (LM evaluation), to 1e-6 elsewhere

@@ -61,6 +61,7 @@ def get_config():
     c.lm_batch_size = 4
     c.lm_max_length = 0
     c.lm_model_parallel = 1
+    c.lm_generation_questions = 8  # decoded together; python -m replug_jax.plan says what fits a TPU's memory
     c.encoder_batch_size = 32
     c.seed = 0
     c.answer_nll = True  # "vote" mixes sequences, so has none

@@ -247,6 +247,8 @@ SETTINGS: dict[str, Setting] = {
     "lm_batch_size": _s(Whole(1), "sequences per LM forward pass"),
     "lm_max_length": _s(Whole(0), "LM window in tokens (0: the LM's own)"),
     "lm_model_parallel": _s(Whole(1), "devices holding one copy of the LM's weights between them"),
+    "lm_generation_questions": _s(Whole(1), "questions a local LM decodes at once (their passes' caches on the "
+                                            "devices together: python -m replug_jax.plan says what fits a TPU)"),
     "encoder_batch_size": _s(Whole(1), "texts per encoder forward pass"),
     "seed": _s(Whole(0), "seed of every random choice (data split, random passages, shuffling)"),
     "multihost": _s(Flag(), "TPU VM hosts: jax.distributed.initialize() finds the others"),

@@ -192,14 +192,19 @@ def _check_http_client_keys(config) -> None:
                              f"--config.lm={config.lm!r} runs here: leave {key} at {default}")
 
 
+# (default, what it does): the defaults of LocalLM (GENERATION_QUESTIONS), not imported here (it loads JAX)
+LOCAL_LM_KEYS = {"lm_model_parallel": (1, "splits a local LM over devices"),
+                 "lm_generation_questions": (8, "sets how many questions a local LM decodes at once")}
+
+
 def _check_lm_model_parallel(config) -> None:
-    """lm_model_parallel splits a local LM over devices: with a server URL as the LM it would be ignored, so it is
-    refused."""
-    parts = config.get("lm_model_parallel", 1)
-    if parts != 1 and config.lm.startswith(("http://", "https://")):
-        raise InputError(f"--config.lm_model_parallel={parts!r} splits a local LM over devices; --config.lm="
-                         f"{config.lm!r} is a server, which runs on the devices it was started with: leave "
-                         "lm_model_parallel at 1")
+    """lm_model_parallel and lm_generation_questions set a local LM: with a server URL as the LM they would be
+    ignored, so they are refused."""
+    for key, (default, what) in LOCAL_LM_KEYS.items():
+        value = config.get(key, default)
+        if value != default and config.lm.startswith(("http://", "https://")):
+            raise InputError(f"--config.{key}={value!r} {what}; --config.lm={config.lm!r} is a server, which runs "
+                             f"on the devices it was started with: leave {key} at {default}")
 
 
 def _check_lsr_target(config) -> None:

@@ -121,6 +121,8 @@ def load_job_lm(config, dtype):
                        **options)  # the server's own precision: `input_checks.precision_a_server_ignores` says so
     options = {"mesh": sharding.job_lm_mesh(config.get("lm_model_parallel", 1)),
                "param_dtype": precision.weights_option(config.get("param_dtype"))}
+    if config.get("lm_generation_questions"):
+        options["generation_questions"] = config.lm_generation_questions
     return load_lm(config.lm, batch_size=config.lm_batch_size, max_length=config.lm_max_length or None,
                    dtype=dtype, **options)
 

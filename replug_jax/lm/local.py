@@ -38,6 +38,20 @@ CONTINUATION_MULTIPLE = 32  # scored positions per row are padded to a multiple 
 LENGTH_STEPS_PER_OCTAVE = 8
 
 
+GENERATION_QUESTIONS = 8  # questions one generate call decodes together, by default
+SCORING_INPUTS = 4  # ids, mask, target positions, predict-from positions: [b, L], [b, L], [b, T], [b, T]
+
+
+def _scored_logprobs(params, ids, mask, target_positions, predict_from, *, config, dtype):
+    return causal_lm.logprobs_at(params, config, ids, mask, target_positions, predict_from, dtype=dtype)
+
+
+def scoring_function(config: causal_lm.CausalLMConfig, dtype):
+    """`fn(params, ids, mask, targets, predict_from) -> [b, T]` log-probs: the program `score` runs per length bucket
+    (`sharding.batch_program` jits it; the TPU plan compiles the same)."""
+    return functools.partial(_scored_logprobs, config=config, dtype=dtype)
+
+
 class LocalLM:
     """A causal LM in JAX behind `score(contexts, continuations)`."""
 
@@ -46,11 +60,16 @@ class LocalLM:
     def __init__(self, config: causal_lm.CausalLMConfig, params, tokenizer: TextTokenizer, *, name: str = "lm",
                  max_length: int | None = None, batch_size: int = 4, length_multiple: int = 32,
                  dtype=None, param_dtype=None, mesh=None, model_parallel: int = 1,
-                 min_shared_prefix: int = shared_prefix.MIN_SHARED_PREFIX):
+                 min_shared_prefix: int = shared_prefix.MIN_SHARED_PREFIX,
+                 generation_questions: int = GENERATION_QUESTIONS):
         """`dtype`: compute dtype (None: bf16 on accelerators, fp32 on CPU, `models/precision.py`); `param_dtype`:
         the weights' (None: `dtype`). `mesh` (default: `sharding.lm_mesh(model_parallel)` over this process's
         devices): batches split over its "data" axis, weights over its "model" axis by models/partition.py.
-        `min_shared_prefix`: rows of one call sharing this many leading tokens compute them once (0: never)."""
+        `min_shared_prefix`: rows of one call sharing this many leading tokens compute them once (0: never).
+        `generation_questions`: the most questions one `generate` call decodes together (their passes' key/value
+        caches are on the devices at once: `python -m replug_jax.plan` says how many fit a TPU)."""
+        if generation_questions < 1:
+            raise ValueError(f"generation_questions must be at least 1, got {generation_questions}")
         self.config, self.tokenizer, self.name = config, tokenizer, name
         self.max_length = min(max_length or config.max_position, config.max_position)
         params = precision.cast_floating(params, precision.weight_dtype(dtype, param_dtype))
@@ -60,17 +79,14 @@ class LocalLM:
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
         mesh = mesh or sharding.lm_mesh(model_parallel)
         batch_size = sharding.round_up(batch_size, sharding.data_size(mesh))
-        fn = functools.partial(self._logprob_fn, config=config, dtype=dtype)
-        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh, num_inputs=4,
+        self._batch_fn = sharding.ShardedBatchFn(scoring_function(config, dtype), params, batch_size, mesh,
+                                                 num_inputs=SCORING_INPUTS,
                                                  param_shardings=partition.param_shardings(params, mesh, config),
                                                  compiler_options=xla_cpu.options(xla_cpu.LM_SCORING, mesh))
         self._generator = None
+        self.generation_questions = generation_questions
         self.min_shared_prefix = min_shared_prefix
         self._prefix_scorer = None
-
-    @staticmethod
-    def _logprob_fn(params, ids, mask, target_positions, predict_from, *, config, dtype):
-        return causal_lm.logprobs_at(params, config, ids, mask, target_positions, predict_from, dtype=dtype)
 
     @property
     def params(self):
@@ -111,7 +127,7 @@ class LocalLM:
         if self._generator is None:
             from replug_jax.lm.local_generate import LocalGenerator
 
-            self._generator = LocalGenerator(self)
+            self._generator = LocalGenerator(self, self.generation_questions)
         return self._generator.generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
                                         shared_prefix=shared_prefix, progress=progress, posterior=posterior,
                                         on_answer=on_answer)

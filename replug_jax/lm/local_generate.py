@@ -40,6 +40,26 @@ NEW_TOKEN_MULTIPLE = 16  # max_new_tokens is padded to a multiple of this (the l
 CONTEXT_MULTIPLE = 16  # each pass's own tokens are padded to a multiple of this (the prefix: LocalLM's multiple)
 
 
+def steps_bucket(max_new_tokens: int) -> int:
+    """Decoding steps of a call's program: max_new_tokens padded (the loop stops at the real limit)."""
+    return sharding.round_up(max_new_tokens, NEW_TOKEN_MULTIPLE)
+
+
+def prefix_bucket(tokens: int, length_multiple: int) -> int:
+    """Padded length of the shared prefix's one row."""
+    return sharding.round_up(max(tokens, 1), length_multiple)
+
+
+def context_bucket(longest: int, max_length: int) -> int:
+    """Padded length of the passes' own tokens (the longest pass of the call)."""
+    return sharding.length_bucket(longest, CONTEXT_MULTIPLE, max_length)
+
+
+def query_bucket(longest: int) -> int:
+    """Query positions scored per pass for the posterior (0: none)."""
+    return sharding.round_up(longest, CONTEXT_MULTIPLE) if longest else 0
+
+
 def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, *, steps: int, dtype):
     """Greedy decoding of the λ-mixture (models/decoding.py), from rows whose next-token `logits` [B·K, V] are given.
 
@@ -48,16 +68,29 @@ def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit,
     included)."""
     b, k = log_weights.shape
     valid = log_weights > -jnp.inf  # [B, K]
-
-    def mixed(logits):  # [B·K, V] -> [B, V]
-        per_pass = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, -1)
-        return mixture.mixed_logprobs_jax(per_pass, log_weights, valid, 1.0)
-
     limits = jnp.full((b,), limit, jnp.int32)
     tokens, lps, counts, _ = decoding.greedy_decode(params, config, cache, logits, stop_mask, limits,
                                                     ~jnp.any(valid, axis=-1), steps=steps, dtype=dtype,
-                                                    next_logprobs=mixed, rows=k)
+                                                    next_logprobs=functools.partial(mixed_next_logprobs,
+                                                                                    log_weights=log_weights), rows=k)
     return tokens, lps, counts
+
+
+def mixed_next_logprobs(logits, log_weights):
+    """The λ-mixture of each question's K passes: next-token logits [B·K, V], log λ [B, K] (-inf: no pass) ->
+    log-probs [B, V]."""
+    b, k = log_weights.shape
+    per_pass = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, -1)
+    return mixture.mixed_logprobs_jax(per_pass, log_weights, log_weights > -jnp.inf, 1.0)
+
+
+def decode_step(params, cache, logits, log_weights, *, config, dtype):
+    """One step of `mixture_decode`'s loop for every question: the mixture's argmax appended to each of its passes
+    -> (next-token logits [B·K, V], the cache). The loop body's work, compiled alone by the TPU plan (XLA's cost
+    analysis counts a loop's body once, whatever its trip count: replug_jax/plan/costs.py)."""
+    token = jnp.argmax(mixed_next_logprobs(logits, log_weights), axis=-1).astype(jnp.int32)  # [B]
+    return decoding.append_tokens(params, config, cache, token, jnp.ones_like(token, bool), log_weights.shape[1],
+                                  dtype)
 
 
 def split_rows(cache: dict, config, mesh) -> dict:
@@ -78,11 +111,11 @@ def gather_kept_rows(cache: dict, logits, log_weights, keep: int, config, mesh):
     return split_rows(cache, config, mesh), logits[rows], jnp.take_along_axis(log_weights, top, axis=1)
 
 
-def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets, alpha, stop_mask, limit, *, config,
-         dtype, slots, steps, mesh, keep):
+def prefill(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets, alpha, *, config, dtype, slots,
+            mesh, keep):
     """Prefix once, copied to every row; each row's own tokens (scoring the query's, `query_targets` [B·K, T], for
-    the posterior weights when T > 0); then `mixture_decode`. -> (tokens, log-probs, counts, log λ [B, K],
-    log p(x | prefix, d) [B, K])."""
+    the posterior weights when T > 0), the `keep` best passes kept -> (cache, next-token logits [B·keep, V],
+    log λ [B, K], the decoding's log λ [B, keep], log p(x | prefix, d) [B, K])."""
     cache = kv_cache.init_cache(config, 1, slots, dtype)
     _, cache = kv_cache.extend(params, config, cache, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
     cache = split_rows(kv_cache.repeat_cache(cache, ids.shape[0]), config, mesh)
@@ -94,14 +127,32 @@ def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets,
         log_weights = decode_weights = posterior_module.prefill_log_weights(log_weights, query_ll, alpha, keep)
         if keep < log_weights.shape[1]:  # re-ranked: only the kept passes decode
             cache, logits, decode_weights = gather_kept_rows(cache, logits, log_weights, keep, config, mesh)
+    return cache, logits, log_weights, decode_weights, query_ll
+
+
+def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets, alpha, stop_mask, limit, *, config,
+         dtype, slots, steps, mesh, keep):
+    """`prefill`, then `mixture_decode` -> (tokens, log-probs, counts, log λ [B, K], log p(x | prefix, d) [B, K])."""
+    cache, logits, log_weights, decode_weights, query_ll = prefill(
+        params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets, alpha, config=config, dtype=dtype,
+        slots=slots, mesh=mesh, keep=keep)
     out = mixture_decode(params, config, cache, logits, decode_weights, stop_mask, limit, steps=steps, dtype=dtype)
     return (*out, log_weights, query_ll)
+
+
+def generation_program(config, dtype, mesh, slots: int, steps: int, keep: int):
+    """The jitted `_run` for one bucket (cache slots, decoding steps, passes kept), as `LocalGenerator` runs it: on a
+    mesh spanning processes every process decodes the same questions in lockstep and gets every row back (the rows
+    are split over "data", which may span the processes), replicated. Also what the TPU plan compiles."""
+    out = sharding.replicated(mesh) if sharding.spans_processes(mesh) else None
+    return jax.jit(functools.partial(_run, config=config, dtype=dtype, slots=slots, steps=steps, mesh=mesh,
+                                     keep=keep), out_shardings=out)
 
 
 class LocalGenerator:
     """`generate` for a LocalLM: tokenises by the contract's rule, buckets, runs `_run`, decodes to text."""
 
-    def __init__(self, lm, questions_per_batch: int = 8):
+    def __init__(self, lm, questions_per_batch: int):
         self.lm = lm
         self.questions_per_batch = sharding.round_up(questions_per_batch, sharding.data_size(lm.mesh))
         self._stop_mask = StopMasks(lm.tokenizer, lm.config.vocab_size)
@@ -119,8 +170,8 @@ class LocalGenerator:
         rows = [[ids for _, ids in q] for q in passes]
         query_lengths = self._query_lengths(contexts, rows, posterior)  # [B][K] tokens of x per pass (0: none)
         stop_mask = self._stop_mask(tuple(stop))
-        steps = sharding.round_up(max_new_tokens, NEW_TOKEN_MULTIPLE)
-        p_len = sharding.round_up(max(len(prefix), 1), lm.length_multiple)
+        steps = steps_bucket(max_new_tokens)
+        p_len = prefix_bucket(len(prefix), lm.length_multiple)
         prefix_ids, prefix_mask = sharding.pad_rows([prefix], p_len, lm.pad_id, 1)
         order = np.argsort([max(len(r) for r in q) for q in rows], kind="stable")
         out: list[Generation | None] = [None] * len(rows)
@@ -170,14 +221,14 @@ class LocalGenerator:
     def _batch(self, rows, weights, query_lengths, prefix_ids, prefix_mask, stop_mask, limit, steps, n, alpha, keep):
         lm = self.lm
         b, k = len(rows), weights.shape[1]
-        width = sharding.length_bucket(max(len(r) for q in rows for r in q), CONTEXT_MULTIPLE, lm.max_length)
+        width = context_bucket(max(len(r) for q in rows for r in q), lm.max_length)
         # missing passes and filler questions: one pad token, weight 0 (-inf), never read by the mixture
         flat = [r for q in rows for r in q + [[lm.pad_id]] * (k - len(q))] + [[lm.pad_id]] * ((n - b) * k)
         ids, mask = sharding.pad_rows(flat, width, lm.pad_id, n * k)  # [n·K, width]
         # [n·K, T]: where each pass's query tokens sit (the last of its row; right-padded), zeros past them
         lengths = [x for q, ql in zip(rows, query_lengths) for x in ql + [0] * (k - len(q))]
         t = max(lengths, default=0)
-        targets = np.zeros((n * k, sharding.round_up(t, CONTEXT_MULTIPLE) if t else 0), np.int32)
+        targets = np.zeros((n * k, query_bucket(t)), np.int32)
         for row, (r, x) in enumerate(zip(flat, lengths)):
             targets[row, :x] = np.arange(len(r) - x, len(r))
         w = np.full((n, k), -np.inf, np.float32)
@@ -192,12 +243,7 @@ class LocalGenerator:
     def _function(self, slots: int, steps: int, keep: int):
         key = (slots, steps, keep)
         if key not in self._jitted:
-            lm = self.lm
-            # a mesh spanning processes: every process decodes the same questions in lockstep and gets every row
-            # back (the rows are split over "data", which may span the processes), replicated
-            out = sharding.replicated(lm.mesh) if sharding.spans_processes(lm.mesh) else None
-            self._jitted[key] = jax.jit(functools.partial(_run, config=lm.config, dtype=lm.dtype, slots=slots,
-                                                          steps=steps, mesh=lm.mesh, keep=keep), out_shardings=out)
+            self._jitted[key] = generation_program(self.lm.config, self.lm.dtype, self.lm.mesh, slots, steps, keep)
         return self._jitted[key]
 
     def _to_generation(self, tokens, lps, stop, max_new_tokens) -> Generation:

@@ -77,18 +77,24 @@ def _score_after(params, prefix, ids, mask, targets, predict, *, config, dtype, 
     return causal_lm.logprobs_at(params, config, ids, mask, targets, predict, dtype=dtype, cache=cache)
 
 
+def prefix_programs(config, dtype, mesh):
+    """(prefix cache program, after-prefix scoring program), jitted as `PrefixScorer` runs them (the TPU plan
+    compiles the same): the prefix [1, P] -> its cache; (cache, ids, mask, targets, predict_from) [b, ...] ->
+    log-probs [b, T], split over "data" (replicated back on a mesh spanning processes)."""
+    out = sharding.replicated(mesh) if sharding.spans_processes(mesh) else sharding.batch_sharding(mesh)
+    options = xla_cpu.options(xla_cpu.LM_SCORING, mesh)
+    prefix = jax.jit(functools.partial(_prefix_cache, config=config, dtype=dtype), compiler_options=options)
+    score = jax.jit(functools.partial(_score_after, config=config, dtype=dtype, mesh=mesh), out_shardings=out,
+                    compiler_options=options)
+    return prefix, score
+
+
 class PrefixScorer:
     """Scores rows after a shared prefix for a `LocalLM` (its params, mesh, batch size and buckets)."""
 
     def __init__(self, lm):
         self.lm = lm
-        spans = sharding.spans_processes(lm.mesh)
-        out = sharding.replicated(lm.mesh) if spans else sharding.batch_sharding(lm.mesh)
-        options = xla_cpu.options(xla_cpu.LM_SCORING, lm.mesh)
-        self._prefix = jax.jit(functools.partial(_prefix_cache, config=lm.config, dtype=lm.dtype),
-                               compiler_options=options)
-        self._score = jax.jit(functools.partial(_score_after, config=lm.config, dtype=lm.dtype, mesh=lm.mesh),
-                              out_shardings=out, compiler_options=options)
+        self._prefix, self._score = prefix_programs(lm.config, lm.dtype, lm.mesh)
 
     def score(self, prefix: list[int], suffixes: list, per_octave: int, progress: bool = False):
         """Yield (suffix indices, log-probs [b, T]) for `suffixes` = [(ids, targets, predict_from)] whose

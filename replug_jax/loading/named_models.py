@@ -40,7 +40,8 @@ def load_encoder(name: str = "minilm", *, normalize: bool = True, max_length: in
 
 
 def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size: int = 4, dtype=None,
-            param_dtype=None, revision: str | None = None, mesh=None, model_parallel: int = 1, **http_options):
+            param_dtype=None, revision: str | None = None, mesh=None, model_parallel: int = 1,
+            generation_questions: int | None = None, **http_options):
     """A causal LM behind the black-box `score(contexts, continuations)` contract.
 
     An http(s) URL gives an `HTTPLM` for that OpenAI-compatible server; `http_options` (e.g.
@@ -48,11 +49,13 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
     server's window, when /models does not say it); a precision or a mesh is refused there (the server computes
     in its own: `python -m replug_jax.serve --dtype`), batch_size ignored. A local model's weights are split over
     `model_parallel` devices (the "model" axis of `sharding.lm_mesh`; models/partition.py says how), batches over
-    the rest; dtype / param_dtype as for `load_encoder`."""
+    the rest; dtype / param_dtype as for `load_encoder`; `generation_questions`: LocalLM's (the questions one
+    generate call decodes together)."""
     if name.startswith(("http://", "https://")):
         local = {"dtype": precision.weights_option(dtype) is not None,  # None / "auto": the server's own
                  "param_dtype": precision.weights_option(param_dtype) is not None,
-                 "mesh": mesh is not None, "model_parallel": model_parallel != 1}
+                 "mesh": mesh is not None, "model_parallel": model_parallel != 1,
+                 "generation_questions": generation_questions is not None}
         if any(local.values()):
             raise TypeError(f"{sorted(k for k, given in local.items() if given)}: options for a local model, but "
                             f"{name!r} is a server, which computes in the precision and on the devices it was "
@@ -70,8 +73,9 @@ def load_lm(name: str = "smollm2", *, max_length: int | None = None, batch_size:
         config, lazy = weights.lazy_causal_lm_dir(source.path)
         tok = tokenizer.from_hf_dir(source.path)
     params = streamed.place(lazy, partition.param_shardings(lazy, mesh, config), precision.weight_dtype(dtype, param_dtype))
+    more = {} if generation_questions is None else {"generation_questions": generation_questions}
     return LocalLM(config, params, tok, name=name, max_length=max_length, batch_size=batch_size, dtype=dtype,
-                   param_dtype=param_dtype, mesh=mesh)  # the mesh above: model_parallel is in it
+                   param_dtype=param_dtype, mesh=mesh, **more)  # the mesh above: model_parallel is in it
 
 
 def load_tokenizer(name: str, revision: str | None = None) -> tokenizer.TextTokenizer:

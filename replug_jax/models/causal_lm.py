@@ -9,6 +9,8 @@ left- or right-padded batch gives the same values as each sequence scored alone.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Any
 
@@ -19,6 +21,18 @@ import jax.numpy as jnp
 from replug_jax.models import layers, precision
 
 STACKED_LAYERS = "layers"  # the params key of the blocks' stacked weights: {"layers": {"q_proj": {"kernel": [L, D, HDh]}}}
+_UNROLLED = contextvars.ContextVar("layers_unrolled", default=False)
+
+
+@contextlib.contextmanager
+def layers_unrolled():
+    """Trace the block stack unrolled, one copy of the block per layer and no loop (the same numbers): for cost
+    models that count a loop's body once (XLA's `cost_analysis`: replug_jax/plan/costs.py)."""
+    token = _UNROLLED.set(True)
+    try:
+        yield
+    finally:
+        _UNROLLED.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +193,7 @@ class CausalLM(nn.Module):
         # time does not grow with depth; per layer, the cache's keys and values [B, S, Hkv, Dh] in and out
         blocks = nn.scan(GPT2Block if c.arch == "gpt2" else LlamaBlock, variable_axes={"params": 0},
                          split_rngs={"params": True}, in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
-                         length=c.num_layers)
+                         length=c.num_layers, unroll=c.num_layers if _UNROLLED.get() else 1)
         layer_caches = None if cache is None else (cache["k"], cache["v"])  # [layers, B, S, Hkv, Dh] each
         x, new_kv = blocks(c, self.dtype, name=STACKED_LAYERS)(x, layer_caches, bias, positions,
                                                                None if cache is None else cache["length"])

@@ -44,6 +44,13 @@ def decode_steps(params, config, cache, logits, stop_mask, limits, done, *, step
                         next_logprobs=row_logprobs, rows=1, top=top, extend_last=True)
 
 
+def append_tokens(params, config, cache, token, live, rows: int, dtype):
+    """Each sequence's chosen token [B] appended to its `rows` rows of the cache ([B·rows, 1]; a sequence not `live`
+    [B] appends nothing: mask 0) -> (next-token logits [B·rows, V], the cache): a decoding step's forward pass."""
+    ids = jnp.repeat(token, rows)[:, None]
+    return kv_cache.extend(params, config, cache, ids, jnp.repeat(live, rows)[:, None].astype(jnp.int32), dtype)
+
+
 def _decode_loop(params, config, cache, logits, stop_mask, limits, done, *, steps, dtype, next_logprobs, rows, top,
                  extend_last):
     b = limits.shape[0]
@@ -63,9 +70,8 @@ def _decode_loop(params, config, cache, logits, stop_mask, limits, done, *, step
         counts = counts + (~done).astype(jnp.int32)
         done = done | jnp.take_along_axis(stops, token[:, None], axis=-1)[:, 0] | (counts >= limits)
 
-        def extend(cache):  # the chosen token goes to every row of its sequence: [B·rows, 1]; a finished
-            ids = jnp.repeat(token, rows)[:, None]  # sequence's rows take nothing (mask 0)
-            return kv_cache.extend(params, config, cache, ids, jnp.repeat(~done, rows)[:, None].astype(jnp.int32), dtype)
+        def extend(cache):
+            return append_tokens(params, config, cache, token, ~done, rows, dtype)
 
         last = jnp.all(done) if extend_last else jnp.all(done) | (step + 1 >= steps)
         logits, cache = jax.lax.cond(last, lambda c: (logits, c), extend, cache)

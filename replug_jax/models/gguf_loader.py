@@ -76,6 +76,12 @@ def config_from_metadata(meta: dict, tensor_shapes: dict[str, tuple[int, ...]]) 
     )
 
 
+def config_of_file(path: str) -> CausalLMConfig:
+    """The model config of a GGUF file, from its metadata and tensor shapes alone (no tensor is read)."""
+    reader = read_gguf(path)
+    return config_from_metadata(metadata(reader), {t.name: _hf_shape(t) for t in reader.tensors})
+
+
 def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row permutation: w [out, in] -> Hugging Face row order."""
     return w.reshape(num_heads, w.shape[0] // num_heads // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)

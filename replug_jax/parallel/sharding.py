@@ -159,6 +159,17 @@ def local_copy(x):
     return x
 
 
+def batch_program(fn: Callable, mesh: Mesh, param_shardings, num_inputs: int, compiler_options: dict | None = None):
+    """`jax.jit(fn)` as `ShardedBatchFn` runs it: parameters placed by `param_shardings`, the `num_inputs` batch
+    arrays split over "data", the output too; on a mesh spanning several processes (an LM split over hosts) every
+    process calls with the same batch (lockstep) and gets the whole result back, replicated. Also what the TPU plan
+    compiles (replug_jax/plan/)."""
+    batch = batch_sharding(mesh)
+    out = batch if batch.is_fully_addressable else replicated(mesh)
+    return jax.jit(fn, in_shardings=(param_shardings,) + (batch,) * num_inputs, out_shardings=out,
+                   compiler_options=compiler_options)
+
+
 class ShardedBatchFn:
     """`fn(params, *batch_arrays) -> batch_array` jitted once per input shape, batch over the "data" axis.
 
@@ -178,12 +189,7 @@ class ShardedBatchFn:
         self.param_shardings = param_shardings if param_shardings is not None else replicated(self.mesh)
         self.params = jax.device_put(params, self.param_shardings)
         self._batch = batch_sharding(self.mesh)
-        # a mesh spanning several processes (an LM split over hosts): every process calls with the same batch
-        # (lockstep) and gets the whole result back, replicated
-        self._spans_processes = not self._batch.is_fully_addressable
-        out = replicated(self.mesh) if self._spans_processes else self._batch
-        self.jitted = jax.jit(fn, in_shardings=(self.param_shardings,) + (self._batch,) * num_inputs,
-                              out_shardings=out, compiler_options=compiler_options)
+        self.jitted = batch_program(fn, self.mesh, self.param_shardings, num_inputs, compiler_options)
 
     def __call__(self, *arrays: np.ndarray, params=None, padded_rows: int | None = None) -> np.ndarray:
         """fn(params, *arrays) for arrays with `rows <= batch_size` leading rows: [rows, ...] numpy.

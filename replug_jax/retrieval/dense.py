@@ -24,6 +24,28 @@ TOKENS_PER_CALL = 512  # padded tokens a CPU call aims at: benchmarks/README.md,
 SHORTEST_BUCKET = 32  # texts of up to 32 tokens (questions) share one bucket: one call embeds 16 of them
 
 
+def _embedded(params, ids, mask, *, config, normalize, dtype):
+    return encoder_model.embed(params, config, ids, mask, normalize=normalize, dtype=dtype)
+
+
+def embedding_function(config: encoder_model.BertConfig, normalize: bool, dtype):
+    """`fn(params, ids, mask) -> [b, D]` embeddings: the program `embed` runs per length bucket (corpus and queries;
+    `sharding.batch_program` jits it; the TPU plan compiles the same)."""
+    return functools.partial(_embedded, config=config, normalize=normalize, dtype=dtype)
+
+
+def rows_per_call(batch_size: int, tokens_per_call: int, length: int, devices: int) -> int:
+    """Rows of every call at padded length `length`: about `tokens_per_call` tokens, at most the batch size, a
+    multiple of the devices. One program per length, so a row's bits depend on its own length alone."""
+    return min(batch_size, sharding.round_up(tokens_per_call // length, devices))
+
+
+def accelerator_tokens_per_call(batch_size: int, max_length: int) -> int:
+    """Tokens per call on accelerators: the whole batch at the longest length (their throughput wants full
+    batches), so every bucket runs `batch_size` rows."""
+    return batch_size * max_length
+
+
 class DenseEncoder:
     """A BERT-family encoder with mean pooling; `normalize=True` makes inner products cosines (the paper's s(d, x))."""
 
@@ -43,15 +65,10 @@ class DenseEncoder:
         batch_size = sharding.round_up(batch_size, mesh.devices.size)
         if tokens_per_call is None:
             on_cpu = mesh.devices.flat[0].platform == "cpu"
-            tokens_per_call = TOKENS_PER_CALL if on_cpu else batch_size * self.max_length
+            tokens_per_call = TOKENS_PER_CALL if on_cpu else accelerator_tokens_per_call(batch_size, self.max_length)
         self.tokens_per_call = tokens_per_call
-        fn = functools.partial(self._embed_fn, config=config, normalize=normalize, dtype=dtype)
-        self._batch_fn = sharding.ShardedBatchFn(fn, params, batch_size, mesh,
-                                                 compiler_options=xla_cpu.options(xla_cpu.ENCODER, mesh))
-
-    @staticmethod
-    def _embed_fn(params, ids, mask, *, config, normalize, dtype):
-        return encoder_model.embed(params, config, ids, mask, normalize=normalize, dtype=dtype)
+        self._batch_fn = sharding.ShardedBatchFn(embedding_function(config, normalize, dtype), params, batch_size,
+                                                 mesh, compiler_options=xla_cpu.options(xla_cpu.ENCODER, mesh))
 
     @property
     def params(self):
@@ -114,9 +131,8 @@ class DenseEncoder:
                    sharding.length_bucket(tokens, self.length_multiple, self.max_length))
 
     def rows_per_call(self, length: int) -> int:
-        """Rows of every call at padded length `length`: about `tokens_per_call` tokens, at most the batch size, a
-        multiple of the devices. One program per length, so a row's bits depend on its own length alone."""
-        return min(self._batch_fn.batch_size, sharding.round_up(self.tokens_per_call // length, self.mesh.devices.size))
+        """Rows of every call at padded length `length` (`rows_per_call`)."""
+        return rows_per_call(self._batch_fn.batch_size, self.tokens_per_call, length, self.mesh.devices.size)
 
     def fingerprint(self, params=None) -> str:
         """A short hash of the weights (`params` or the encoder's own, their dtypes included) and settings, the

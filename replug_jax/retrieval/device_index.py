@@ -61,6 +61,13 @@ def _top_depth(queries, matrix, *, depth: int, count: int, per_device: int, mesh
     return top, jnp.take_along_axis(rows, where, axis=1)
 
 
+def search_program(depth: int, count: int, per_device: int, mesh):
+    """`_top_depth` jitted as `DeviceIndex` runs it, the answer replicated (the TPU plan compiles the same):
+    (queries [Q, D] over "data", matrix [N_pad, D] over "data") -> (scores, rows) [Q, depth]."""
+    return jax.jit(functools.partial(_top_depth, depth=depth, count=count, per_device=per_device, mesh=mesh),
+                   out_shardings=sharding.replicated(mesh))
+
+
 def _stored_vectors(rows, matrix, *, per_device: int, mesh):
     """The stored vectors [Q, W, D] (matrix dtype) of rows [Q, W] (replicated): each device fills its own rows, zeros
     elsewhere, and the sum over devices is exact (one non-zero term per entry)."""
@@ -128,9 +135,7 @@ class DeviceIndex:
 
     def _fn(self, depth: int):
         if depth not in self._fns:  # one compile per (depth, query bucket)
-            self._fns[depth] = jax.jit(functools.partial(
-                _top_depth, depth=depth, count=self.count, per_device=self._per_device, mesh=self.mesh),
-                out_shardings=sharding.replicated(self.mesh))
+            self._fns[depth] = search_program(depth, self.count, self._per_device, self.mesh)
         return self._fns[depth]
 
     def row_norm(self) -> float:

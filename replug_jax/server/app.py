@@ -56,9 +56,12 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
              add_start_token: bool = False, api_key: str | None = None, max_top_logprobs: int = MAX_TOP_LOGPROBS,
              start_token_on_text: bool = False, max_body_bytes: int = MAX_BODY_BYTES, max_prompts: int = MAX_PROMPTS,
              max_prompt_tokens: int = MAX_PROMPT_TOKENS, max_response_bytes: int = MAX_RESPONSE_BYTES,
-             max_concurrent: int = MAX_CONCURRENT, with_pieces: bool = True):
+             max_concurrent: int = MAX_CONCURRENT, with_pieces: bool = True, announce_end_tokens: bool = True):
     """The Starlette application serving `lm` (a LocalLM); `app.state.engine` owns the model thread.
     with_pieces: /tokenize answers "with_pieces" (llama.cpp's form; False: ids only, as vLLM's).
+    announce_end_tokens: /v1/models names the model's end-of-sequence token ids (`eos_token_id`, a list, as a Hugging
+    Face generation config may give several), so that a client tokenizing through /tokenize stops where the model
+    does (False: as vLLM, whose card names none; the client then learns them from the completions it gets).
     add_start_token: every prompt is conditioned on the start token (llama.cpp); start_token_on_text: text prompts
     only begin with it, token-id prompts are taken as they are (vLLM).
     max_top_logprobs: the largest `logprobs` accepted (a 400 above it, as OpenAI's API does above 5).
@@ -167,11 +170,13 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
             raise CompletionRequestError(f"token ids must be in [0, {lm.tokenizer.vocab_size})", param="tokens")
         return {"prompt": await asyncio.to_thread(lm.tokenizer.decode, ids)}
 
+    end_tokens = [lm.tokenizer.eos_id] if announce_end_tokens and lm.tokenizer.eos_id is not None else []
+    card = {"id": limits.model_name, "object": "model", "owned_by": "replug_jax", "max_model_len": lm.max_length,
+            **({"eos_token_id": end_tokens} if end_tokens else {})}
+
     async def models(request: Request):
         early = refused(request)
-        return early or JSONResponse({"object": "list", "data": [{"id": limits.model_name, "object": "model",
-                                                                  "owned_by": "replug_jax",
-                                                                  "max_model_len": lm.max_length}]})
+        return early or JSONResponse({"object": "list", "data": [card]})
 
     async def health(request: Request):
         return JSONResponse({"status": "ok"})

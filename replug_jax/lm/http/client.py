@@ -93,6 +93,10 @@ class HTTPLM:
         self.lookahead = False  # generation: each pass's own continuation in one request (the probe checks it)
         self.echo_from = False  # scoring: only the continuation's log-probs computed (`echo_from`; the probe checks it)
         self.token_ids = False  # generation: tokens named by id (`return_tokens_as_token_ids`; the probe checks it)
+        # generation stops at these ids (the model's end of sequence): the local tokenizer's, the server card's, and
+        # any a completion showed (`learn_end_token`)
+        self.end_ids: frozenset[int] = frozenset() if tokenizer is None or tokenizer.eos_id is None else \
+            frozenset([tokenizer.eos_id])
         self._lock = threading.Lock()
         if probe:
             self.probe()
@@ -211,9 +215,32 @@ class HTTPLM:
         self.logprobs, self.prompts_per_request, self.echo_from = asked.logprobs, asked.prompts_per_request, \
             asked.echo_from
         self.lookahead, self.token_ids = asked.lookahead, asked.token_ids
+        self.end_ids |= frozenset(result.end_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_id is None and result.end_ids:
+            self.tokenizer.eos_id = result.end_ids[0]  # the server's /tokenize: its model card's end token
         with self._lock:
-            self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), **asked.findings}
+            self._findings = {**result.findings, "tokenizer": self._tokenizer_kind(), **asked.findings,
+                              "end_of_sequence": self._end_finding(result.end_ids)}
         return self._findings
+
+    def _end_finding(self, announced) -> str:
+        if announced:
+            return f"token ids {sorted(self.end_ids)} (the server's /models card names {list(announced)})"
+        if self.end_ids:
+            return f"token ids {sorted(self.end_ids)} (the local tokenizer's)"
+        return ("learned from completions the server ends itself (its /models card names no end token, and no "
+                "local tokenizer was given)")
+
+    def learn_end_token(self, token_id: int) -> None:
+        """Take `token_id` as an end-of-sequence token of the served model from here on (a completion the server
+        ended at it: lm/http/generation.py)."""
+        with self._lock:
+            if token_id in self.end_ids:
+                return
+            self.end_ids |= {int(token_id)}
+            self._findings["end_of_sequence"] = (f"token ids {sorted(self.end_ids)} (learned from completions the "
+                                                 "server ended itself; its /models card names none)")
+        self.transport.count("end_tokens_learned")
 
     def _tokenizer_kind(self) -> str:
         if self.tokenizer is None:

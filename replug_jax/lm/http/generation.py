@@ -15,6 +15,11 @@ tests/test_generate_http.py measures it against the local backend on SmolLM2.
 Sequence level (a question with one pass): the server decodes the whole answer in one request
 (`max_tokens = max_new_tokens`): what the "vote" ensemble of `evaluate/qa.py` uses.
 
+End of sequence: a question stops at the served model's end token (`client.end_ids`: the local tokenizer's, the
+server's /models card's, or learned here), and its text leaves the token out, as the local backend's does. A server
+that names no end token (vLLM) shows it in a completion it ends itself: finish_reason "stop", no stop string in its
+tokens, and its own text leaving the last token (named by id) out; that token is learned from then on.
+
 Prompts follow the contract: token ids (prefix ids + context ids, generated ids appended) when the
 client sends token prompts, else text. No JAX is imported here.
 """
@@ -152,7 +157,10 @@ def _steps_ahead(client, prompt, top_n: int, steps: int, stop) -> list[tuple[str
 
 def continuation_tops(client, prompt, top_n: int, steps: int, stop: list[str]) -> list[tuple[str, dict]]:
     """[(token, {token text: log p})] per generated step of one greedy completions request."""
-    _, lp = _choice_logprobs(client, prompt, steps, top_n, stop)
+    choice, lp = _choice_logprobs(client, prompt, steps, top_n, stop)
+    labelled = [label_id(t) for t in lp.get("tokens") or []]
+    if labelled and all(i is not None for i in labelled):
+        note_end_token(client, choice, labelled, stop)
     out = []
     for token, value, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or []):
         entries = {t: float(v) for t, v in (top or {}).items() if isinstance(v, (int, float))}
@@ -209,6 +217,7 @@ def _sequence(client, prompt, max_new: int, stop) -> Generation:
     values = [float(v) for v in lp.get("token_logprobs") or []]
     labelled = [label_id(t) for t in tokens]
     if tokens and all(i is not None for i in labelled):  # ids: the text decoded here, as the local backend does
+        note_end_token(client, choice, labelled, stop)
         stream = _text_stream(client)
         shares = [stream.push(i) for i in labelled]
         keep = tokens_through_stop(len(shares), lambda n: "".join(shares[:n]), stop)
@@ -265,5 +274,19 @@ def _joined(state: dict, finished: bool = False, eos: bool = False) -> str:
 
 
 def _is_eos(client, ids: list[int]) -> bool:
-    eos = client.tokenizer.eos_id if client.tokenizer is not None else None
-    return eos is not None and ids == [eos]
+    """Whether `ids` is one end-of-sequence token of the served model (module docstring)."""
+    return len(ids) == 1 and ids[0] in client.end_ids
+
+
+def note_end_token(client, choice: dict, ids: list[int], stop) -> None:
+    """Learn the last of a completion's tokens (named by id) as an end token where the server ended the completion
+    itself there: finish_reason "stop" (vLLM's `stop_reason` None: not a stop string or token the request named),
+    no stop string in the tokens' text, and the server's own text the tokens' less the last one's, which is not
+    empty (an end token's text, e.g. "<|im_end|>", that the server leaves out)."""
+    if choice.get("finish_reason") != "stop" or choice.get("stop_reason") is not None or not ids:
+        return
+    if ids[-1] in client.end_ids or client.tokenizer is None or not isinstance(choice.get("text"), str):
+        return
+    whole, before = client.tokenizer.decode(ids), client.tokenizer.decode(ids[:-1])
+    if whole != before and choice["text"] == before and not cut_at_stop(whole, [s for s in stop if s])[1]:
+        client.learn_end_token(ids[-1])

@@ -11,8 +11,9 @@ prompt-format check; then, with the probe's result applied, `probe_requests`' ch
 generations. Errors are raised in the order the checks would have run one after another.
 
 What it finds out, in order:
-  * model and window: the model id and `max_model_len` from `/models` (a server serving several
-    models needs `model=`);
+  * model, window and end tokens: the model id, `max_model_len` and `eos_token_id` (an id or a list: ours names
+    them; vLLM's card does not, and generation then learns them: lm/http/generation.py) from `/models` (a server
+    serving several models needs `model=`);
   * prompt log-probs present and aligned: a probe text is echoed; a token t that the server itself
     reports as the next token after text Q (its generation log-probs) must get the same log-prob
     when Q + t is echoed. A value found one position early is a shift by one (llama-cpp-python's
@@ -61,6 +62,7 @@ class ProbeResult:
     leading: int  # entries the server echoes before a token-id prompt's own (its start token)
     top_logprobs: int  # the most next-token log-probs one request gets (ensembled generation's top-n)
     findings: dict
+    end_ids: tuple[int, ...] = ()  # the served model's end-of-sequence token ids, where its /models card names them
 
 
 def side_by_side(*calls):
@@ -82,7 +84,7 @@ def _or_failure(call):
 def probe(client) -> ProbeResult:
     """Check the server on a probe text; raise BlackBoxServerError naming what is wrong."""
     t = client.transport
-    model, max_length = _model_and_window(client)
+    model, max_length, end_ids = _model_card(client)
     client.model = model  # requests from here on name it
     text = probe_text(max_length or client.max_length)
     candidates, wide, max_tokens_check = side_by_side(
@@ -114,7 +116,8 @@ def probe(client) -> ProbeResult:
         client.start_id = ids[0] if len(ids) == 1 else None
     token_prompts, leading, findings["prompt_format"] = _check_token_prompts(client, max_tokens, text)
     top = findings["top_logprobs"] = _top_logprobs_allowed(len(wide), len(candidates))
-    return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, top, findings)
+    return ProbeResult(model, max_length, max_tokens, start, start_text, token_prompts, leading, top, findings,
+                       end_ids)
 
 
 def probe_lookahead(client) -> tuple[bool, str]:
@@ -154,7 +157,8 @@ def probe_text(max_length: int | None) -> str:
     return PROBE_TEXT if not max_length or len(PROBE_TEXT) + 8 <= max_length else PROBE_TEXT[: max(8, max_length - 8)]
 
 
-def _model_and_window(client) -> tuple[str | None, int | None]:
+def _model_card(client) -> tuple[str | None, int | None, tuple[int, ...]]:
+    """(model id, window, end-of-sequence ids) from the server's /models: None, None, () where it says nothing."""
     t = client.transport
     try:
         models = t.get(t.base_url + "/models").get("data") or []
@@ -165,9 +169,12 @@ def _model_and_window(client) -> tuple[str | None, int | None]:
         raise BlackBoxServerError(f"{t.base_url} serves {len(ids)} models ({', '.join(map(str, ids[:5]))}, ...): "
                                   "pass model=")
     model = client.model or (ids[0] if ids else None)
-    window = [m["max_model_len"] for m in models if isinstance(m, dict) and m.get("id") == model
-              and isinstance(m.get("max_model_len"), int)]
-    return model, (window[0] if window else None)
+    card = next((m for m in models if isinstance(m, dict) and m.get("id") == model), {})
+    window = card.get("max_model_len")
+    ends = card.get("eos_token_id")
+    ends = [ends] if isinstance(ends, int) else ends if isinstance(ends, list) else []
+    end_ids = tuple(e for e in ends if isinstance(e, int) and not isinstance(e, bool) and e >= 0)
+    return model, (window if isinstance(window, int) and not isinstance(window, bool) else None), end_ids
 
 
 def _next_token_candidates(client, text: str, top: int = PROBE_TOP) -> dict[str, float]:

@@ -58,7 +58,8 @@ class Transport:
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self._api_key = os.environ.get(api_key_env) or None
         self._lock = threading.Lock()
-        self._stats = {"requests": 0, "retries": 0, "failures": 0, "prompts": 0, "split_characters": 0}
+        self._stats = {"requests": 0, "retries": 0, "failures": 0, "prompts": 0, "split_characters": 0,
+                       "end_tokens_learned": 0}
 
     def stats(self) -> dict:
         with self._lock:
