@@ -107,21 +107,22 @@ def rotary(x, positions, theta: float):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _through_cache(k, v, kv):
-    """Without a cache: (k, v, None). With kv = (k_cache, v_cache [B, S, Hkv, Dh], slot): the new keys and
-    values written at `slot` onwards, and the whole cache returned to attend over and to keep."""
-    if kv is None:
+def _through_cache(k, v, caches, layer, slot):
+    """Without a cache: (k, v, None). With caches = (k_all, v_all [layers, B, S, Hkv, Dh]): the new keys and values
+    written into layer `layer`'s slots from `slot` on, in place (the caches are the block stack's loop carry, so no
+    layer copies the cache), and that layer's whole cache returned to attend over."""
+    if caches is None:
         return k, v, None
-    k_cache, v_cache, slot = kv
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, slot, 0, 0))
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, slot, 0, 0))
-    return k_cache.astype(k.dtype), v_cache.astype(v.dtype), (k_cache, v_cache)
+    k_all, v_all = caches
+    k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), (layer, 0, slot, 0, 0))
+    v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), (layer, 0, slot, 0, 0))
+    return k_all[layer].astype(k.dtype), v_all[layer].astype(v.dtype), (k_all, v_all)
 
 
-def _attention(kv):
+def _attention(caches):
     """Without a cache the bias is causal over the block's own tokens: attend block by block, skipping
     the masked future keys; through a cache, over every slot."""
-    return layers.causal_attention if kv is None else layers.dot_product_attention
+    return layers.causal_attention if caches is None else layers.dot_product_attention
 
 
 class GPT2Block(nn.Module):
@@ -129,19 +130,19 @@ class GPT2Block(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x, layer_cache, bias, positions, slot):  # x: [B, L, D]; see `CausalLM` for the others
+    def __call__(self, carry, layer, bias, positions, slot):  # carry: (x [B, L, D], caches); see `CausalLM`
         c = self.config
-        kv = None if layer_cache is None else (*layer_cache, slot)
+        x, caches = carry
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_1")(x)
         qkv = layers.dense(3 * c.hidden_size, self.dtype, "c_attn", True)(h)
         q, k, v = (t.reshape(t.shape[:2] + (c.num_heads, c.dims_per_head)) for t in jnp.split(qkv, 3, axis=-1))
-        attend = _attention(kv)
-        k, v, kv = _through_cache(k, v, kv)
+        attend = _attention(caches)
+        k, v, caches = _through_cache(k, v, caches, layer, slot)
         attn = attend(q, k, v, bias).reshape(x.shape)
         x = x + layers.dense(c.hidden_size, self.dtype, "c_proj", True)(attn)
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_2")(x)
         h = layers.activation(c.hidden_act)(layers.dense(c.intermediate_size, self.dtype, "c_fc", True)(h))
-        return x + layers.dense(c.hidden_size, self.dtype, "mlp_proj", True)(h), kv
+        return (x + layers.dense(c.hidden_size, self.dtype, "mlp_proj", True)(h), caches), None
 
 
 class LlamaBlock(nn.Module):
@@ -149,23 +150,23 @@ class LlamaBlock(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x, layer_cache, bias, positions, slot):  # x: [B, L, D]; see `CausalLM` for the others
+    def __call__(self, carry, layer, bias, positions, slot):  # carry: (x [B, L, D], caches); see `CausalLM`
         c = self.config
-        kv = None if layer_cache is None else (*layer_cache, slot)
+        x, caches = carry
         dh = c.dims_per_head
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="input_norm")(x)
         q = layers.dense(c.num_heads * dh, self.dtype, "q_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_heads, dh))
         k = layers.dense(c.num_kv_heads * dh, self.dtype, "k_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         v = layers.dense(c.num_kv_heads * dh, self.dtype, "v_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         q, k = rotary(q, positions, c.rope_theta), rotary(k, positions, c.rope_theta)
-        attend = _attention(kv)
-        k, v, kv = _through_cache(k, v, kv)
+        attend = _attention(caches)
+        k, v, caches = _through_cache(k, v, caches, layer, slot)
         attn = attend(q, k, v, bias).reshape(x.shape[:2] + (c.num_heads * dh,))
         x = x + layers.dense(c.hidden_size, self.dtype, "o_proj", False)(attn)
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="post_attention_norm")(x)
         gate = layers.activation(c.hidden_act)(layers.dense(c.intermediate_size, self.dtype, "gate_proj", False)(h))
         up = layers.dense(c.intermediate_size, self.dtype, "up_proj", False)(h)
-        return x + layers.dense(c.hidden_size, self.dtype, "down_proj", False)(gate * up), kv
+        return (x + layers.dense(c.hidden_size, self.dtype, "down_proj", False)(gate * up), caches), None
 
 
 class CausalLM(nn.Module):
@@ -190,13 +191,16 @@ class CausalLM(nn.Module):
         if c.arch == "gpt2":
             x = x + nn.Embed(c.max_position, c.hidden_size, dtype=self.dtype, param_dtype=jnp.float32, name="embed_positions")(positions)
         # the blocks: one scan over their stacked weights ("layers", leading axis = layer), so that compile
-        # time does not grow with depth; per layer, the cache's keys and values [B, S, Hkv, Dh] in and out
+        # time does not grow with depth; the cache's keys and values [layers, B, S, Hkv, Dh] ride in the loop's
+        # carry, each layer writing its new tokens' slots in place (as the scan's per-layer output, the whole cache
+        # was written anew at every call: twice its bytes in memory, and a decoding step's traffic twice over)
         blocks = nn.scan(GPT2Block if c.arch == "gpt2" else LlamaBlock, variable_axes={"params": 0},
                          split_rngs={"params": True}, in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
                          length=c.num_layers, unroll=c.num_layers if _UNROLLED.get() else 1)
-        layer_caches = None if cache is None else (cache["k"], cache["v"])  # [layers, B, S, Hkv, Dh] each
-        x, new_kv = blocks(c, self.dtype, name=STACKED_LAYERS)(x, layer_caches, bias, positions,
-                                                               None if cache is None else cache["length"])
+        caches = None if cache is None else (cache["k"], cache["v"])  # [layers, B, S, Hkv, Dh] each
+        (x, caches), _ = blocks(c, self.dtype, name=STACKED_LAYERS)(
+            (x, caches), jnp.arange(c.num_layers, dtype=jnp.int32), bias, positions,
+            None if cache is None else cache["length"])
         if c.arch == "gpt2":
             x = layers.layer_norm(c.norm_eps, self.dtype, "final_norm")(x)
         else:
@@ -211,7 +215,7 @@ class CausalLM(nn.Module):
             return out
         count = cache["count"] + attention_mask.sum(-1).astype(jnp.int32)
         length = cache["length"] + input_ids.shape[1]
-        return out, {"k": new_kv[0], "v": new_kv[1], "key_mask": key_mask, "count": count, "length": length}
+        return out, {"k": caches[0], "v": caches[1], "key_mask": key_mask, "count": count, "length": length}
 
 
 def _cached_positions_and_bias(cache, attention_mask, window=None):
