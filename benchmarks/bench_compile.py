@@ -17,7 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from replug_jax.models import causal_lm, memory
+from replug_jax.models import architectures, causal_lm
 
 sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
@@ -27,7 +27,7 @@ def compile_seconds(layers: int, batch: int = 8, length: int = 256) -> float:
     config = causal_lm.CausalLMConfig(arch="llama", vocab_size=4096, hidden_size=256, num_layers=layers, num_heads=4,
                                       num_kv_heads=2, intermediate_size=512, max_position=1024, norm_eps=1e-5,
                                       hidden_act="silu", tie_embeddings=False)
-    params = memory.param_shapes(config, jnp.float32)
+    params = architectures.param_shapes(config, jnp.float32)
     ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
     targets = jax.ShapeDtypeStruct((batch, 32), jnp.int32)
     fn = jax.jit(lambda p, i, m, t: causal_lm.logprobs_at(p, config, i, m, t))

@@ -6,7 +6,8 @@ and the LSR train step. The compiled successor of the shape arithmetic that was 
 
 For each model and slice, the smallest model axis M (1, 2, 4, ...) at which the scoring pass and a REPLUG generation
 of one question a data shard (nq.py's: 10 passes after 16 shots, 2,768 cache slots) both fit, then at that M:
-  * scoring: the programs LocalLM runs for a REPLUG pass, 8 rows of 512 tokens a data shard, 32 scored positions;
+  * scoring: the programs LocalLM runs for a REPLUG pass, 8 rows of 512 tokens a data shard, 32 scored positions
+    (also at the smallest M at which scoring alone fits: a job that only scores, as MMLU's or an LM evaluation);
   * decoding: one step of the generation loop (`local_generate.decode_step`) for those rows, and its HBM roofline;
   * embedding: Contriever-base, 32 passages of 152 tokens a chip's call (the QA jobs' corpus embedding);
   * the LSR step: pile_lsr.py's (batch 64, top 20, 512-token queries and documents, both sides) on every chip.
@@ -60,6 +61,9 @@ def lm_row(name: str, tpu_name: str, target: planner.Target) -> dict:
         row["fits"] = False
         return row
     row["fits"] = True
+    alone = _scoring_alone(config, target)  # scoring at the smallest split it fits alone (no generation beside it)
+    if alone is not None:
+        row.update(scoring_alone_model_parallel=alone[0], scoring_alone_mfu=alone[1])
     step = programs.decode_step(config, bf16, mesh, shape)
     for label, program in (("scoring", score), ("decode", step)):
         cost = costs.extrapolated(program.lower, config.num_layers, target.name)
@@ -72,6 +76,18 @@ def lm_row(name: str, tpu_name: str, target: planner.Target) -> dict:
         if label == "decode":
             row["decode_hbm_roofline"] = figures["hbm_roofline_fraction"]
     return row
+
+
+def _scoring_alone(config, target: planner.Target):
+    """(M, estimated MFU) of the scoring program at the smallest model axis at which it fits alone, or None."""
+    for model_parallel in planner._powers_of_two(1, len(target.devices)):
+        mesh = sharding.lm_mesh(model_parallel, target.devices)
+        score = programs.scoring(config, jnp.bfloat16, mesh, ROWS * sharding.data_size(mesh), LENGTH, SCORED)
+        memory = costs.compile_figures(score.lower(), target.name)
+        if planner.fits(memory, target.slice_.chip):
+            cost = costs.extrapolated(score.lower, config.num_layers, target.name)
+            return model_parallel, planner.program_row(score, memory, cost, target.slice_.chip)["mfu"]
+    return None
 
 
 def retriever_row(tpu_name: str, target: planner.Target) -> dict:
@@ -94,15 +110,17 @@ def retriever_row(tpu_name: str, target: planner.Target) -> dict:
 
 
 def table(rows: list[dict], retriever: list[dict]) -> str:
-    lines = ["| model | TPU | fits at | GiB per chip: scoring / generation | scoring MFU (est.) | decode step (est.) | "
-             "decode HBM roofline (est.) |", "|---|---|---|---:|---:|---:|---:|"]
+    lines = ["| model | TPU | fits at | GiB per chip: scoring / generation | scoring MFU (est.) | scoring alone: M, MFU "
+             "(est.) | decode step (est.) | decode HBM roofline (est.) |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         if not r["fits"]:
             lines.append(f"| {r['model']} | {r['tpu']} | **does not fit** (M={r['model_parallel']}: "
-                         f"{r['scoring_gib']:.1f} / {r['generation_gib']:.1f} GiB) | | | | |")
+                         f"{r['scoring_gib']:.1f} / {r['generation_gib']:.1f} GiB) | | | | | |")
             continue
         lines.append(f"| {r['model']} | {r['tpu']} | M={r['model_parallel']} | {r['scoring_gib']:.1f} / "
-                     f"{r['generation_gib']:.1f} | {100 * r['scoring_mfu']:.0f}% | {r['decode_ms']:.1f} ms | "
+                     f"{r['generation_gib']:.1f} | {100 * r['scoring_mfu']:.0f}% | "
+                     f"M={r.get('scoring_alone_model_parallel')}, {100 * r.get('scoring_alone_mfu', 0):.0f}% | "
+                     f"{r['decode_ms']:.1f} ms | "
                      f"{100 * r['decode_hbm_roofline']:.0f}% |")
     lines += ["", "| TPU | Contriever embedding (est.) | its MFU | LSR step (est.) | its MFU | LSR step GiB per chip |",
               "|---|---:|---:|---:|---:|---:|"]

@@ -367,15 +367,16 @@ def test_experiment_scripts_import_and_explain_themselves(script):
 
 
 def test_the_tpu_pages_commands_name_configs_and_keys_that_exist():
-    """Every `replug_jax.main` command of the TPU page (docs/tpu.md, linked from the README) names an existing config
-    and its keys."""
+    """Every `replug_jax.main` and `replug_jax.plan` command of the TPU page (docs/tpu.md, linked from the README)
+    names an existing config and its keys."""
     import re
 
     assert "(docs/tpu.md)" in open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     section = open(os.path.join(ROOT, "docs", "tpu.md"), encoding="utf-8").read()
     commands = re.findall(r"replug_jax\.main (.*?)(?:'|\n```)", section.replace("\\\n", " "), flags=re.S)
-    assert len(commands) == 2
-    for command in commands:
+    plans = re.findall(r"replug_jax\.plan (--config .*?)(?:\n```|`)", section.replace("\\\n", " "), flags=re.S)
+    assert len(commands) == 2 and len(plans) >= 1
+    for command in commands + plans:
         config_path = re.search(r"--config (\S+\.py)", command)[1]
         config = sibling_config(os.path.join(ROOT, config_path), os.path.basename(config_path))
         keys = re.findall(r"--config\.([a-z_]+)=", command)

@@ -616,6 +616,31 @@ def test_llama_cpp_python_server_decodes_a_mid_word_split_as_local(llama_cpp_ser
     assert got_mixed[0].token_ids[:3] == local_mixed.token_ids[:3], (got_mixed[0].text, local_mixed.text)
 
 
+BEYOND_ASCII = [(["Knowledge: Київ — столиця України.\nQuestion: Яка столиця України?\nAnswer:",
+                  "Knowledge: Львів — місто на заході України.\nQuestion: Яка столиця України?\nAnswer:"], [0.6, 0.4]),
+                (["Knowledge: 東京は日本の首都です。\nQuestion: 日本の首都は?\nAnswer:",
+                  "Knowledge: Tokyo (東京) is the capital of Japan.\nQuestion: 日本の首都は?\nAnswer:"], [0.5, 0.5])]
+
+
+def test_llama_cpp_python_server_mixtures_beyond_ascii_are_whole_or_refused(llama_cpp_server, smollm2):
+    """llama.cpp names generated tokens by their text, a split character's bytes dropped: a two-pass mixture over
+    Cyrillic and Japanese prompts gives whole characters, or is refused at the split character naming the fix; never
+    a garbled answer (issue 85: ' 1. 2. 3.' for a Ukrainian answer, ' ' for a Japanese one came back)."""
+    from replug_jax.models.detokenize import UNFINISHED
+
+    remote = HTTPLM(llama_cpp_server, tokenizer=smollm2.tokenizer, probe=False, token_prompts=False)
+    refused = []
+    for contexts, weights in BEYOND_ASCII:
+        try:
+            got = remote.generate([contexts], [np.log(weights)], max_new_tokens=6, stop=("\n",), top_n=5)[0]
+        except BlackBoxServerError as e:
+            assert "part of a character" in str(e) and "vote" in str(e), e
+            refused.append(contexts[0][-30:])
+            continue
+        assert UNFINISHED not in got.text and got.text.strip(), got.text
+    assert refused and remote.stats()["split_characters"] == len(refused), refused
+
+
 def _raw_http(port: int, head: str, body: bytes = b"", timeout: float = 10) -> tuple[int, dict]:
     """(status, JSON body) of one raw HTTP/1.1 request on loopback (the body may be cut short of its length)."""
     import socket

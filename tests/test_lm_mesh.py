@@ -170,29 +170,6 @@ def _byte_tokenizer():
         return tokenizer.from_hf_dir(d)
 
 
-@pytest.mark.parametrize("model", [1, 4, 8])
-def test_memory_plan_equals_the_bytes_the_devices_hold(model):
-    """models/memory.py's per-device bytes, from shapes alone, equal what one device of a real (8/M, M) mesh holds:
-    the weights of the odd tiny Llama in bf16, and the generation cache placed by kv_cache_spec."""
-    from jax.sharding import NamedSharding
-
-    from replug_jax.models import memory
-
-    config = odd_config()
-    mesh = sharding.lm_mesh(model)
-    lm = LocalLM(config, causal_lm.init_params(config), _byte_tokenizer(), batch_size=8, mesh=mesh, dtype="bfloat16")
-    device = jax.devices()[0]
-    held = sum(s.data.nbytes for x in jax.tree.leaves(lm.params) for s in x.addressable_shards if s.device == device)
-    plan_mesh = memory.abstract_mesh(8 // model, model)
-    assert memory.weight_bytes_per_device(config, plan_mesh) == held
-    rows = 3
-    cache = kv_cache.init_cache(config, rows * (8 // model), 16, jnp.bfloat16)["k"]
-    cache = jax.device_put(cache, NamedSharding(mesh, partition.kv_cache_spec(config.num_kv_heads, mesh)))
-    on_device = sum(s.data.nbytes for s in cache.addressable_shards if s.device == device)
-    assert memory.kv_cache_bytes_per_device(config, plan_mesh, rows, 16) == 2 * on_device
-    assert memory.parameter_count(config) == sum(x.size for x in jax.tree.leaves(lm.params))
-
-
 def test_streamed_loading_reads_each_devices_slice_once_and_never_a_split_tensor_whole(tmp_path):
     """A tiny Llama saved in several safetensors shards, placed on a (2, 4) mesh from lazy tensors: values equal
     the whole-file load; a split tensor is read as 4 quarter slices (never whole, though 8 devices hold it), a

@@ -37,6 +37,14 @@ def test_every_key_of_every_config_is_declared_with_a_range_and_a_meaning():
         assert setting.meaning.strip(), key
 
 
+def test_every_config_names_methods_its_job_knows():
+    """As shipped, each config's methods are ones its job runs (qa_lsr.py inherited sciq.py's "vote", which the
+    LSR job refused in its first second)."""
+    for path in CONFIGS:
+        config = sibling_config(path, os.path.basename(path))
+        input_checks.job_methods(config)
+
+
 def test_each_range_refuses_what_it_should():
     whole, positive = settings.Whole(1), settings.Number(above=0)
     assert whole.problem(np.int64(2)) is None and positive.problem(np.float32(0.5)) is None  # numpy's numbers too

@@ -192,3 +192,30 @@ def test_partition_keeps_the_mlp_split_that_the_all_reduce_count_relies_on():
 
 def test_the_chips_usable_memory_is_what_the_compiler_gives_a_program(v5e):
     assert tpu.compiler_hbm(v5e) == tpu.CHIPS["v5e"].usable_hbm_bytes
+
+
+def test_a_plan_on_a_slice_of_several_hosts_splits_each_hosts_share_and_compiles_the_step_over_every_chip(tmp_path):
+    """LSR on a v4-32 (4 hosts of 4 chips): embedding and the LM's scoring are each host's share (a quarter of the
+    calls), the train step one program over all 16 chips, whose gradient all-reduce the plan counts and times. On a
+    v5e-32 the compiler takes no program over one host's chips: refused in one line."""
+    lm_dir, encoder_dir = tiny_model_dirs(tmp_path)
+    out = tmp_path / "plan"
+    common = ("--config", "experiments/configs/qa_lsr.py", f"--config.lm={lm_dir}", f"--config.encoder={encoder_dir}",
+              "--passages", "20000", "--config.steps=40")
+    refused = plan_command(*common, "--tpu", "v4-32", tmp_path=tmp_path)  # qa_lsr's batch of 8 on 16 chips
+    assert refused.returncode == 2 and "batch_size=8 is not a multiple of the 16 chips" in refused.stderr
+    done = plan_command(*common, "--tpu", "v4-32", "--config.batch_size=32", "--out", str(out), tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads((out / "plan.json").read_text())
+    assert (plan["chips"], plan["hosts"]) == (16, 4)
+    phases = {p["phase"]: p for p in plan["phases"]}
+    assert phases["corpus embedding"]["calls"] == -(-20000 // 32 // 4) and phases["corpus embedding"]["per_host"]
+    # steps x batch x k rows, lm_batch_size 4 a call on a host's 4 chips, a quarter of them a host
+    assert phases["LM supervision"]["per_host"] and phases["LM supervision"]["calls"] == -(-40 * 32 * 8 // 4 // 4)
+    step = phases["LSR train step"]
+    assert not step["per_host"] and step["calls"] == 40 and step["chips"] == 16
+    program = next(r for r in plan["programs"] if r["program"] == step["program"])
+    assert program["chips"] == 16 and program["collectives"]["all-reduce"]["bytes"] > 0
+    assert 0 < program["collective_share"] < 1
+    v5e = plan_command(*common, "--tpu", "v5e-32", "--config.batch_size=32", tmp_path=tmp_path)
+    assert v5e.returncode == 2 and "only programs over all 32 chips" in v5e.stderr, v5e.stderr[-2000:]

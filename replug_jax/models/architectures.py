@@ -2,6 +2,7 @@
 
     lm_config("meta-llama/Llama-2-7b-hf")   # a CausalLMConfig, nothing downloaded
     encoder_config("contriever")            # (BertConfig, the longest input the encoder takes)
+    param_shapes(config, jnp.bfloat16)      # the LM's parameter tree as ShapeDtypeStructs, never allocated
 
 Names resolve as the jobs resolve them (`registry`): the packaged models (their config.json or GGUF metadata, no
 tensor read), a local Hugging Face directory or .gguf file, the paper-scale LMs and retrievers below (their Hugging
@@ -10,10 +11,14 @@ a network is.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 
-from replug_jax.models import gguf_loader, registry, split_gguf
+import jax
+import jax.numpy as jnp
+
+from replug_jax.models import causal_lm, gguf_loader, registry, split_gguf
 from replug_jax.models.causal_lm import CausalLMConfig
 from replug_jax.models.encoder import BertConfig
 
@@ -89,6 +94,14 @@ def encoder_config(name: str) -> tuple[BertConfig, int]:
     values = KNOWN_ENCODERS.get(repo) or _hub_config(repo, "encoders", KNOWN_ENCODERS)
     config = BertConfig.from_hf(values)
     return config, config.max_position
+
+
+@functools.lru_cache(maxsize=16)
+def param_shapes(config: CausalLMConfig, dtype=jnp.bfloat16):
+    """The LM's parameter tree as ShapeDtypeStructs in `dtype` (traced, never allocated)."""
+    ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    shapes = jax.eval_shape(lambda i: causal_lm.CausalLM(config).init(jax.random.PRNGKey(0), i, jnp.ones_like(i)), ids)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(dtype)), shapes["params"])
 
 
 def _local(name: str) -> str | None:

@@ -73,10 +73,22 @@ def job_phases(config, target: Target, model_parallel: int, counts: workload.Cou
     return lm, encoder, meshes, workload.JOB_PHASES[job](config, lm, encoder, encoder_length, meshes, counts, sizes)
 
 
+ALL_CHIPS_ONLY = "should include all slice devices"  # the compiler of a v5e slice of several hosts, on one host's
+
+
 def _memory(program, target: Target, seen: dict) -> costs.Figures:
     key = program.name + program.kind
     if key not in seen:
-        seen[key] = costs.compile_figures(program.lower(), target.name)
+        try:
+            seen[key] = costs.compile_figures(program.lower(), target.name)
+        except Exception as e:
+            if ALL_CHIPS_ONLY not in str(e):
+                raise
+            chip = target.slice_.chip
+            raise InputError(f"{program.name} runs on each host's own {program.chips} chips, and the TPU compiler takes "
+                             f"only programs over all {len(target.devices)} chips of a {chip.kind} slice of several "
+                             f"hosts ('device assignment {ALL_CHIPS_ONLY}'): the job cannot run on "
+                             f"{target.slice_.name}; plan one host ({chip.kind}-8) or a v4 or v5p slice") from None
     return seen[key]
 
 
@@ -123,6 +135,9 @@ def plan_job(config, tpu_name: str, counts: workload.Counts | None = None, sizes
     """The plan of `config`'s job on the slice `tpu_name` (module docstring); `progress(line)` hears each compile."""
     started = time.time()
     slice_ = tpu.tpu_slice(tpu_name)
+    if slice_.chip.kind == "v6e" and slice_.hosts > 1:  # the compiler aborts the process (SIGABRT), nothing to catch
+        raise InputError(f"{tpu_name}: v6e slices of several hosts are not planned: libtpu "
+                         f"{tpu.libtpu_version()}'s compiler aborts on their programs here (tried v6e:4x4); plan v6e-8")
     target = Target(slice_, tpu.topology_devices(slice_))
     chip = slice_.chip
     counts = counts or workload.Counts()

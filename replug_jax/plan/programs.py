@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from replug_jax.lm import local, local_generate, shared_prefix
-from replug_jax.models import causal_lm, kv_cache, memory, partition
+from replug_jax.models import architectures, causal_lm, kv_cache, partition
 from replug_jax.models import encoder as encoder_model
 from replug_jax.parallel import sharding
 from replug_jax.retrieval import dense, device_index
@@ -65,7 +65,7 @@ def abstract(shape, dtype, placed) -> jax.ShapeDtypeStruct:
 
 def lm_params(config, dtype, mesh):
     """The LM's weights as abstract arrays in `dtype`, placed by models/partition.py's rules."""
-    shapes = memory.param_shapes(config, jnp.dtype(dtype))
+    shapes = architectures.param_shapes(config, jnp.dtype(dtype))
     return jax.tree.map(lambda s, placed: abstract(s.shape, s.dtype, placed), shapes,
                         partition.param_shardings(shapes, mesh, config))
 

@@ -284,8 +284,13 @@ def lm_eval_phases(config, lm, encoder, encoder_length, meshes, counts: Counts, 
 def lsr_phases(config, lm, encoder, encoder_length, meshes, counts: Counts, sizes: TextSizes) -> list[Phase]:
     """LSR training (train/loop.py): per step the LM scores batch × k passes, and the train step updates the
     retriever on every chip; with both sides trained the corpus is embedded again every refresh_every steps."""
+    from replug_jax.base.errors import InputError
+
     dtype = lm_dtype(config)
     steps, batch, k = int(config.steps), int(config.batch_size), int(config.k)
+    if batch % len(meshes.devices):  # as the LSR loop refuses it (train/loop.py)
+        raise InputError(f"--config.batch_size={batch} is not a multiple of the {len(meshes.devices)} chips the LSR "
+                         "step runs on")
     query_side = not config.get("train_documents", True)
     lq = int(config.get("query_max_tokens") or encoder_length)
     ld = int(config.get("doc_max_tokens") or encoder_length)

@@ -26,7 +26,6 @@ client sends token prompts, else text. No JAX is imported here.
 from __future__ import annotations
 
 import math
-import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
@@ -82,7 +81,7 @@ def http_generate(client, contexts, log_weights, *, max_new_tokens: int, stop=("
                 s = state[b]
                 ids = _token_ids(client, token)
                 if label_id(token) is None and not _whole(token):
-                    _warn_split_character(client)
+                    _refuse_split_character(client, token, len(prompts[b]))
                 s["lps"].append(lp), s["ids"].extend(ids)
                 s["tokens"].append(_token_text(s["text"], token, ids))
                 prompts[b] = [p + (ids if isinstance(p, list) else token) for p in prompts[b]]
@@ -188,15 +187,17 @@ def _whole(token: str) -> bool:
     return bool(token) and UNFINISHED not in token
 
 
-def _warn_split_character(client) -> None:
-    """Say, once per client, that a chosen token was part of a character and the server named it by text only."""
+def _refuse_split_character(client, token: str, passes: int) -> None:
+    """A mixture's chosen token that is part of a character, from a server naming tokens by text only: its bytes are
+    lost ("" from llama.cpp, U+FFFD elsewhere), so the passes cannot be extended with it, and an answer that went on
+    would be garbled (a Ukrainian answer came back ' 1. 2. 3.', a Japanese one ' '); refused, counted in
+    stats()["split_characters"]. One pass decodes whole on the server (`_sequence`) and is not concerned."""
     client.transport.count("split_characters")
-    if client.transport.stats()["split_characters"] == 1:
-        warnings.warn(f"{client.base_url}: a generated token is part of a character beyond ASCII, and this server "
-                      "names generated tokens by their text only, so that character may be lost or garbled in the "
-                      "answer (stats()['split_characters'] counts them); a server that names them by id "
-                      "(return_tokens_as_token_ids: vLLM, python -m replug_jax.serve) keeps every character whole",
-                      stacklevel=4)
+    raise BlackBoxServerError(
+        f"{client.base_url}: the mixture of {passes} passes chose part of a character beyond ASCII ({token!r}), and "
+        "this server names generated tokens by their text only, so the passes cannot be extended with it: serve the "
+        "LM where generated tokens come by id (return_tokens_as_token_ids: vLLM, python -m replug_jax.serve), or "
+        "decode each pass whole on the server (the method vote)")
 
 
 def _mixture_argmax(tops: list[dict[str, float]], log_weights: np.ndarray) -> tuple[str, float]:
