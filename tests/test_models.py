@@ -119,6 +119,59 @@ def test_mistral_window_through_the_cache(tmp_path):
         np.testing.assert_allclose(np.asarray(logits)[0], expected[t], atol=1e-4, err_msg=f"token {t}")
 
 
+def test_mistral_window_through_a_shared_prefix_read_by_several_rows(tmp_path):
+    """Rows after a shared prefix that they read and never copy (`kv_cache.after_prefix`: REPLUG's passes after their
+    few-shot block): a padded prefix, then each row's own tokens, then tokens one by one; every row's next-token
+    logits equal transformers' full forward pass of prefix + row, the sliding window reaching into the prefix."""
+    ref = hf_tiny.tiny_mistral(str(tmp_path), window=6)
+    config, params = weights.load_causal_lm_dir(str(tmp_path))
+    prefix, rows = random_ids(7), [random_ids(5), random_ids(3)]
+    prefix_cache = kv_cache.init_cache(config, 1, 8)
+    _, prefix_cache = kv_cache.extend(params, config, prefix_cache, jnp.array([[0] + prefix]), jnp.array([[0] + [1] * 7]))
+    cache = kv_cache.after_prefix(prefix_cache, 2, 12)
+    assert cache["k"].shape[2] == 12 and cache["prefix"]["k"].shape[1] == 1  # the prefix kept once, not per row
+    ids = np.zeros((2, 5), np.int32)
+    mask = np.zeros((2, 5), np.int32)
+    for r, row in enumerate(rows):  # right-padded rows of their own
+        ids[r, : len(row)], mask[r, : len(row)] = row, 1
+    logits, cache = kv_cache.extend(params, config, cache, jnp.array(ids), jnp.array(mask))
+    more = [random_ids(3), random_ids(3)]
+    for r, row in enumerate(rows):
+        with torch.no_grad():
+            expected = ref(torch.tensor([prefix + row + more[r]])).logits[0].numpy()
+        np.testing.assert_allclose(np.asarray(logits)[r], expected[len(prefix) + len(row) - 1], atol=1e-4)
+    for t in range(3):
+        logits, cache = kv_cache.extend(params, config, cache, jnp.array([[more[0][t]], [more[1][t]]]),
+                                        jnp.ones((2, 1), jnp.int32))
+        for r, row in enumerate(rows):
+            with torch.no_grad():
+                expected = ref(torch.tensor([prefix + row + more[r]])).logits[0].numpy()
+            np.testing.assert_allclose(np.asarray(logits)[r], expected[len(prefix) + len(row) + t], atol=1e-4,
+                                       err_msg=f"row {r}, token {t}")
+
+
+def test_attention_after_a_shared_prefix_equals_attention_over_the_prefix_copied_to_each_row():
+    """`layers.prefixed_attention` (one softmax over the prefix's keys, read once, and each row's own) equals the
+    attention over each row's own copy of the prefix before its keys: grouped K/V heads, masked prefix slots and
+    a padded row."""
+    from replug_jax.models import layers
+
+    rng = np.random.default_rng(2)
+    b, length, heads, kv_heads, dh, p, s = 3, 4, 6, 2, 8, 9, 5
+    q = jnp.asarray(rng.standard_normal((b, length, heads, dh)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((b, s, kv_heads, dh)), jnp.float32) for _ in range(2))
+    pk, pv = (jnp.asarray(rng.standard_normal((p, kv_heads, dh)), jnp.float32) for _ in range(2))
+    own_mask, prefix_mask = np.ones((b, length, s), bool), np.ones((b, length, p), bool)
+    own_mask[1, :, 3:], prefix_mask[:, :, :2] = False, False  # a row's last slots, the prefix's padding
+    bias = jnp.where(jnp.asarray(own_mask)[:, None], 0.0, layers.MASK_VALUE)
+    prefix_bias = jnp.where(jnp.asarray(prefix_mask)[:, None], 0.0, layers.MASK_VALUE)
+    got = layers.prefixed_attention(q, k, v, bias, pk, pv, prefix_bias)
+    copied_k = jnp.concatenate([jnp.broadcast_to(pk, (b,) + pk.shape), k], axis=1)
+    copied_v = jnp.concatenate([jnp.broadcast_to(pv, (b,) + pv.shape), v], axis=1)
+    want = layers.dot_product_attention(q, copied_k, copied_v, jnp.concatenate([prefix_bias, bias], axis=-1))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("window", [None, 7])
 def test_causal_attention_by_blocks_equals_full_attention(window):
     """Query blocks that skip the keys after them (a ragged last block, grouped K/V heads, left and right

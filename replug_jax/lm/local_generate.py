@@ -116,9 +116,9 @@ def prefill(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targe
     """Prefix once, copied to every row; each row's own tokens (scoring the query's, `query_targets` [B·K, T], for
     the posterior weights when T > 0), the `keep` best passes kept -> (cache, next-token logits [B·keep, V],
     log λ [B, K], the decoding's log λ [B, keep], log p(x | prefix, d) [B, K])."""
-    cache = kv_cache.init_cache(config, 1, slots, dtype)
-    _, cache = kv_cache.extend(params, config, cache, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
-    cache = split_rows(kv_cache.repeat_cache(cache, ids.shape[0]), config, mesh)
+    prefix = kv_cache.init_cache(config, 1, prefix_ids.shape[1], dtype)
+    _, prefix = kv_cache.extend(params, config, prefix, prefix_ids, prefix_mask, dtype)  # [1, P]: the shared prefix
+    cache = split_rows(kv_cache.after_prefix(prefix, ids.shape[0], slots), config, mesh)  # rows read it, never copy it
     # [B·K, V] after each pass's tokens; [B·K, T] its query tokens' log-probs
     logits, query_lps, cache = kv_cache.extend_and_score(params, config, cache, ids, mask, query_targets, dtype)
     query_ll = query_lps.sum(axis=1).reshape(log_weights.shape)  # [B, K]
@@ -233,7 +233,7 @@ class LocalGenerator:
             targets[row, :x] = np.arange(len(r) - x, len(r))
         w = np.full((n, k), -np.inf, np.float32)
         w[:b] = weights
-        slots = prefix_ids.shape[1] + width + steps
+        slots = width + steps  # each row's own (the prefix is read from its one row: kv_cache.after_prefix)
         fn = self._function(slots, steps, keep)
         split = sharding.batch_sharding(lm.mesh)
         ids, mask, w, targets = jax.device_put((ids, mask, w, targets), split)

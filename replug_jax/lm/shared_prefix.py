@@ -73,7 +73,7 @@ def _prefix_cache(params, ids, mask, *, config, dtype):
 
 def _score_after(params, prefix, ids, mask, targets, predict, *, config, dtype, mesh):
     """Rows [b, W] continuing the one-row `prefix` cache: log-probs [b, T] at `targets` (positions in the rows)."""
-    cache = split_rows(kv_cache.repeat_cache(prefix, ids.shape[0], ids.shape[1]), config, mesh)
+    cache = split_rows(kv_cache.after_prefix(prefix, ids.shape[0], ids.shape[1]), config, mesh)
     return causal_lm.logprobs_at(params, config, ids, mask, targets, predict, dtype=dtype, cache=cache)
 
 

@@ -119,10 +119,15 @@ def _through_cache(k, v, caches, layer, slot):
     return k_all[layer].astype(k.dtype), v_all[layer].astype(v.dtype), (k_all, v_all)
 
 
-def _attention(caches):
-    """Without a cache the bias is causal over the block's own tokens: attend block by block, skipping
-    the masked future keys; through a cache, over every slot."""
-    return layers.causal_attention if caches is None else layers.dot_product_attention
+def _attend(q, k, v, bias, caches, prefix_kv, prefix_bias):
+    """Without a cache the bias is causal over the block's own tokens: attend block by block, skipping the masked
+    future keys; through a cache, over every slot; after a shared prefix (`kv_cache.after_prefix`), over the
+    prefix's keys, read once for all rows, and the row's own slots, in one softmax."""
+    if caches is None:
+        return layers.causal_attention(q, k, v, bias)
+    if prefix_kv is None:
+        return layers.dot_product_attention(q, k, v, bias)
+    return layers.prefixed_attention(q, k, v, bias, prefix_kv[0][0], prefix_kv[1][0], prefix_bias)
 
 
 class GPT2Block(nn.Module):
@@ -130,15 +135,15 @@ class GPT2Block(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, carry, layer, bias, positions, slot):  # carry: (x [B, L, D], caches); see `CausalLM`
+    def __call__(self, carry, layer, prefix_kv, bias, prefix_bias, positions, slot):  # see `CausalLM`
         c = self.config
-        x, caches = carry
+        x, caches = carry  # x [B, L, D]
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_1")(x)
         qkv = layers.dense(3 * c.hidden_size, self.dtype, "c_attn", True)(h)
         q, k, v = (t.reshape(t.shape[:2] + (c.num_heads, c.dims_per_head)) for t in jnp.split(qkv, 3, axis=-1))
-        attend = _attention(caches)
+        no_cache = caches is None
         k, v, caches = _through_cache(k, v, caches, layer, slot)
-        attn = attend(q, k, v, bias).reshape(x.shape)
+        attn = _attend(q, k, v, bias, None if no_cache else caches, prefix_kv, prefix_bias).reshape(x.shape)
         x = x + layers.dense(c.hidden_size, self.dtype, "c_proj", True)(attn)
         h = layers.layer_norm(c.norm_eps, self.dtype, "ln_2")(x)
         h = layers.activation(c.hidden_act)(layers.dense(c.intermediate_size, self.dtype, "c_fc", True)(h))
@@ -150,18 +155,19 @@ class LlamaBlock(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, carry, layer, bias, positions, slot):  # carry: (x [B, L, D], caches); see `CausalLM`
+    def __call__(self, carry, layer, prefix_kv, bias, prefix_bias, positions, slot):  # see `CausalLM`
         c = self.config
-        x, caches = carry
+        x, caches = carry  # x [B, L, D]
         dh = c.dims_per_head
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="input_norm")(x)
         q = layers.dense(c.num_heads * dh, self.dtype, "q_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_heads, dh))
         k = layers.dense(c.num_kv_heads * dh, self.dtype, "k_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         v = layers.dense(c.num_kv_heads * dh, self.dtype, "v_proj", c.qkv_bias)(h).reshape(x.shape[:2] + (c.num_kv_heads, dh))
         q, k = rotary(q, positions, c.rope_theta), rotary(k, positions, c.rope_theta)
-        attend = _attention(caches)
+        no_cache = caches is None
         k, v, caches = _through_cache(k, v, caches, layer, slot)
-        attn = attend(q, k, v, bias).reshape(x.shape[:2] + (c.num_heads * dh,))
+        attn = _attend(q, k, v, bias, None if no_cache else caches, prefix_kv, prefix_bias)
+        attn = attn.reshape(x.shape[:2] + (c.num_heads * dh,))
         x = x + layers.dense(c.hidden_size, self.dtype, "o_proj", False)(attn)
         h = layers.RMSNorm(c.norm_eps, self.dtype, name="post_attention_norm")(x)
         gate = layers.activation(c.hidden_act)(layers.dense(c.intermediate_size, self.dtype, "gate_proj", False)(h))
@@ -181,11 +187,16 @@ class CausalLM(nn.Module):
 
         cache (optional, see `kv_cache.init_cache`): the tokens extend the cached ones; returns (logits, new cache)."""
         c = self.config
+        prefix = None if cache is None else cache.get("prefix")  # a shared prefix's one-row cache (after_prefix)
+        prefix_kv = prefix_bias = None
         if cache is None:
             positions = layers.positions_from_mask(attention_mask)  # [B, L]
             bias = layers.causal_bias(attention_mask, c.sliding_window)
         else:
             positions, bias, key_mask = _cached_positions_and_bias(cache, attention_mask, c.sliding_window)
+            if prefix is not None:
+                prefix_kv = (prefix["k"], prefix["v"])  # [layers, 1, P, Hkv, Dh] each, read by every row
+                prefix_bias = _prefix_bias(prefix["key_mask"], positions, c.sliding_window)  # [B, 1, L, P]
         wte = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=jnp.float32, name="embed_tokens")
         x = wte(input_ids)
         if c.arch == "gpt2":
@@ -195,11 +206,12 @@ class CausalLM(nn.Module):
         # carry, each layer writing its new tokens' slots in place (as the scan's per-layer output, the whole cache
         # was written anew at every call: twice its bytes in memory, and a decoding step's traffic twice over)
         blocks = nn.scan(GPT2Block if c.arch == "gpt2" else LlamaBlock, variable_axes={"params": 0},
-                         split_rngs={"params": True}, in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                         split_rngs={"params": True},
+                         in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                          length=c.num_layers, unroll=c.num_layers if _UNROLLED.get() else 1)
         caches = None if cache is None else (cache["k"], cache["v"])  # [layers, B, S, Hkv, Dh] each
         (x, caches), _ = blocks(c, self.dtype, name=STACKED_LAYERS)(
-            (x, caches), jnp.arange(c.num_layers, dtype=jnp.int32), bias, positions,
+            (x, caches), jnp.arange(c.num_layers, dtype=jnp.int32), prefix_kv, bias, prefix_bias, positions,
             None if cache is None else cache["length"])
         if c.arch == "gpt2":
             x = layers.layer_norm(c.norm_eps, self.dtype, "final_norm")(x)
@@ -215,7 +227,8 @@ class CausalLM(nn.Module):
             return out
         count = cache["count"] + attention_mask.sum(-1).astype(jnp.int32)
         length = cache["length"] + input_ids.shape[1]
-        return out, {"k": caches[0], "v": caches[1], "key_mask": key_mask, "count": count, "length": length}
+        new_cache = {"k": caches[0], "v": caches[1], "key_mask": key_mask, "count": count, "length": length}
+        return out, {**new_cache, "prefix": prefix} if prefix is not None else new_cache
 
 
 def _cached_positions_and_bias(cache, attention_mask, window=None):
@@ -228,9 +241,21 @@ def _cached_positions_and_bias(cache, attention_mask, window=None):
     slots = jnp.arange(key_mask.shape[1])  # [S]
     query_slots = cache["length"] + jnp.arange(mask.shape[1])  # [L]
     visible = (slots[None, :] <= query_slots[:, None])[None] & (key_mask[:, None, :] > 0)  # [B, L, S]
-    if window is not None:
-        visible &= layers.within_window(positions, layers.positions_from_mask(key_mask), window)
+    if window is not None:  # the keys' positions count a shared prefix's real tokens before them (after_prefix)
+        before = cache["prefix"]["key_mask"].sum() if "prefix" in cache else 0
+        visible &= layers.within_window(positions, layers.positions_from_mask(key_mask) + before, window)
     return positions, jnp.where(visible[:, None], 0.0, layers.MASK_VALUE).astype(jnp.float32), key_mask
+
+
+def _prefix_bias(prefix_mask, positions, window=None):
+    """The bias [B, 1, L, P] of L new tokens at `positions` [B, L] over a shared prefix's P slots (its key mask
+    [1, P]): every real prefix token precedes them; with `window`, only the last `window` tokens are seen."""
+    visible = jnp.broadcast_to(prefix_mask[:, None, :] > 0, positions.shape + prefix_mask.shape[1:])  # [B, L, P]
+    if window is not None:
+        prefix_positions = jnp.broadcast_to(layers.positions_from_mask(prefix_mask), (positions.shape[0],)
+                                            + prefix_mask.shape[1:])
+        visible &= layers.within_window(positions, prefix_positions, window)
+    return jnp.where(visible[:, None], 0.0, layers.MASK_VALUE).astype(jnp.float32)
 
 
 def logits(params, config: CausalLMConfig, input_ids, attention_mask, dtype=jnp.float32):

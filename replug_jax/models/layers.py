@@ -66,6 +66,28 @@ def dot_product_attention(q, k, v, bias):
     return jax.nn.dot_product_attention(q, k, v, bias=bias.astype(q.dtype))
 
 
+def prefixed_attention(q, k, v, bias, prefix_k, prefix_v, prefix_bias):
+    """Attention over a shared prefix's keys and values, read once for every row, and each row's own, in one softmax
+    (cascade attention: the prefix is never copied to the rows, kv_cache.after_prefix). Logits and softmax in float32,
+    probabilities times V in V's dtype, as `head_major_attention`.
+    q [B, L, H, Dh]; k, v [B, S, Hkv, Dh]; bias [B, 1, L, S]; prefix_k, prefix_v [P, Hkv, Dh]; prefix_bias
+    [B, 1, L, P] (additive: 0 or MASK_VALUE). Returns [B, L, H, Dh]."""
+    (b, length, heads, dh), kv_heads = q.shape, k.shape[2]
+    grouped = q.reshape(b, length, kv_heads, heads // kv_heads, dh)  # query heads beside their K/V head
+    scale = dh ** -0.5
+    own = jnp.einsum("blkgd,bskd->bkgls", grouped, k, preferred_element_type=jnp.float32) * scale
+    own = own + bias[:, :, None].astype(jnp.float32)  # [B, Hkv, G, L, S]
+    shared = jnp.einsum("blkgd,pkd->bkglp", grouped, prefix_k, preferred_element_type=jnp.float32) * scale
+    shared = shared + prefix_bias[:, :, None].astype(jnp.float32)  # [B, Hkv, G, L, P]
+    top = jnp.maximum(own.max(-1), shared.max(-1))[..., None]
+    own, shared = jnp.exp(own - top), jnp.exp(shared - top)
+    total = own.sum(-1, keepdims=True) + shared.sum(-1, keepdims=True)
+    out = (jnp.einsum("bkgls,bskd->blkgd", (own / total).astype(v.dtype), v, preferred_element_type=jnp.float32)
+           + jnp.einsum("bkglp,pkd->blkgd", (shared / total).astype(v.dtype), prefix_v,
+                        preferred_element_type=jnp.float32))
+    return out.astype(v.dtype).reshape(q.shape)
+
+
 # Query rows per block of `causal_attention`: 128 measured fastest for SmolLM2 on 512-token passes
 # (benchmarks/README.md "CPU speed"); 64 and 256 were slower.
 CAUSAL_BLOCK = 128

@@ -99,13 +99,16 @@ def _batch(mesh):
     return sharding.batch_sharding(mesh)
 
 
-def _cache_args(config, dtype, mesh, rows: int, slots: int):
-    """A key/value cache of `rows` rows over "data", heads over "model" (`local_generate.split_rows`'s layout)."""
+def _cache_args(config, dtype, mesh, rows: int, slots: int, prefix: int):
+    """The rows' key/value cache after a shared prefix of `prefix` slots (`kv_cache.after_prefix`): `rows` rows over
+    "data", heads over "model" (`local_generate.split_rows`'s layout), the prefix's one row beside them."""
     shapes = jax.eval_shape(lambda: kv_cache.init_cache(config, rows, slots, dtype))
     heads = NamedSharding(mesh, partition.kv_cache_spec(config.num_kv_heads, mesh))
     placed = {"k": heads, "v": heads, "key_mask": _batch(mesh), "count": _batch(mesh),
               "length": sharding.replicated(mesh)}
-    return {name: abstract(s.shape, s.dtype, placed[name]) for name, s in shapes.items()}
+    shared = _prefix_cache_args(config, dtype, mesh, prefix)
+    return {**{name: abstract(s.shape, s.dtype, placed[name]) for name, s in shapes.items()},
+            "prefix": {name: shared[name] for name in ("k", "v", "key_mask")}}
 
 
 def _prefix_cache_args(config, dtype, mesh, prefix: int):
@@ -176,7 +179,8 @@ class GenerationShape:
 
     @property
     def slots(self) -> int:
-        return self.prefix + self.width + self.steps
+        """Each row's own cache slots (the prefix is read from its one row: kv_cache.after_prefix)."""
+        return self.width + self.steps
 
 
 def _generation_inputs(config, dtype, mesh, g: GenerationShape):
@@ -197,7 +201,8 @@ def generation(config, dtype, mesh, g: GenerationShape) -> Program:
         return jitted, _generation_inputs(cfg, dtype, mesh, g) + (abstract((cfg.vocab_size,), jnp.bool_, rep),
                                                                    abstract((), jnp.int32, rep))
 
-    return Program(f"generation [{g.questions} questions x {g.passes} passes, {g.slots} slots, {g.steps} steps]",
+    return Program(f"generation [{g.questions} questions x {g.passes} passes of {g.slots} slots after {g.prefix}, "
+                   f"{g.steps} steps]",
                    "generation", build, config, mesh.devices.size, g.questions, "questions", 0.0,
                    participants=model_axis(mesh))
 
@@ -225,10 +230,12 @@ def decode_step(config, dtype, mesh, g: GenerationShape) -> Program:
         jitted = jax.jit(functools.partial(local_generate.decode_step, config=cfg, dtype=dtype))
         logits = abstract((rows, cfg.vocab_size), jnp.float32, _batch(mesh))
         weights = abstract((g.questions, g.keep), jnp.float32, _batch(mesh))
-        return jitted, (lm_params(cfg, dtype, mesh), _cache_args(cfg, dtype, mesh, rows, g.slots), logits, weights)
+        return jitted, (lm_params(cfg, dtype, mesh), _cache_args(cfg, dtype, mesh, rows, g.slots, g.prefix), logits,
+                        weights)
 
     flops = lm_flops(config, rows, g.prefix + g.width + g.steps / 2, rows)
-    return Program(f"decode step [{g.questions} questions x {g.keep} passes, {g.slots} slots]", "decode", build,
+    return Program(f"decode step [{g.questions} questions x {g.keep} passes of {g.slots} slots after {g.prefix}]",
+                   "decode", build,
                    config, mesh.devices.size, g.questions, "question-tokens", flops, role="part",
                    participants=model_axis(mesh))
 
