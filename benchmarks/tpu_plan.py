@@ -5,10 +5,11 @@ and the LSR train step. The compiled successor of the shape arithmetic that was 
     python benchmarks/tpu_plan.py [--models Llama-2-7B,...] [--tpus v5e-8,...] [--out benchmarks/tpu_plan.json]
 
 For each model and slice, the smallest model axis M (1, 2, 4, ...) at which the scoring pass and a REPLUG generation
-of one question a data shard (nq.py's: 10 passes after 16 shots, 2,768 cache slots) both fit, then at that M:
+call (nq.py's: 8 questions of 10 passes after 16 shots, each pass 160 cache slots of its own after the shots' 2,624)
+both fit, then at that M:
   * scoring: the programs LocalLM runs for a REPLUG pass, 8 rows of 512 tokens a data shard, 32 scored positions
     (also at the smallest M at which scoring alone fits: a job that only scores, as MMLU's or an LM evaluation);
-  * decoding: one step of the generation loop (`local_generate.decode_step`) for those rows, and its HBM roofline;
+  * decoding: one step of the generation loop (`local_generate.decode_step`) for that call, and its HBM roofline;
   * embedding: Contriever-base, 32 passages of 152 tokens a chip's call (the QA jobs' corpus embedding);
   * the LSR step: pile_lsr.py's (batch 64, top 20, 512-token queries and documents, both sides) on every chip.
 Memory and "fits" are the compiler's facts; seconds and MFU are its cost model's estimates (replug_jax/plan/costs.py).
@@ -25,6 +26,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax.numpy as jnp  # noqa: E402
 
+from replug_jax.lm import local  # noqa: E402
 from replug_jax.models import architectures  # noqa: E402
 from replug_jax.parallel import sharding, tpu  # noqa: E402
 from replug_jax.plan import costs, planner, programs  # noqa: E402
@@ -38,7 +40,9 @@ GENERATION = dict(passes=10, prefix=2624, width=144, query=0, steps=16)  # nq.py
 
 
 def generation_shape(mesh) -> programs.GenerationShape:
-    return programs.GenerationShape(questions=sharding.data_size(mesh), keep=GENERATION["passes"], **GENERATION)
+    """nq.py's generation call: lm_generation_questions (8) questions, at least one a data shard."""
+    questions = sharding.round_up(local.GENERATION_QUESTIONS, sharding.data_size(mesh))
+    return programs.GenerationShape(questions=questions, keep=GENERATION["passes"], **GENERATION)
 
 
 def lm_row(name: str, tpu_name: str, target: planner.Target) -> dict:

@@ -110,6 +110,7 @@ class REPLUG:
         if workdir:
             from replug_jax.retrieval.build import build_dense_index
 
+            os.makedirs(workdir, exist_ok=True)  # a folder not made yet, as the jobs take theirs (issue 85)
             index, _ = build_dense_index(encoder, store, os.path.join(workdir, "index_dense"), metric="cosine")
         else:
             index = DenseIndex.build(encoder.embed(store.texts), metric="cosine", meta=index_meta(encoder, store))

@@ -41,6 +41,20 @@ from replug_jax.server.completions import MAX_PROMPT_TOKENS
 __all__ = ["BackgroundServer", "is_loopback", "make_app", "main"]
 
 
+def port_in_use(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on (the OS's words: "Address already in use"), or None where it can."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a closed port's TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m replug_jax.serve", description=__doc__.split("\n")[0])
     parser.add_argument("--lm", required=True, help="as rj.load_lm takes: packaged name, local dir, .gguf path, hub id")
@@ -75,6 +89,10 @@ def main(argv: list[str] | None = None) -> None:
         check_exposure(args.host, api_key)
     except ValueError as e:
         parser.error(f"--{e}")
+    taken = port_in_use(args.host, args.port)  # said before the model loads, and before "serving"
+    if taken:
+        parser.error(f"--port {args.port}: {args.host}:{args.port} cannot be served ({taken}): is another server "
+                     "there? Choose another --port")
     lm = load_lm(args.lm, batch_size=args.batch_size, max_length=args.max_length or None, dtype=args.dtype)
     app = make_app(lm, model_name=args.model_name or args.lm, max_batch_rows=args.max_batch_rows,
                    batch_wait=args.batch_wait_ms / 1000, add_start_token=args.add_start_token, api_key=api_key,

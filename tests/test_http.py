@@ -193,6 +193,20 @@ def test_serve_command_line(tiny, tmp_path):
         stop(proc)
 
 
+def test_serve_refuses_a_port_in_use_in_one_line_before_loading_the_model(tiny):
+    """A port another program holds: refused at once naming it, before "serving" (uvicorn's "address already in
+    use" after the model had loaded and "serving" had been printed, issue 85)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "replug_jax.serve", "--lm", tiny[0], "--port", str(port)],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "serving" not in done.stdout, (done.stdout, done.stderr[-2000:])
+    error = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(error) == 1 and f"--port {port}" in error[0] and "in use" in error[0], done.stderr[-2000:]
+
+
 # ---- fault injection: a deliberately faulty proxy in front of our server -------------------------------------
 
 

@@ -188,6 +188,17 @@ def test_the_project_files_read_into_what_the_object_takes(rag, smollm2, minilm,
     assert len(said) == 1 and "Knowledge: <passage>\\nQuestion: <question>\\nAnswer:" in said[0]
 
 
+def test_a_workdir_not_made_yet_is_made_and_its_index_read_back(smollm2, minilm, tmp_path):
+    """`workdir=` naming folders that do not exist yet (the harness's workdir= with cache=false passes it on): made,
+    as the jobs make theirs, the index saved there and read back by the next object (the same passages)."""
+    workdir = tmp_path / "not" / "yet"
+    first = rj.REPLUG.from_documents(DOCS, lm=smollm2, encoder=minilm, k=2, workdir=str(workdir))
+    assert (workdir / "index_dense").exists()
+    again = rj.REPLUG.from_documents(DOCS, lm=smollm2, encoder=minilm, k=2, workdir=str(workdir))
+    query = ["Who painted the ceiling?"]
+    assert first.retriever.retrieve(query, 2)[1].tolist() == again.retriever.retrieve(query, 2)[1].tolist()
+
+
 def test_an_empty_answer_is_warned_about(smollm2, minilm):
     """Zero-shot, SmolLM2 ends its answer at once: the empty answer says so and names demos."""
     import replug_jax as rj

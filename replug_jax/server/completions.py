@@ -170,7 +170,7 @@ async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
     try:
         generations = [await asyncio.wrap_future(f) for f in pending] if max_tokens else [[] for _ in all_ids]
     except asyncio.CancelledError:  # the client has gone: none of its prompts is worth decoding (those the engine
-        for future in pending:  # has not taken yet are dropped; a batch already decoding finishes)
+        for future in pending:  # has not taken yet are dropped; its rows already decoding leave at the next chunk)
             future.cancel()
         raise
     choices, used = [], 0
