@@ -79,7 +79,8 @@ class REPLUG:
     @classmethod
     def from_documents(cls, documents, *, lm="smollm2", encoder="minilm", k: int = QA["k"],
                        temperature: float = QA["temperature"], doc_tokens: int = QA["doc_tokens"], tokenizer=None,
-                       doc_template: str = DOC_TEMPLATE, workdir: str | None = None, **mixing) -> "REPLUG":
+                       doc_template: str = DOC_TEMPLATE, workdir: str | None = None,
+                       drop_empty_documents: bool = False, **mixing) -> "REPLUG":
         """Chunk `documents` (see `as_documents`: texts, {"text", "title"?, "id"?} dicts, `Document`s, or a path as
         the jobs read it) into `doc_tokens`-token passages with the LM's tokenizer, embed them with `encoder` (a
         name or a DenseEncoder) into an exact cosine index; `doc_template`: each passage before the text in
@@ -88,8 +89,9 @@ class REPLUG:
         `build_dense_index`). `lm`: a name, a server URL, or a loaded LM. With a URL, `tokenizer` (a model name
         as `rj.load_tokenizer` takes, or a TextTokenizer: the server's model's) builds token-id prompts and cuts
         the passages; None: the server's own /tokenize does both (passages cut by
-        `models.tokenizer.piece_token_starts`), as the jobs' `lm_tokenizer` key. `mixing`: the constructor's
-        weights, posterior_alpha, rerank_depth."""
+        `models.tokenizer.piece_token_starts`), as the jobs' `lm_tokenizer` key. A document without text is refused
+        naming it, or left out and named in a warning with `drop_empty_documents` (the jobs' rule). `mixing`: the
+        constructor's weights, posterior_alpha, rerank_depth."""
         from replug_jax.loading import load_encoder, load_lm
         from replug_jax.retrieval.index import DenseIndex
         from replug_jax.retrieval.retriever import DenseRetriever, index_meta
@@ -106,7 +108,7 @@ class REPLUG:
             raise ValueError(f"{lm!r} has no tokenizer to cut passages with (a server without /tokenize): pass "
                              "tokenizer=, the server's model's tokenizer")
         encoder = load_encoder(encoder) if isinstance(encoder, str) else encoder
-        store = chunk_documents(docs, lm.tokenizer, chunk_tokens=doc_tokens)
+        store = chunk_documents(docs, lm.tokenizer, chunk_tokens=doc_tokens, drop_empty=drop_empty_documents)
         if workdir:
             from replug_jax.retrieval.build import build_dense_index
 

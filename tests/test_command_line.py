@@ -426,3 +426,25 @@ def test_documents_without_text_are_refused_naming_them_or_left_out_with_a_warni
     assert input_checks.input_warnings(_config("qa.py", **qa, doc_tokens=16)) == []
     (short,) = input_checks.input_warnings(_config("qa.py", **qa, doc_tokens=3))
     assert short.startswith("--config.doc_tokens=3: passages of 3 tokens hold a few words each")
+
+
+def test_a_document_without_text_in_a_folder_is_refused_by_the_job_in_one_line(tmp_path):
+    """Issue 85, item 7: the first-second check reads small JSONL and .txt files; a folder of .txt files (like a JSONL
+    over 16 MiB, DPR's tsv, the REPLUG object and the harness) is read as it is chunked, by the same rule: a document
+    without text refused in one line naming it (it was dropped without a word), or left out with a warning."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "velmora.txt").write_text("Velmora is a town on the coast. Its lighthouse is old. " * 4)
+    (folder / "blank.txt").write_text(" \n ")
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text(json.dumps({"text": "Velmora has a harbour and a lighthouse on the coast. " * 8}) + "\n")
+    args = ["--config", os.path.join("experiments", "configs", "lm_eval.py"), "--workdir", str(tmp_path / "run"),
+            f"--config.corpus={folder}", f"--config.eval_data={held_out}", "--config.k=1", "--config.k_sweep=1",
+            "--config.methods=replug"]
+    done, _ = run_main(*args)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
+    assert "1 document without text (id 'blank')" in errors[0] and "drop_empty_documents" in errors[0], errors
+    done, _ = run_main(*args, "--config.drop_empty_documents=True")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "left out 1 document without text (id 'blank')" in done.stdout + done.stderr

@@ -225,6 +225,25 @@ def test_a_workdir_reuses_the_index_and_resumes_from_the_lms_cache(tasks, smollm
     assert second.lm.hits > 0 and second.lm.misses == 0  # every score read back from WORKDIR/lm_cache.sqlite
 
 
+def test_a_corpus_document_without_text_is_refused_or_left_out_and_a_new_workdir_made(tasks, smollm2, minilm,
+                                                                                     tmp_path):
+    """The jobs' rule for documents without text in the harness's corpus= (issue 85: dropped without a word), and a
+    workdir= not made yet with cache=false made (it failed after embedding the corpus)."""
+    from replug_jax.retrieval.datastore import EmptyDocuments
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "wet", "text": "A wetland is land that is wet all year."}) + "\n"
+                      + json.dumps({"id": "blank", "text": ""}) + "\n")
+    args = {"k": 1, "weights": "replug", "encoder": minilm, "include_path": tasks[0]}
+    with pytest.raises(EmptyDocuments, match=r"1 document without text \(id 'blank'\)"):
+        REPLUGHarnessLM(lm=smollm2, corpus=str(corpus), **args)
+    workdir = tmp_path / "new" / "run"
+    with pytest.warns(UserWarning, match=r"left out 1 document without text \(id 'blank'\)"):
+        model = REPLUGHarnessLM(lm=smollm2, corpus=str(corpus), drop_empty_documents=True, workdir=str(workdir),
+                                cache=False, **args)
+    assert set(model.rag.datastore.sources) == {"wet"} and (workdir / "index_dense").exists()
+
+
 @pytest.mark.slow  # lm-eval's command line indexes its 14,000 tasks (about 20 s) before it runs
 def test_the_documented_command_prints_lm_evals_table(tmp_path):
     """docs/harness.md's command: `python -m replug_jax.harness --model replug ...` writes the offline tasks on first

@@ -199,6 +199,18 @@ def test_a_workdir_not_made_yet_is_made_and_its_index_read_back(smollm2, minilm,
     assert first.retriever.retrieve(query, 2)[1].tolist() == again.retriever.retrieve(query, 2)[1].tolist()
 
 
+def test_a_document_without_text_is_refused_naming_it_or_left_out_with_a_warning(smollm2, minilm):
+    """The jobs' rule in the REPLUG object (issue 85: it dropped them without a word)."""
+    from replug_jax.retrieval.datastore import EmptyDocuments
+
+    docs = [{"id": "kept", "text": DOCS[0]}, {"id": "blank", "text": "  "}]
+    with pytest.raises(EmptyDocuments, match=r"1 document without text \(id 'blank'\)"):
+        rj.REPLUG.from_documents(docs, lm=smollm2, encoder=minilm, k=1)
+    with pytest.warns(UserWarning, match=r"left out 1 document without text \(id 'blank'\)"):
+        rag = rj.REPLUG.from_documents(docs, lm=smollm2, encoder=minilm, k=1, drop_empty_documents=True)
+    assert set(rag.datastore.sources) == {"kept"}
+
+
 def test_an_empty_answer_is_warned_about(smollm2, minilm):
     """Zero-shot, SmolLM2 ends its answer at once: the empty answer says so and names demos."""
     import replug_jax as rj

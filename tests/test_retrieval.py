@@ -14,7 +14,8 @@ import replug_jax as rj
 from replug_jax.models.tokenizer import from_hf_dir
 from replug_jax.retrieval import embeddings
 from replug_jax.retrieval.bm25 import BM25Index
-from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, read_jsonl, read_text_files
+from replug_jax.retrieval.datastore import (Datastore, Document, EmptyDocuments, chunk_documents, read_jsonl,
+                                           read_text_files)
 from replug_jax.retrieval.index import DenseIndex, IndexRefused
 from replug_jax.retrieval.retriever import BM25Retriever, DenseRetriever, RandomRetriever, index_meta
 
@@ -51,16 +52,20 @@ def sentence_store() -> Datastore:
 
 
 def test_chunks_are_exact_windows_that_tile_the_document(byte_tokenizer):
-    docs = [Document("a", "A", "x" * 100), Document("b", "", "short"), Document("empty", "", ""),
+    docs = [Document("a", "A", "x" * 100), Document("b", "", "short"), Document("empty", "", " \n"),
             Document("c", "C", "y" * 70)]
-    ds = chunk_documents(docs, byte_tokenizer, chunk_tokens=32, min_tokens=8)
-    # a: 32+32+36 (the 4-token tail merged); b: one short chunk; empty: skipped; c: 32+32+6 -> 32+38
+    with pytest.raises(EmptyDocuments, match=r"1 document without text \(id 'empty'\): give it text, or leave it out "
+                       "with drop_empty_documents"):  # the jobs' rule, on every source (issue 85)
+        chunk_documents(docs, byte_tokenizer, chunk_tokens=32, min_tokens=8)
+    with pytest.warns(UserWarning, match=r"left out 1 document without text \(id 'empty'\)"):
+        ds = chunk_documents(docs, byte_tokenizer, chunk_tokens=32, min_tokens=8, drop_empty=True)
+    # a: 32+32+36 (the 4-token tail merged); b: one short chunk; empty: left out; c: 32+32+6 -> 32+38
     assert ds.ids == ["a#0", "a#1", "a#2", "b#0", "c#0", "c#1"]
     assert [len(byte_tokenizer.encode(t)) for t in ds.texts] == [32, 32, 36, 5, 32, 38]
     assert ds.sources == ["a", "a", "a", "b", "c", "c"] and ds.titles[:3] == ["A"] * 3
     for doc in docs[:2] + docs[3:]:
         assert "".join(t for t, s in zip(ds.texts, ds.sources) if s == doc.id) == doc.text
-    assert chunk_documents(docs, byte_tokenizer, 32, 8).ids == ds.ids  # stable
+    assert chunk_documents(docs, byte_tokenizer, 32, 8, drop_empty=True).ids == ds.ids  # stable
 
 
 def test_a_documents_own_fields_are_kept_through_the_datastore_file(byte_tokenizer, tmp_path):
@@ -154,7 +159,8 @@ def test_batch_encoded_chunks_are_the_document_by_document_chunks(name, monkeypa
     docs += [Document(f"edge{i}", "", text) for i, text in enumerate(EDGE_TEXTS)]
     monkeypatch.setattr(datastore, "CHUNK_BATCH", 7)  # many batches, documents of every kind at their edges
     for chunk_tokens in (16, 128):
-        store = chunk_documents(docs, tokenizer, chunk_tokens=chunk_tokens)
+        with pytest.warns(UserWarning, match="without text"):  # the whitespace edges, left out as asked
+            store = chunk_documents(docs, tokenizer, chunk_tokens=chunk_tokens, drop_empty=True)
         assert list(zip(store.ids, store.texts)) == reference_chunks(docs, tokenizer, chunk_tokens)
 
 
@@ -168,8 +174,8 @@ def test_datastore_round_trip_and_errors(tmp_path, byte_tokenizer):
     assert back.fingerprint() == ds.fingerprint() and len(back) == len(ds)
     assert os.listdir(tmp_path) == ["ds.jsonl"]  # no temp file left behind
     assert sorted(back.rows_of_sources(["b", "nope"]).tolist()) == [len(ds) - 1]
-    with pytest.raises(ValueError, match="empty corpus"):
-        chunk_documents([Document("e", "", "")], byte_tokenizer)
+    with pytest.raises(ValueError, match="empty corpus"), pytest.warns(UserWarning, match="left out 1 document"):
+        chunk_documents([Document("e", "", "")], byte_tokenizer, drop_empty=True)
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="empty corpus"):
         Datastore.load(str(tmp_path / "empty.jsonl"))

@@ -58,7 +58,7 @@ def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpu
         raise InputError(f"--model_args {', '.join(sorted(unknown))}: not an argument of the replug model (lm, "
                          "tokenizer, encoder, corpus, k, weights, temperature, posterior_alpha, rerank_depth, "
                          "doc_tokens, doc_template, query, include_path, is_greedy, stride_tokens, query_tokens, "
-                         "context_tokens, workdir, cache)")
+                         "context_tokens, workdir, cache, drop_empty_documents)")
     try:
         for key, value in windows.items():
             settings.check_value(key, value, prefix="")
@@ -98,7 +98,9 @@ class REPLUGHarnessLM(LM):
     tasks' paragraphs), k (0: no retrieval), weights (replug, replug_posterior or none), temperature,
     posterior_alpha, rerank_depth, doc_tokens, doc_template, query (harness/queries.py), include_path, is_greedy,
     stride_tokens, query_tokens, context_tokens, workdir (the index saved and reused there, and the LM's answers
-    cached there unless cache=false, so a rerun resumes). Defaults are the REPLUG object's (`settings.QA_DEFAULTS`)."""
+    cached there unless cache=false, so a rerun resumes), drop_empty_documents (true: a corpus's documents without
+    text left out, named in a warning; else refused naming them). Defaults are the REPLUG object's
+    (`settings.QA_DEFAULTS`)."""
 
     def __init__(self, lm: str = "smollm2", corpus: str | None = None, encoder: str = "minilm", k: int = QA["k"],
                  weights: str = settings.QA_WEIGHTS, temperature: float = QA["temperature"],
@@ -107,7 +109,7 @@ class REPLUGHarnessLM(LM):
                  query: str = "doc_to_text", include_path: str | None = None, is_greedy: bool = True,
                  stride_tokens: int = WINDOWS["stride_tokens"], query_tokens: int = WINDOWS["query_tokens"],
                  context_tokens: int = WINDOWS["context_tokens"], workdir: str | None = None, cache: bool = True,
-                 batch_size=None, max_batch_size=None, device=None, **unknown):
+                 drop_empty_documents: bool = False, batch_size=None, max_batch_size=None, device=None, **unknown):
         super().__init__()
         check_arguments(unknown=unknown, k=k, weights=weights, corpus=corpus, temperature=temperature,
                         posterior_alpha=posterior_alpha, rerank_depth=rerank_depth, stride_tokens=stride_tokens,
@@ -147,7 +149,7 @@ class REPLUGHarnessLM(LM):
             self.rag = REPLUG.from_documents(documents, lm=lm, encoder=encoder, k=k, temperature=temperature,
                                              doc_tokens=doc_tokens, doc_template=doc_template, workdir=workdir,
                                              weights=weights, posterior_alpha=posterior_alpha,
-                                             rerank_depth=rerank_depth)
+                                             rerank_depth=rerank_depth, drop_empty_documents=drop_empty_documents)
             self.lm = self.rag.lm
 
     # ------------------------------------------------------------------ lm-eval's three requests

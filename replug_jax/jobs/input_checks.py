@@ -336,9 +336,6 @@ def _check_small_documents(key: str, path: str) -> None:
         raise InputError(f"--config.{key}={path!r} is empty: no document with any text")
 
 
-SHOWN_IDS = 5  # ids named in a message about several documents
-
-
 def empty_documents(config) -> dict[str, list[str]]:
     """Per document key (corpus, eval_data) of a small file, the ids of its documents without text (only
     whitespace, or none), which no passage or window would hold."""
@@ -353,9 +350,9 @@ def empty_documents(config) -> dict[str, list[str]]:
 
 
 def _named(ids: list[str]) -> str:
-    shown = ", ".join(map(repr, ids[:SHOWN_IDS]))
-    return f"{len(ids)} document{'s' if len(ids) != 1 else ''} without text (id {shown}" + (
-        f" and {len(ids) - SHOWN_IDS} more)" if len(ids) > SHOWN_IDS else ")")
+    from replug_jax.retrieval.datastore import without_text
+
+    return without_text(ids)
 
 
 def _check_empty_documents(config) -> None:
@@ -417,7 +414,8 @@ def passages_exactly(config) -> int | None:
     from replug_jax.loading import load_tokenizer
     from replug_jax.retrieval.datastore import chunk_rows
 
-    return sum(1 for _ in chunk_rows(documents, load_tokenizer(name), config.doc_tokens))
+    return sum(1 for _ in chunk_rows(documents, load_tokenizer(name), config.doc_tokens,
+                                     drop_empty=config.get("drop_empty_documents", False)))
 
 
 # replug_posterior's settings (the method itself: method/posterior.py)

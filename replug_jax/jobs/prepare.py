@@ -60,7 +60,8 @@ def read_documents(source: str) -> list[ds.Document]:
     return list(ds.read_document_file(source))
 
 
-def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) -> ds.Datastore:
+def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str,
+                    drop_empty: bool = False) -> ds.Datastore:
     """Chunk the corpus into `doc_tokens`-token passages; reuse WORKDIR/datastore.jsonl if built from the same input.
     With several processes a collective call: each chunks a share of the documents (`chunk_shares`)."""
     stamp = {"corpus": corpus_path, "doc_tokens": doc_tokens, "tokenizer": tokenizer_fingerprint(tokenizer),
@@ -69,7 +70,7 @@ def build_datastore(corpus_path: str, tokenizer, doc_tokens: int, workdir: str) 
         stamp.update(corpus=os.path.abspath(corpus_path), size=os.path.getsize(corpus_path),
                      mtime_ns=os.stat(corpus_path).st_mtime_ns)
     return chunk_shares.chunked_datastore(lambda: read_documents(corpus_path), tokenizer, doc_tokens,
-                                          os.path.join(workdir, "datastore.jsonl"), stamp)
+                                          os.path.join(workdir, "datastore.jsonl"), stamp, drop_empty)
 
 
 def job_index(encoder, store: ds.Datastore, workdir: str, *, metric: str, factory: str,
@@ -178,13 +179,15 @@ def corpus_documents_file(corpus: str, workdir: str, split: str = "validation") 
 
 
 def build_corpus(corpus: str, tokenizer, doc_tokens: int, workdir: str, *, split: str = "validation",
-                 max_passages: int | None = None) -> ds.Datastore:
+                 max_passages: int | None = None, drop_empty: bool = False) -> ds.Datastore:
     """The downstream jobs' datastore: the offline corpora (`corpus_documents_file`) or documents chunked into
-    `doc_tokens`-token passages, or DPR's passages (a .tsv, kept whole)."""
+    `doc_tokens`-token passages, or DPR's passages (a .tsv, kept whole); a document or passage without text refused
+    naming it, or left out with `drop_empty` (`datastore.with_text`)."""
     if corpus.endswith(".tsv"):
-        return question_sets.passages_datastore(question_sets.read_dpr_passages(corpus, limit=max_passages))
+        passages = question_sets.read_dpr_passages(corpus, limit=max_passages)
+        return question_sets.passages_datastore(ds.with_text(passages, drop_empty))
     path = distributed.lead_first(lambda: corpus_documents_file(corpus, workdir, split))  # one writer of the file
-    return build_datastore(path, tokenizer, doc_tokens, workdir)
+    return build_datastore(path, tokenizer, doc_tokens, workdir, drop_empty)
 
 
 def data_paths(config, workdir: str) -> dict[str, str]:
@@ -203,8 +206,8 @@ def data_paths(config, workdir: str) -> dict[str, str]:
 
 def make_windows(eval_path: str, tokenizer, config) -> list:
     """The held-out evaluation windows of the documents in `eval_path` (config: their sizes and counts)."""
-    docs = [d for d in read_documents(eval_path) if d.text.strip()][: config.max_eval_docs]  # empty: refused or
-    # left out by --config.drop_empty_documents (jobs/input_checks.py)
+    docs = list(ds.with_text(read_documents(eval_path), config.get("drop_empty_documents", False)))  # the one rule
+    docs = docs[: config.max_eval_docs]
     windows = []
     for doc in docs:
         windows += document_windows(doc.id, doc.text, tokenizer, stride_tokens=config.stride_tokens,
@@ -268,7 +271,8 @@ def prepare(config, workdir: str) -> Workspace:
     if isinstance(lm, CachedLM):
         kind += f", scores cached in {lm.path}"
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({kind})")
-    store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared)
+    store = build_datastore(paths["datastore"], tokenizer, config.doc_tokens, shared,
+                            config.get("drop_empty_documents", False))
     console.phase(f"datastore: {len(store):,} passages of up to {config.doc_tokens} LM tokens")
     check_depth_fits(config, len(store))  # before any embedding
     index = job_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,
@@ -292,7 +296,7 @@ def prepare_downstream(config, workdir: str, lm=None) -> Workspace:
     console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__}{cached})")
     store = build_corpus(
         config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
-        max_passages=config.get("max_passages") or None)
+        max_passages=config.get("max_passages") or None, drop_empty=config.get("drop_empty_documents", False))
     check_depth_fits(config, len(store))  # before any embedding
     console.phase(f"datastore: {len(store):,} passages")
     index = job_index(encoder, store, shared, metric=config.metric, factory=config.index_factory,

@@ -29,21 +29,23 @@ def part_path(path: str, index: int, count: int) -> str:
 
 
 def chunked_datastore(read: Callable[[], Sequence[Document]], tokenizer: TextTokenizer, chunk_tokens: int,
-                      path: str, stamp: dict) -> Datastore:
-    """`chunk_documents(read(), tokenizer, chunk_tokens)` saved to `path` (atomically), chunked in shares by the
-    job's processes (a collective call with several), or `path` itself where its stamp records `stamp`.
-    `read()`: the documents (every process reads them all)."""
+                      path: str, stamp: dict, drop_empty: bool = False) -> Datastore:
+    """`chunk_documents(read(), tokenizer, chunk_tokens, drop_empty=drop_empty)` saved to `path` (atomically), chunked
+    in shares by the job's processes (a collective call with several), or `path` itself where its stamp records
+    `stamp`. `read()`: the documents (every process reads them all); a document without text refused or left out
+    (`datastore.with_text`)."""
     if distributed.lead_value(_stamped(path, stamp)):  # one decision for every process
         return Datastore.load(path)
     count, index = distributed.process_count(), distributed.process_index()
     if count == 1:
-        store = chunk_documents(read(), tokenizer, chunk_tokens)
+        store = chunk_documents(read(), tokenizer, chunk_tokens, drop_empty=drop_empty)
         store.save(path)
     else:
         def chunk_share() -> None:
             documents = read()
             rows = distributed.share(len(documents), index, count)
-            part = list(chunk_rows(documents[rows.start : rows.stop], tokenizer, chunk_tokens))  # may be empty
+            part = list(chunk_rows(documents[rows.start : rows.stop], tokenizer, chunk_tokens,  # may be empty
+                                   drop_empty=drop_empty))
             save_rows(part, part_path(path, index, count))
             console.phase(f"datastore: documents {rows.start:,}-{rows.stop:,} of {len(documents):,} chunked here "
                           f"({len(part):,} passages)")

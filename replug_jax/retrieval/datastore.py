@@ -219,19 +219,55 @@ def with_passage_fields(record, store: Datastore):
     return out
 
 
+SHOWN_IDS = 5  # ids named in a message about several documents
+
+
+def without_text(ids: list[str]) -> str:
+    """'2 documents without text (id 'a', 'b')': how every refusal and warning names them."""
+    shown = ", ".join(map(repr, ids[:SHOWN_IDS]))
+    return f"{len(ids)} document{'s' if len(ids) != 1 else ''} without text (id {shown}" + (
+        f" and {len(ids) - SHOWN_IDS} more)" if len(ids) > SHOWN_IDS else ")")
+
+
+class EmptyDocuments(InputError):
+    """Documents without text, where leaving them out was not asked for."""
+
+
+def with_text(documents: Iterable[Document], drop_empty: bool = False, batch: int = 1024) -> Iterator[Document]:
+    """The documents that have text (more than whitespace), by the one rule of every source (a file of any size, a
+    folder, DPR's passages, the REPLUG object, the harness): a document without text is refused naming it
+    (`EmptyDocuments`, raised at the first batch of `batch` holding one), or, with `drop_empty`, left out and
+    named in one warning once all are read."""
+    import warnings
+
+    dropped = []
+    for part in _batches(documents, batch):
+        empty = [d.id for d in part if not d.text.strip()]
+        if empty and not drop_empty:
+            them = "it" if len(empty) == 1 else "them"
+            raise EmptyDocuments(f"{without_text(empty)}: give {them} text, or leave {them} out with "
+                                 "drop_empty_documents (--config.drop_empty_documents=True in a job, "
+                                 "drop_empty_documents=True for the REPLUG object and the harness)")
+        dropped += empty
+        yield from (d for d in part if d.text.strip())
+    if dropped:
+        warnings.warn(f"left out {without_text(dropped)} (drop_empty_documents)", stacklevel=2)
+
+
 def chunk_documents(documents: Iterable[Document], tokenizer: TextTokenizer, chunk_tokens: int = 128,
-                    min_tokens: int = 16) -> Datastore:
+                    min_tokens: int = 16, drop_empty: bool = False) -> Datastore:
     """Cut each document into consecutive windows of `chunk_tokens` tokens of `tokenizer`.
 
     Chunk j of a document spans from its first token's start (0 for j = 0) to the next
     chunk's first token's start (the end of the text for the last chunk), so the chunks
     tile the document exactly. A trailing window of fewer than `min_tokens` tokens is
     merged into the previous chunk (which then has up to chunk_tokens + min_tokens - 1
-    tokens); a document shorter than `min_tokens` stays one chunk. Documents with no
-    text (only whitespace, or none) are skipped. Chunk ids are f"{document id}#{chunk number}".
+    tokens); a document shorter than `min_tokens` stays one chunk. A document with no text (only whitespace, or
+    none) is refused naming it, or left out with `drop_empty` (`with_text`). Chunk ids are
+    f"{document id}#{chunk number}".
     """
     ids, titles, texts, sources, fields = [], [], [], [], {}
-    for row_id, title, text, source, own in chunk_rows(documents, tokenizer, chunk_tokens, min_tokens):
+    for row_id, title, text, source, own in chunk_rows(documents, tokenizer, chunk_tokens, min_tokens, drop_empty):
         ids.append(row_id)
         titles.append(title)
         texts.append(text)
@@ -242,13 +278,13 @@ def chunk_documents(documents: Iterable[Document], tokenizer: TextTokenizer, chu
 
 
 def chunk_rows(documents: Iterable[Document], tokenizer: TextTokenizer, chunk_tokens: int = 128,
-               min_tokens: int = 16) -> Iterator[tuple[str, str, str, str, dict]]:
+               min_tokens: int = 16, drop_empty: bool = False) -> Iterator[tuple[str, str, str, str, dict]]:
     """`chunk_documents`' chunks as (id, title, text, source, the document's own fields) rows, none for no document
-    (not an error here)."""
+    (not an error here); a document without text refused or left out as `with_text` says."""
     if chunk_tokens < 1 or min_tokens < 0:
         raise ValueError(f"chunk_tokens must be >= 1 and min_tokens >= 0, got {chunk_tokens}, {min_tokens}")
-    for batch in _batches(documents, CHUNK_BATCH):  # one batch encoding per batch: the tokenizer's every core
-        batch = [d for d in batch if d.text.strip()]  # a document without text holds no passage
+    # one batch encoding per batch: the tokenizer's every core
+    for batch in _batches(with_text(documents, drop_empty, CHUNK_BATCH), CHUNK_BATCH):
         for doc, starts in zip(batch, token_starts_batch(tokenizer, [d.text for d in batch])):
             for j, (start, end) in enumerate(_chunk_spans(starts, chunk_tokens, min_tokens)):
                 yield f"{doc.id}#{j}", doc.title, doc.text[start:end], doc.id, dict(doc.fields)
