@@ -46,7 +46,7 @@ def generation_shape(mesh) -> programs.GenerationShape:
 
 
 def lm_row(name: str, tpu_name: str, target: planner.Target) -> dict:
-    config = architectures.lm_config(MODELS[name])
+    config = architectures.lm_config(MODELS.get(name, name))  # a paper-scale LM, or any name the jobs take
     chip, bf16 = target.slice_.chip, jnp.bfloat16
     row = {"model": name, "tpu": tpu_name, "chips": len(target.devices),
            "usable_hbm_gib": chip.usable_hbm_bytes / 2**30}
@@ -94,12 +94,13 @@ def _scoring_alone(config, target: planner.Target):
     return None
 
 
-def retriever_row(tpu_name: str, target: planner.Target) -> dict:
-    encoder, _ = architectures.encoder_config("contriever")
+def retriever_row(tpu_name: str, target: planner.Target, encoder_name: str = "contriever",
+                  lsr_batch: int = 64) -> dict:
+    encoder, _ = architectures.encoder_config(encoder_name)
     chip, bf16 = target.slice_.chip, jnp.bfloat16
     mesh = sharding.data_mesh(target.devices)
     embed = programs.embedding(encoder, bf16, mesh, 32 * len(target.devices), 152)
-    step = programs.train_step(encoder, bf16, mesh, batch=64, k=20, query_tokens=512, doc_tokens=512,
+    step = programs.train_step(encoder, bf16, mesh, batch=lsr_batch, k=20, query_tokens=512, doc_tokens=512,
                                query_side=False)
     row = {"tpu": tpu_name}
     for label, program in (("embedding", embed), ("lsr_step", step)):
@@ -140,13 +141,15 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--tpus", default=",".join(TPUS))
+    parser.add_argument("--encoder", default="contriever", help="the retriever whose embedding and LSR step are planned")
+    parser.add_argument("--lsr-batch", type=int, default=64, help="the LSR step's batch (pile_lsr.py's: 64)")
     parser.add_argument("--out", default="", help="write the rows as JSON here")
     args = parser.parse_args(argv)
     started, rows, retriever = time.time(), [], []
     for tpu_name in args.tpus.split(","):
         slice_ = tpu.tpu_slice(tpu_name)
         target = planner.Target(slice_, tpu.topology_devices(slice_))
-        retriever.append(retriever_row(tpu_name, target))
+        retriever.append(retriever_row(tpu_name, target, args.encoder, args.lsr_batch))
         for name in args.models.split(","):
             rows.append(lm_row(name, tpu_name, target))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

@@ -116,3 +116,24 @@ def test_lm_mlp_benchmark_times_each_xla_option_with_its_error(tmp_path):
     assert {"xla_defaults", "xla_eigen", "torch"} <= by_impl.keys()
     for impl in ("xla_defaults", "xla_eigen", "torch"):  # right to float32 rounding
         assert by_impl[impl]["max_abs_error"] < 1e-4 and by_impl[impl]["ms"] > 0, impl
+
+
+@pytest.mark.slow  # a smoke run of the compiled TPU table (benchmarks/README.md "Compiled for the TPU")
+def test_tpu_plan_table_runs_and_reads_the_compilers_figures(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPLUG_JAX_PLAN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "plan.json"
+    rows = load_script("tpu_plan").main(["--models", "smollm2", "--tpus", "v5e-8", "--encoder", "minilm",
+                                         "--lsr-batch", "8", "--out", str(out)])
+    (row,) = rows
+    assert row["fits"] and row["model_parallel"] == 1 and 0 < row["scoring_mfu"] < 1 and row["decode_ms"] > 0
+    written = json.load(open(out))
+    assert written["rows"] == rows and written["retriever"][0]["embedding_fits"] and written["libtpu"]
+
+
+@pytest.mark.slow  # a smoke run of the server's fairness benchmark
+def test_server_fairness_benchmark_times_a_generation_alone_and_beside_a_full_queue(tmp_path):
+    from tests import hf_tiny
+
+    hf_tiny.tiny_gpt2(str(tmp_path), positions=256)
+    row = load_script("bench_server_fairness").main(["--lm", str(tmp_path), "--tokens", "8", "--prompts", "16"])
+    assert row["alone_s"] > 0 and row["beside_load_s"] > 0 and row["scoring_batches"] > 0

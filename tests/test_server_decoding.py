@@ -263,3 +263,35 @@ def test_rows_finishing_before_a_row_below_them_repack_without_losing_it(served)
         alone = engine.generate(prompt, n, 0).result(timeout=120)
         assert [t for t, _, _ in got] == [t for t, _, _ in alone] and len(got) == n
         np.testing.assert_allclose([v for _, v, _ in got], [v for _, v, _ in alone], atol=1e-4, rtol=0)
+
+
+def test_a_generation_finishes_while_scoring_keeps_the_queue_full(served):
+    """Issue 85: 3 clients of 16 scoring prompts each (48 in flight, more than a batch's 32 rows) keep the queue from
+    ever emptying; a generation beside them finishes while they go on (it waited for the queue to empty: 42.8 s
+    against 1.9 s alone), a chunk of its steps between two scoring batches."""
+    lm, server = served
+    engine = server.app.state.engine
+    prompts = [lm.tokenizer.encode(f"{p} and more words here") for p in PROMPTS * 4]  # 16 prompts
+    stop, answered = threading.Event(), []
+
+    def client():
+        started = time.time()
+        while not stop.is_set() and time.time() - started < 120:
+            engine.score(prompts).result(timeout=120)
+            answered.append(time.time())
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.time() + 60
+        while len(answered) < 3 and time.time() < deadline:  # the load runs (and its programs are compiled)
+            time.sleep(0.01)
+        generated = engine.generate(lm.tokenizer.encode("Once"), 30, 0).result(timeout=120)
+        load_running = not stop.is_set() and all(t.is_alive() for t in threads)
+        scored_meanwhile = len(answered)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert len(generated) == 30 and load_running and scored_meanwhile > 3

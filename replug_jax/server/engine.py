@@ -6,13 +6,18 @@ Scoring (echo log-probs) runs each batch of prompts through LocalLM: every token
 (server/decoding_batch.py): each prompt prefilled once into a key/value cache, then a token per step, the prompts of
 concurrent requests decoded together in rows that refill as they finish, each row stopping at its own stop strings,
 EOS or token budget. The thread alternates a chunk of decoding steps with the scoring work that waits, so neither a
-short generation nor a scoring request waits for a long generation to end. A prompt whose request's client has gone
-(its future cancelled: server/completions.py cancels every prompt of such a request) is dropped, waiting or decoding.
+short generation nor a scoring request waits for a long generation to end, and while rows are decoding, decoding
+gets as much of the model's time as the scoring beside it (chunks of steps until it has had the seconds a scoring
+batch took), so a queue that scoring keeps full starves no generation (it waited for the queue to empty: 42.8 s
+against 1.9 s alone beside 3 clients of 16 prompts, issue 85; benchmarks/bench_server_fairness.py); a generation
+request joins the decoding batch ahead of the scoring that waits. A prompt whose request's client has gone (its future
+cancelled: server/completions.py cancels every prompt of such a request) is dropped, waiting or decoding.
 """
 from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import queue
 import threading
 import time
@@ -58,7 +63,10 @@ class ScoringEngine:
                                        lead=[lm.start_id] if add_start_token else [], batch_wait=batch_wait)
         self._abandoned_scoring = 0  # scoring requests dropped because their client had gone
         self.working = threading.Lock()  # held by the model thread from taking a request to answering its batch
-        self._queue: queue.Queue = queue.Queue()
+        # generation requests first (joining the decoding batch is cheap, and they would wait behind every scoring
+        # batch a full queue holds), then scoring in arrival order, the stop last: (rank, arrival, item)
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._arrivals = itertools.count()
         self._thread = threading.Thread(target=self._run, name="replug-scoring", daemon=True)
         self._thread.start()
 
@@ -73,7 +81,7 @@ class ScoringEngine:
         return sum(1 for row in self._decoding.rows if row)
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._put(None)
         self._thread.join(timeout=30)
 
     def tokens(self, text: str) -> tuple[list[int], list[int], list[int], str]:
@@ -110,8 +118,7 @@ class ScoringEngine:
         """Future of [(token id, log p, [(token id, log p)] top entries, best first)] for greedy next tokens, through
         the token whose text completes a stop string, or EOS; the caller decodes texts, off the model thread."""
         future: Future = Future()
-        self._queue.put(("generate", GenerationRequest(list(ids), int(new_tokens), int(top), tuple(stop), future),
-                         future))
+        self._put(("generate", GenerationRequest(list(ids), int(new_tokens), int(top), tuple(stop), future), future))
         return future
 
     def prompt_tops(self, prompts: list[list[int]], k: int) -> Future:
@@ -121,35 +128,52 @@ class ScoringEngine:
 
     def _submit(self, kind: str, payload) -> Future:
         future: Future = Future()
-        self._queue.put((kind, payload, future))
+        self._put((kind, payload, future))
         return future
+
+    RANKS = {"generate": 0, None: 2}  # every other kind (score, tops): 1
+
+    def _put(self, item) -> None:
+        self._queue.put((self.RANKS.get(item[0] if item else None, 1), next(self._arrivals), item))
+
+    def _take(self, block: bool = True, timeout: float | None = None):
+        return self._queue.get(block=block, timeout=timeout)[2]
 
     def _run(self) -> None:
         pending: collections.deque = collections.deque()
+        owed = 0.0  # seconds of decoding owed: scoring ran this long while rows were busy
         while True:
-            if pending:
+            if not self._decoding.busy:
+                owed = 0.0
+            if owed > 0:  # decoding gets as much time as scoring took, however full the queue stays
+                item = _DECODE
+            elif pending:
                 item = pending.popleft()
             elif self._decoding.busy:  # a chunk of decoding steps whenever nothing else waits
                 try:
                     wait = self._decoding.seconds_to_gather()
-                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                    item = self._take(timeout=wait) if wait > 0 else self._take(block=False)
                 except queue.Empty:
                     item = _DECODE
             else:
-                item = self._queue.get()
+                item = self._take()
             if item is None:
                 self._decoding.fail(RuntimeError("the server is stopping"))
                 return
             with self.working:  # whoever holds it (a test, a pause) keeps the model idle; requests wait, cancellable
+                started = time.perf_counter()
                 if item is _DECODE:
                     try:
                         self._decoding.step()
                     except Exception as e:  # noqa: BLE001 - handed to every prompt being decoded
                         self._decoding.fail(e)
+                    owed = max(0.0, owed - (time.perf_counter() - started))
                 elif item[0] == "generate":
                     self._decoding.add(item[1])
                 else:
                     self._answer(item, pending)
+                    if self._decoding.busy:
+                        owed += time.perf_counter() - started
 
     def _answer(self, item, pending: collections.deque) -> None:
         """Work on `item` and the requests of its kind that join it within batch_wait (others go to `pending`)."""
@@ -158,7 +182,7 @@ class ScoringEngine:
         deadline = time.monotonic() + self.batch_wait
         while item[0] == "score" and rows < self.max_batch_rows:
             try:  # prompts of requests arriving within batch_wait seconds join this batch (the same kind)
-                more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                more = self._take(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
             if more is None or more[0] != item[0]:
