@@ -76,7 +76,10 @@ def test_without_retrieval_every_request_equals_lm_evals_hf_backend(tasks, smoll
         assert [bool(r[0][1]) for r in o["resps"]] == [bool(r[0][1]) for r in h["resps"]]
     assert results[MC]["acc,none"] == hf_results[MC]["acc,none"]
     pairs = [("1, 2, 3, 4, 5, 6,", " 7, 8"), ("Monday, Tuesday, Wednesday,", " Thursday"),
-             ("The capital of France is", " Paris"), ("Monday, Tuesday, Wednesday,", " Sunday")]
+             ("The capital of France is", " Paris"), ("Monday, Tuesday, Wednesday,", " Sunday"),
+             ("The capital of France is ", "Paris"),  # contexts ending in whitespace: lm-eval moves it (issue 85)
+             ("English sentence: The cat sleeps.\nFrench sentence: ", "Le chat dort."),
+             ("Question: What is the capital of France?\nAnswer:\n", "Paris")]
     requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
     got, want = ours_lm.loglikelihood(requests), hf_lm.loglikelihood(requests)
     np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=2e-3, rtol=1e-4)

@@ -49,6 +49,14 @@ CHUNK = 64  # requests per LM call (the LM batches them itself)
 INCLUDE_ENV = "REPLUG_JAX_HARNESS_INCLUDE"  # include paths `python -m replug_jax.harness` passes on (os.pathsep)
 
 
+def lm_eval_pair(context: str, continuation: str) -> tuple[str, str]:
+    """(context, continuation) as lm-eval's backends score them (`TemplateLM._encode_pair`, hf, vllm and the API
+    models alike): the context's trailing whitespace moves to the front of the continuation ("... is " + "Paris" is
+    scored as "... is" + " Paris", the word's own token)."""
+    spaces = len(context) - len(context.rstrip())
+    return (context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation)
+
+
 def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpus=None,
                     temperature=QA["temperature"], posterior_alpha=None, rerank_depth=None, lm="smollm2",
                     tokenizer=None, doc_tokens=QA["doc_tokens"], **windows) -> None:
@@ -158,7 +166,7 @@ class REPLUGHarnessLM(LM):
         call."""
         out = []
         for chunk in self._chunks(requests, "loglikelihood"):
-            contexts, continuations = zip(*(instance.args for instance in chunk))
+            contexts, continuations = zip(*(lm_eval_pair(*instance.args) for instance in chunk))
             queries = self._queries(chunk)
             logliks = self.continuation_logliks(contexts, continuations, queries)
             greedy = self.greedy(contexts, continuations, queries) if self.is_greedy else [self._not_greedy()] * len(
