@@ -257,11 +257,26 @@ def test_the_documented_command_prints_lm_evals_table(tmp_path):
     env = dict(os.environ, REPLUG_JAX_HARNESS_TASKS=str(tmp_path / "tasks"), HF_DATASETS_OFFLINE="1",
                HF_HUB_OFFLINE="1")
     run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args",
-                          "lm=smollm2,k=0", "--tasks", "replug_sciq_mc", "--limit", "2"],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=str(tmp_path))
-    assert run.returncode == 0, run.stderr[-2000:]
+                          "lm=smollm2,weights=none", "--tasks", "replug_sciq_mc", "--limit", "2", "--output_path",
+                          str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=str(tmp_path))
+    assert run.returncode == 0, run.stderr[-2000:]  # weights=none, which lm-eval's parser hands over as None
     assert "|replug_sciq_mc|" in run.stdout and "acc" in run.stdout, run.stdout[-2000:]
     assert (tmp_path / "tasks" / "replug_sciq_mc.yaml").is_file()
+    assert os.listdir(tmp_path / "out") == ["replug-smollm2"]  # named after the LM, not a random id
+
+
+@pytest.mark.slow  # lm-eval's command line indexes its 14,000 tasks (about 20 s), and again for the close names
+def test_a_misspelt_task_is_one_line_with_the_closest_names(tmp_path):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args",
+                          "lm=smollm2,k=0", "--tasks", "replug_sciq_mcc"], capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ, REPLUG_JAX_HARNESS_TASKS=str(tmp_path)))
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert run.returncode == 2 and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "unknown task 'replug_sciq_mcc' (close: replug_sciq_mc" in errors[0], errors
 
 
 def test_the_commands_mistakes_are_one_line_in_the_first_seconds(tmp_path):
@@ -275,10 +290,13 @@ def test_the_commands_mistakes_are_one_line_in_the_first_seconds(tmp_path):
     for args, words in (("lm=smollm2,k=2,wieghts=replug", "wieghts"),
                         ("lm=smollm2,corpus=/no/such.jsonl,k=2,weights=replug", "/no/such.jsonl"),
                         ("lm=smollm2,corpus=/no/such.jsonl,k=2,weights=replug,posterior_alpha=0.5", "ignored"),
-                        (f"lm=smollm2,corpus={three},k=5,weights=replug", "k=5 is larger than the datastore (3 passages")):
-        run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args", args,
-                              "--tasks", "replug_sciq_mc"], capture_output=True, text=True, timeout=120,
-                             env=dict(os.environ, REPLUG_JAX_HARNESS_TASKS=str(tmp_path)))
+                        (f"lm=smollm2,corpus={three},k=5,weights=replug",
+                         "k=5 is larger than the datastore (3 passages"),
+                        ("lm=smollm2,k=0 --apply_chat_template", "does not apply chat templates")):
+        model_args, *more = args.split(" ")
+        run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args",
+                              model_args, "--tasks", "replug_sciq_mc", *more], capture_output=True, text=True,
+                             timeout=120, env=dict(os.environ, REPLUG_JAX_HARNESS_TASKS=str(tmp_path)))
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 2 and len(lines) == 1 and words in lines[0], run.stderr[-1500:]
 

@@ -37,10 +37,53 @@ def main(argv: list[str]) -> None:
     sys.argv = ["lm-eval", *argv]
     try:
         check_replug_arguments(argv)  # a mistake in the first seconds, before lm-eval indexes its tasks
-        cli_evaluate()
+        name_runs_after_the_lm()
+        try:
+            cli_evaluate()
+        except ValueError as e:
+            if not str(e).startswith("Tasks not found:"):
+                raise
+            raise InputError(unknown_tasks(str(e), given or folder)) from None
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def unknown_tasks(message: str, include_path: str) -> str:
+    """lm-eval's 'Tasks not found: a, b' (after a 19-line traceback, before) as one line with the closest names."""
+    import difflib
+
+    from lm_eval.tasks import TaskManager
+
+    missing = [name.strip() for name in message.split(":", 1)[1].split(",") if name.strip()]
+    known = TaskManager(include_path=include_path).all_tasks
+    close = {name: difflib.get_close_matches(name, known, n=3) for name in missing}
+    said = "; ".join(f"{name!r}" + (f" (close: {', '.join(close[name])})" if close[name] else "") for name in missing)
+    return f"--tasks: unknown task{'s' if len(missing) > 1 else ''} {said}; `lm-eval ls tasks` lists them"
+
+
+def name_runs_after_the_lm() -> None:
+    """lm-eval names a run's output folder after --model_args' pretrained=, model=, path= or engine= (else a random
+    id, 'i82qcls7'); the replug model's LM is lm=, so its runs are named after it ('replug-smollm2'). lm-eval has no
+    hook for this: its name lookup is wrapped."""
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
+
+    original = GeneralConfigTracker._get_model_name
+    if getattr(original, "replug", False):
+        return
+
+    def named(model_args):
+        found = original(model_args)
+        if found is not None:
+            return found
+        if isinstance(model_args, str):
+            lm = next((part.split("=", 1)[1] for part in model_args.split(",") if part.startswith("lm=")), None)
+        else:
+            lm = (model_args or {}).get("lm")
+        return f"replug-{lm}" if lm else None
+
+    named.replug = True
+    GeneralConfigTracker._get_model_name = staticmethod(named)
 
 
 def check_replug_arguments(argv: list[str]) -> None:
@@ -51,6 +94,11 @@ def check_replug_arguments(argv: list[str]) -> None:
 
     if flag(argv, "--model") != "replug":
         return
+    chat = [name for name in ("--apply_chat_template", "--system_instruction", "--fewshot_as_multiturn")
+            if any(arg == name or arg.startswith(name + "=") for arg in argv)]
+    if chat:  # lm-eval would fail after loading the model (NotImplementedError: tokenizer_name)
+        raise InputError(f"{', '.join(chat)}: the replug model does not apply chat templates (its prompts are the "
+                         "task's text, as REPLUG's passes prepend passages to it): leave the flag out")
     args = simple_parse_args_string(flag(argv, "--model_args") or "")
     known = set(inspect.signature(model.REPLUGHarnessLM.__init__).parameters) - {"self", "unknown"}
     checked = {"k", "weights", "corpus", "temperature", "posterior_alpha", "rerank_depth", "stride_tokens",

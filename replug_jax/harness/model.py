@@ -62,6 +62,7 @@ def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpu
                     tokenizer=None, doc_tokens=QA["doc_tokens"], **windows) -> None:
     """The model's arguments checked without loading anything (`python -m replug_jax.harness` calls it before lm-eval
     indexes its tasks): an `InputError` naming the first mistake."""
+    weights = "none" if weights is None else weights  # lm-eval's parser reads weights=none as None
     if unknown:
         raise InputError(f"--model_args {', '.join(sorted(unknown))}: not an argument of the replug model (lm, "
                          "tokenizer, encoder, corpus, k, weights, temperature, posterior_alpha, rerank_depth, "
@@ -119,6 +120,7 @@ class REPLUGHarnessLM(LM):
                  context_tokens: int = WINDOWS["context_tokens"], workdir: str | None = None, cache: bool = True,
                  drop_empty_documents: bool = False, batch_size=None, max_batch_size=None, device=None, **unknown):
         super().__init__()
+        weights = "none" if weights is None else weights  # lm-eval's parser reads weights=none as None
         check_arguments(unknown=unknown, k=k, weights=weights, corpus=corpus, temperature=temperature,
                         posterior_alpha=posterior_alpha, rerank_depth=rerank_depth, stride_tokens=stride_tokens,
                         query_tokens=query_tokens, context_tokens=context_tokens, lm=lm, tokenizer=tokenizer,
