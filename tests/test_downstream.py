@@ -521,7 +521,7 @@ def test_empty_answers_and_unused_settings_are_said(files, smollm2, tmp_path, ca
     out = capsys.readouterr().out
     unused, fewer, said_empty = json.load(open(tmp_path / "run" / "results.json"))["warnings"]
     assert f"replug {empty['replug']} of {len(rows)}" in said_empty
-    assert unused.startswith("--config.posterior_alpha=0.5 and --config.rerank_depth=4 unused")
+    assert unused.startswith("--config.rerank_depth=4 unused")  # qa.py's own α 0.5 is nobody's setting
     assert fewer == f"--config.shots=3 but {demos!r} gives 1 demo(s): the prompt is 1-shot" and results["shots"] == 1
     for warning in (unused, fewer, said_empty):
         assert f"warning: {warning}" in out and f"Warning: {warning}" in open(tmp_path / "run" / "results.md").read()

@@ -448,17 +448,20 @@ def retrieval_depth(config, method: str) -> int:
 # settings a run was given but none of its methods reads: said as warnings, never dropped in silence (a config
 # file may set them for its default methods); the jobs print them first and keep them in results.json's warnings
 
-POSTERIOR_KEYS = {"posterior_alpha": 1.0, "rerank_depth": 0, "posterior_evidence": "question"}
-# key: its default; replug_posterior alone reads them
+POSTERIOR_KEYS = {"posterior_alpha": (1.0, settings.QA_DEFAULTS["posterior_alpha"]),
+                  "rerank_depth": (0, settings.QA_DEFAULTS["rerank_depth"]), "posterior_evidence": ("question",)}
+# key: the values the configs ship (lm_eval.py's, and the QA configs' QA_DEFAULTS): nobody gave those; replug_posterior
+# alone reads them
 
 
 def unused_settings(config) -> list[str]:
     """Warnings (not errors: a config file may set them for its default methods) for settings no chosen method
-    reads: posterior_alpha / rerank_depth away from their defaults while --config.methods has no replug_posterior,
-    a run that would look re-ranked but is plain REPLUG."""
+    reads: posterior_alpha / rerank_depth away from the values the configs ship while --config.methods has no
+    replug_posterior, a run that would look re-ranked but is plain REPLUG (qa.py's own 0.5 and 16 are not a user's
+    setting, issue 85)."""
     methods = job_methods(config)
-    given = [f"--config.{key}={config.get(key)!r}" for key, default in POSTERIOR_KEYS.items()
-             if "replug_posterior" not in methods and config.get(key, default) != default]
+    given = [f"--config.{key}={config.get(key)!r}" for key, shipped in POSTERIOR_KEYS.items()
+             if "replug_posterior" not in methods and config.get(key, shipped[0]) not in shipped]
     if not given:
         return []
     return [f"{' and '.join(given)} unused: only replug_posterior reads {'them' if len(given) > 1 else 'it'}, and "
