@@ -11,7 +11,8 @@ both fit, then at that M:
     (also at the smallest M at which scoring alone fits: a job that only scores, as MMLU's or an LM evaluation);
   * decoding: one step of the generation loop (`local_generate.decode_step`) for that call, and its HBM roofline;
   * embedding: Contriever-base, 32 passages of 152 tokens a chip's call (the QA jobs' corpus embedding);
-  * the LSR step: pile_lsr.py's (batch 64, top 20, 512-token queries and documents, both sides) on every chip.
+  * the LSR step: pile_lsr.py's (batch 64, top 20, 512-token queries and documents, both sides) on every chip, as
+    it is and recomputing the encoder's activations in the backward pass (recompute_activations).
 Memory and "fits" are the compiler's facts; seconds and MFU are its cost model's estimates (replug_jax/plan/costs.py).
 """
 from __future__ import annotations
@@ -100,10 +101,11 @@ def retriever_row(tpu_name: str, target: planner.Target, encoder_name: str = "co
     chip, bf16 = target.slice_.chip, jnp.bfloat16
     mesh = sharding.data_mesh(target.devices)
     embed = programs.embedding(encoder, bf16, mesh, 32 * len(target.devices), 152)
-    step = programs.train_step(encoder, bf16, mesh, batch=lsr_batch, k=20, query_tokens=512, doc_tokens=512,
-                               query_side=False)
+    step = lambda recompute: programs.train_step(encoder, bf16, mesh, batch=lsr_batch, k=20, query_tokens=512,
+                                                 doc_tokens=512, query_side=False, recompute=recompute)
     row = {"tpu": tpu_name}
-    for label, program in (("embedding", embed), ("lsr_step", step)):
+    plans = (("embedding", embed), ("lsr_step", step(False)), ("lsr_step_recomputed", step(True)))
+    for label, program in plans:
         figures = costs.compile_figures(program.lower(), target.name)
         r = planner.program_row(program, figures, figures, chip)
         row.update({f"{label}_gib": (figures.total_bytes or figures.needed_bytes) / 2**30, f"{label}_fits": r["fits"]})
@@ -127,13 +129,16 @@ def table(rows: list[dict], retriever: list[dict]) -> str:
                      f"M={r.get('scoring_alone_model_parallel')}, {100 * r.get('scoring_alone_mfu', 0):.0f}% | "
                      f"{r['decode_ms']:.1f} ms | "
                      f"{100 * r['decode_hbm_roofline']:.0f}% |")
-    lines += ["", "| TPU | Contriever embedding (est.) | its MFU | LSR step (est.) | its MFU | LSR step GiB per chip |",
-              "|---|---:|---:|---:|---:|---:|"]
+    lines += ["", "| TPU | Contriever embedding (est.) | its MFU | LSR step: GiB per chip, time, MFU (est.) | "
+              "recomputing activations: GiB per chip, time, MFU (est.) |", "|---|---:|---:|---:|---:|"]
     for r in retriever:
-        step = (f"{r['lsr_step_ms']:.0f} ms | {100 * r['lsr_step_mfu']:.0f}%" if r["lsr_step_fits"]
-                else "**does not fit** |")
+        steps = []
+        for label in ("lsr_step", "lsr_step_recomputed"):
+            figures = (f"{r[f'{label}_ms']:.0f} ms, {100 * r[f'{label}_mfu']:.0f}%" if r[f"{label}_fits"]
+                       else "**does not fit**")
+            steps.append(f"{r[f'{label}_gib']:.1f} GiB, {figures}")
         lines.append(f"| {r['tpu']} | {r['passages_per_s_per_chip']:,.0f} passages/s a chip | "
-                     f"{100 * r['embedding_mfu']:.0f}% | {step} | {r['lsr_step_gib']:.1f} |")
+                     f"{100 * r['embedding_mfu']:.0f}% | {' | '.join(steps)} |")
     return "\n".join(lines)
 
 

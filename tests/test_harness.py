@@ -266,6 +266,26 @@ def test_the_documented_command_prints_lm_evals_table(tmp_path):
     assert os.listdir(tmp_path / "out") == ["replug-smollm2"]  # named after the LM, not a random id
 
 
+@pytest.mark.slow  # lm-eval's command line indexes its 14,000 tasks (about 20 s) before it runs
+def test_a_doc_template_from_the_command_line_in_the_json_form_reaches_the_model(tmp_path):
+    """--model_args as one JSON object, the form lm-eval's parser keeps `{}` and a newline in: the run's record holds
+    the doc_template as given, newline included."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, REPLUG_JAX_HARNESS_TASKS=str(tmp_path / "tasks"), HF_DATASETS_OFFLINE="1",
+               HF_HUB_OFFLINE="1")
+    args = json.dumps({"lm": "smollm2", "corpus": "sciq_support", "k": 1, "doc_template": "Knowledge: {passage}\n"})
+    run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args", args,
+                          "--tasks", "replug_sciq_mc", "--limit", "1", "--output_path", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, timeout=900, cwd=str(tmp_path))
+    assert run.returncode == 0, run.stderr[-2000:]
+    (record,) = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "out") for f in files if f.endswith(".json")]
+    with open(record) as f:
+        model_args = json.load(f)["config"]["model_args"]
+    assert model_args["doc_template"] == "Knowledge: {passage}\n", model_args  # the newline itself
+
+
 @pytest.mark.slow  # lm-eval's command line indexes its 14,000 tasks (about 20 s), and again for the close names
 def test_a_misspelt_task_is_one_line_with_the_closest_names(tmp_path):
     import subprocess
@@ -292,7 +312,8 @@ def test_the_commands_mistakes_are_one_line_in_the_first_seconds(tmp_path):
                         ("lm=smollm2,corpus=/no/such.jsonl,k=2,weights=replug,posterior_alpha=0.5", "ignored"),
                         (f"lm=smollm2,corpus={three},k=5,weights=replug",
                          "k=5 is larger than the datastore (3 passages"),
-                        ("lm=smollm2,k=0 --apply_chat_template", "does not apply chat templates")):
+                        ("lm=smollm2,k=0 --apply_chat_template", "does not apply chat templates"),
+                        ("lm=smollm2,doc_template={title}:{text}", "in the JSON form")):
         model_args, *more = args.split(" ")
         run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args",
                               model_args, "--tasks", "replug_sciq_mc", *more], capture_output=True, text=True,

@@ -104,7 +104,8 @@ def test_costs_are_counted_through_the_layers_not_once_per_loop(v5e):
     assert 0.8 < model / whole.flops < 1.25, (model, whole.flops)
 
 
-def tiny_model_dirs(tmp_path, hidden: int = 64, layers: int = 2, intermediate: int = 128):
+def tiny_model_dirs(tmp_path, hidden: int = 64, layers: int = 2, intermediate: int = 128, encoder_layers: int = 2,
+                    encoder_heads: int = 4, encoder_positions: int = 128):
     """A causal LM and a BERT encoder as config.json folders (the plan reads shapes, never weights)."""
     lm_dir, encoder_dir = tmp_path / "lm", tmp_path / "encoder"
     lm_dir.mkdir(), encoder_dir.mkdir()
@@ -112,8 +113,8 @@ def tiny_model_dirs(tmp_path, hidden: int = 64, layers: int = 2, intermediate: i
         model_type="llama", vocab_size=512, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=4, intermediate_size=intermediate, max_position_embeddings=1024)))
     (encoder_dir / "config.json").write_text(json.dumps(dict(
-        model_type="bert", vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=128)))
+        model_type="bert", vocab_size=512, hidden_size=32, num_hidden_layers=encoder_layers,
+        num_attention_heads=encoder_heads, intermediate_size=64, max_position_embeddings=encoder_positions)))
     return str(lm_dir), str(encoder_dir)
 
 
@@ -160,6 +161,26 @@ def test_the_plan_refuses_a_config_that_does_not_fit_naming_the_program_and_the_
     assert "replug: window scoring" in error[0] and "GiB per chip" in error[0], error
     assert "--config.lm_model_parallel=2 fits" in error[0], error
     assert not any(noise in done.stderr for noise in LIBTPU_NOISE), done.stderr[-2000:]
+
+
+def test_an_lsr_step_that_does_not_fit_is_refused_naming_the_recompute_that_makes_it_fit(tmp_path):
+    """Both sides trained, 8 queries x 20 documents of 512 tokens a v5e chip through 4 layers of 32 attention heads:
+    the attention probabilities the backward pass keeps exceed a chip; recomputing them fits, and the refusal says
+    so. With recompute_activations set the same plan runs, its step named as recomputed."""
+    lm_dir, encoder_dir = tiny_model_dirs(tmp_path, encoder_layers=4, encoder_heads=32, encoder_positions=512)
+    common = ("--config", "experiments/configs/qa_lsr.py", "--tpu", "v5e-8", f"--config.lm={lm_dir}",
+              f"--config.encoder={encoder_dir}", "--passages", "2000", "--config.steps=10",
+              "--config.train_documents=True", "--config.batch_size=64", "--config.k=20")
+    refused = plan_command(*common, tmp_path=tmp_path)
+    assert refused.returncode == 2, (refused.stdout[-2000:], refused.stderr[-3000:])
+    error = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "LSR train step" in error[0], refused.stderr[-3000:]
+    assert "--config.recompute_activations=True fits" in error[0], error
+    out = tmp_path / "plan"
+    done = plan_command(*common, "--config.recompute_activations=True", "--out", str(out), tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    step = next(p for p in json.loads((out / "plan.json").read_text())["phases"] if p["phase"] == "LSR train step")
+    assert "recomputed" in step["program"], step
 
 
 def test_a_cpu_run_beside_libtpu_prints_none_of_its_warnings(tmp_path):

@@ -1,4 +1,6 @@
 """The LSR train step on a tiny random BERT over 8 fake devices: learning, gradients, compilation, donation."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -118,6 +120,28 @@ def test_gradient_matches_single_device(bert):
     for got, want in zip(jax.tree.leaves(sharded_grads), flat_ref):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
     assert all(np.all(np.isfinite(g)) for g in flat_ref)
+
+
+def test_recomputed_activations_give_the_same_step(bert):
+    """recompute_activations: the step's loss, gradient norm and new parameters as without it, and its gradient is
+    taken through a checkpointed (recomputed) layer stack, on both sides."""
+    config, params = bert
+    mesh, batch = data_mesh(), make_batch(8)
+    optimizer = ts.make_optimizer(1e-3, total_steps=20)
+    results = []
+    for recompute in (False, True):
+        step = ts.make_train_step(config, optimizer, mesh, gamma=GAMMA, beta=BETA, recompute=recompute)
+        results.append(step(ts.init_train_state(params, optimizer, mesh=mesh), batch))
+    (plain, plain_metrics), (recomputed, metrics) = results
+    for key in ("loss", "grad_norm"):
+        assert float(metrics[key]) == pytest.approx(float(plain_metrics[key]), rel=1e-6), key
+    for a, b_ in zip(jax.tree.leaves(plain["params"]), jax.tree.leaves(recomputed["params"])):
+        np.testing.assert_allclose(a, b_, rtol=1e-6, atol=1e-7)
+    loss_fn = ts.make_loss_fn(config, gamma=GAMMA, beta=BETA, recompute=True)
+    plain_fn = ts.make_loss_fn(config, gamma=GAMMA, beta=BETA)
+    checkpoints = [len(re.findall(r"\b(?:checkpoint|remat2?)\[", str(jax.make_jaxpr(jax.grad(
+        lambda p, fn=fn: fn(p, batch)[0]))(params)))) for fn in (loss_fn, plain_fn)]
+    assert checkpoints == [2 * config.num_layers, 0], checkpoints  # each layer, on the query and document sides
 
 
 def test_gradient_reaches_both_sides(bert):

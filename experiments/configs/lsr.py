@@ -31,6 +31,7 @@ def get_config():
     c.lm_score = "mean"  # "sum" (the paper) makes Q one-hot at β = 0.1
     c.lsr_target = "answer"  # the paper's
     c.train_documents = True
+    c.recompute_activations = False  # True: the train step holds no layer's activations (TPU memory)
     c.lsr_temperature = 0.0  # τ = γ is always reported too
     c.refresh_every = 3_000
     c.swap_after = 100

@@ -19,7 +19,7 @@ from ml_collections import config_dict
 from replug_jax.jobs.config_files import sibling_config
 
 LSR_KEYS = ("learning_rate", "warmup_fraction", "clip_norm", "direction", "swap_after", "query_max_tokens",
-            "doc_max_tokens", "keep_checkpoints", "lsr_temperature", "max_train_examples",
+            "doc_max_tokens", "keep_checkpoints", "lsr_temperature", "max_train_examples", "recompute_activations",
             "methods")  # the LSR job's own (the QA job's, sciq.py's, hold "vote", which it does not run)
 
 

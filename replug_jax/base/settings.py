@@ -267,6 +267,9 @@ SETTINGS: dict[str, Setting] = {
     "lsr_target": _s(Choice(("answer", "question")), "LSR: ℓ scores the continuation after d ∘ x (the paper), or x "
                      "after d (ART)"),
     "train_documents": _s(Flag(), "LSR: also train the document side, re-embedding the corpus (False: queries only)"),
+    "recompute_activations": _s(Flag(), "LSR train step: keep only each encoder layer's input and recompute its "
+                                "activations for the gradient (a third more compute, a batch's activations no longer "
+                                "held: for a batch that does not fit a chip)"),
     "lsr_temperature": _s(Number(least=0), "τ of replug_lsr at evaluation (0: temperature)"),
     "refresh_every": _s(Whole(1), "LSR: steps between re-embeddings of the corpus"),
     "swap_after": _s(Whole(0), "LSR: steps between a refresh's request and its swap (0: synchronous)"),

@@ -88,8 +88,6 @@ def name_runs_after_the_lm() -> None:
 
 def check_replug_arguments(argv: list[str]) -> None:
     """`model.check_arguments` of `--model_args` when `--model replug` is asked for."""
-    from lm_eval.utils import simple_parse_args_string
-
     from replug_jax.harness import model
 
     if flag(argv, "--model") != "replug":
@@ -99,12 +97,31 @@ def check_replug_arguments(argv: list[str]) -> None:
     if chat:  # lm-eval would fail after loading the model (NotImplementedError: tokenizer_name)
         raise InputError(f"{', '.join(chat)}: the replug model does not apply chat templates (its prompts are the "
                          "task's text, as REPLUG's passes prepend passages to it): leave the flag out")
-    args = simple_parse_args_string(flag(argv, "--model_args") or "")
+    args = model_args(argv)
     known = set(inspect.signature(model.REPLUGHarnessLM.__init__).parameters) - {"self", "unknown"}
     checked = {"k", "weights", "corpus", "temperature", "posterior_alpha", "rerank_depth", "stride_tokens",
                "query_tokens", "context_tokens", "lm", "tokenizer", "doc_tokens"}
     model.check_arguments(unknown={key: v for key, v in args.items() if key not in known},
                           **{key: v for key, v in args.items() if key in checked})
+
+
+def model_args(argv: list[str]) -> dict:
+    """--model_args as lm-eval's own parser reads them: `key=value,...` words, or one JSON object (the form for a
+    value holding `{` or a newline, `doc_template` for one: lm-eval reads a first word holding `{` as JSON)."""
+    import argparse
+
+    from lm_eval._cli.utils import MergeDictAction
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    parser.add_argument("--model_args", "-a", default=None, nargs="+", action=MergeDictAction)
+    try:
+        known, _ = parser.parse_known_args(argv)
+    except (ValueError, argparse.ArgumentError) as e:
+        given = flag(argv, "--model_args")
+        raise InputError(f"--model_args {given!r}: lm-eval reads words holding {{ as JSON ({str(e).split(':')[0]}); "
+                         "give a value holding { or a newline in the JSON form, for example "
+                         "--model_args '{\"lm\": \"smollm2\", \"doc_template\": \"{title}\\n{text}\"}'") from None
+    return known.model_args or {}
 
 
 def flag(argv: list[str], name: str) -> str | None:

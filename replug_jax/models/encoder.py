@@ -68,10 +68,12 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    """Token states of a BERT model: [B, L] ids -> [B, L, D]."""
+    """Token states of a BERT model: [B, L] ids -> [B, L, D]. With `recompute`, a gradient keeps only each layer's
+    input and recomputes the layer's activations for the backward pass (jax.checkpoint)."""
 
     config: BertConfig
     dtype: jnp.dtype = jnp.float32
+    recompute: bool = False
 
     @nn.compact
     def __call__(self, input_ids, attention_mask):
@@ -85,8 +87,9 @@ class BertEncoder(nn.Module):
         )
         x = layers.layer_norm(c.layer_norm_eps, self.dtype, "embeddings_norm")(x)
         bias = layers.padding_bias(attention_mask)
+        layer = nn.remat(BertLayer) if self.recompute else BertLayer  # the same parameters either way
         for i in range(c.num_layers):
-            x = BertLayer(c, self.dtype, name=f"layer_{i}")(x, bias)
+            x = layer(c, self.dtype, name=f"layer_{i}")(x, bias)
         return x
 
 
@@ -102,13 +105,15 @@ def l2_normalize(x, eps: float = 1e-12):
     return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps * eps))
 
 
-def embed(params, config: BertConfig, input_ids, attention_mask, normalize: bool = False, dtype=jnp.float32):
+def embed(params, config: BertConfig, input_ids, attention_mask, normalize: bool = False, dtype=jnp.float32,
+          recompute: bool = False):
     """Mean-pooled embeddings: input_ids, attention_mask [B, L] (right-padded) -> [B, D] float32.
 
-    With `normalize`, rows have unit L2 norm, so inner products are cosine similarities.
+    With `normalize`, rows have unit L2 norm, so inner products are cosine similarities. `recompute`: a gradient
+    through it recomputes each layer's activations instead of keeping them (the same values, less memory).
     """
     with precision.matmuls(dtype):
-        states = BertEncoder(config, dtype).apply({"params": params}, input_ids, attention_mask)
+        states = BertEncoder(config, dtype, recompute).apply({"params": params}, input_ids, attention_mask)
     pooled = mean_pool(states, attention_mask)
     return l2_normalize(pooled) if normalize else pooled
 

@@ -197,9 +197,10 @@ def _refusal(config, refused, target, counts, sizes, chip, seen) -> str:
     needed = memory.needed_bytes or memory.total_bytes
     line = (f"{program.name} needs {needed / GIB:.2f} GiB per chip, more than the {chip.usable_hbm_bytes / GIB:.2f} "
             f"GiB a {chip.kind} chip gives a program ({target.slice_.name})")
+    if program.kind == "train":
+        return f"{line}: {_train_step_fix(config, target, counts, sizes, chip, seen)}"
     if program.config is None:
-        key = "batch_size" if program.kind == "train" else "encoder_batch_size"
-        return f"{line}: lower --config.{key} (now {config.get(key)})"
+        return f"{line}: lower --config.encoder_batch_size (now {config.get('encoder_batch_size')})"
     current = int(config.get("lm_model_parallel", 1))
     most = int(config.get("lm_generation_questions") or local.GENERATION_QUESTIONS)
     generates = any(p.program.kind == "generation" for p in job_phases(config, target, current, counts, sizes)[3])
@@ -218,6 +219,19 @@ def _refusal(config, refused, target, counts, sizes, chip, seen) -> str:
                 return f"{line}: {' '.join(change)} fits"
     return (f"{line}, and no lm_model_parallel up to {len(target.devices)} fits"
             f"{' with any lm_generation_questions' if generates else ''}: a larger chip or a smaller LM")
+
+
+def _train_step_fix(config, target, counts, sizes, chip, seen) -> str:
+    """What makes the LSR train step fit: recomputing the encoder's activations in the backward pass where that
+    alone fits, else a smaller batch."""
+    batch = int(config.batch_size)
+    if not config.get("recompute_activations", False):
+        tried = _with(config, recompute_activations=True)
+        phases = job_phases(tried, target, int(config.get("lm_model_parallel", 1)), counts, sizes)[3]
+        step = next(p.program for p in phases if p.program.kind == "train")
+        if fits(_memory(step, target, seen), chip):
+            return "--config.recompute_activations=True fits (the backward pass recomputes each layer's activations)"
+    return f"lower --config.batch_size (now {batch}, a multiple of the {len(target.devices)} chips)"
 
 
 def _with(config, **values):

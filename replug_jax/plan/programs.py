@@ -255,9 +255,10 @@ def embedding(config, dtype, mesh, rows: int, length: int, normalize: bool = Tru
 
 def train_step(config, dtype, mesh, *, batch: int, k: int, query_tokens: int, doc_tokens: int, query_side: bool,
                learning_rate: float = 2e-5, steps: int = 1000, gamma: float = 0.1, beta: float = 0.1,
-               direction: str = "pr_q", normalize: bool = True) -> Program:
+               direction: str = "pr_q", normalize: bool = True, recompute: bool = False) -> Program:
     """The LSR train step (`train.step.make_train_step`): the retriever's forward and backward over a batch's queries
-    and (both sides trained) documents, and the optax update of float32 weights, replicated; the batch over "data"."""
+    and (both sides trained) documents, and the optax update of float32 weights, replicated; the batch over "data".
+    `recompute`: the backward pass recomputes the layers' activations (recompute_activations)."""
     from replug_jax.train import step as train_step_lib
 
     def build(_):
@@ -279,12 +280,12 @@ def train_step(config, dtype, mesh, *, batch: int, k: int, query_tokens: int, do
             arrays.update(doc_ids=abstract((batch, k, doc_tokens), jnp.int32, placed),
                           doc_mask_tokens=abstract((batch, k, doc_tokens), jnp.int32, placed))
         jitted = train_step_lib.make_train_step(config, optimizer, mesh, gamma=gamma, beta=beta, direction=direction,
-                                                normalize=normalize, dtype=dtype).jitted
+                                                normalize=normalize, dtype=dtype, recompute=recompute).jitted
         return jitted, (state, arrays)
 
     forward = encoder_flops(config, batch * query_tokens, query_tokens) + (
         0 if query_side else encoder_flops(config, batch * k * doc_tokens, doc_tokens))
-    side = "query side" if query_side else "both sides"
+    side = ("query side" if query_side else "both sides") + (", recomputed" if recompute else "")
     return Program(f"LSR train step [batch {batch}, k {k}, {side}]", "train", build, None, mesh.devices.size, 1,
                    "steps", 3 * forward, participants=mesh.devices.size)
 

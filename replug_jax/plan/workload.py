@@ -308,7 +308,8 @@ def lsr_phases(config, lm, encoder, encoder_length, meshes, counts: Counts, size
     step = programs.train_step(encoder, dtype, everything, batch=batch, k=k, query_tokens=lq, doc_tokens=ld,
                                query_side=query_side, learning_rate=float(config.learning_rate), steps=steps,
                                gamma=float(config.gamma), beta=float(config.beta), direction=config.direction,
-                               normalize=config.get("metric", "cosine") == "cosine")
+                               normalize=config.get("metric", "cosine") == "cosine",
+                               recompute=bool(config.get("recompute_activations", False)))
     phases.append(Phase("LSR train step", step, steps, steps, "steps", per_host=False))
     if config.get("eval_data") and counts.windows:
         phases += lm_eval_phases(config, lm, encoder, encoder_length, meshes, counts, sizes, k_key="eval_k")

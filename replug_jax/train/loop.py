@@ -69,6 +69,7 @@ class LSRSettings:
     lm_score: str = "sum"  # ℓ = Σ_t log p(y_t | d ∘ x, y_<t); "mean" divides by the token count
     lsr_target: str = "answer"  # what ℓ scores after d: y (the paper); "question": x itself, Σ_t log p(x_t | d, x_<t)
     train_documents: bool = True  # False: query-side only (document encoder and index frozen, no refresh)
+    recompute_activations: bool = False  # the train step recomputes the encoder's activations in its backward pass
     pipeline: bool = False  # retrieve and LM-score step t+1 on a thread while step t runs (queries one step stale)
     refresh_every: int = 3_000
     swap_after: int = 1  # steps between a refresh request and its swap (0: synchronous)
@@ -159,7 +160,8 @@ def train_lsr(encoder, lm, datastore, examples, workdir: str, settings: LSRSetti
         else:
             refresher.request(state["params"], step=0, version=0, wait=True)
     step_fn = train_step_lib.make_train_step(encoder.config, optimizer, mesh, gamma=s.gamma, beta=s.beta,
-                                             direction=s.direction, normalize=s.metric == "cosine", dtype=encoder.dtype)
+                                             direction=s.direction, normalize=s.metric == "cosine", dtype=encoder.dtype,
+                                             recompute=s.recompute_activations)
     cache = LMScoreCache(distributed.per_process_path(os.path.join(workdir, "lm_cache.sqlite")), lm)
     doc_vectors = None if s.train_documents else FrozenDocumentVectors(refresher.current)  # no refresh: the index stays version 0
     logger = MetricsLogger(workdir, resume_step=start, enabled=lead)

@@ -139,12 +139,14 @@ def _with_a_token(mask, has_tokens):
     return jnp.where(has_tokens[:, None] | ~first[None, :], mask, 1).astype(mask.dtype)
 
 
-def retrieval_scores(params, config: BertConfig, batch, normalize: bool = True, dtype=jnp.float32):
+def retrieval_scores(params, config: BertConfig, batch, normalize: bool = True, dtype=jnp.float32,
+                     recompute: bool = False):
     """Re-encode the queries and documents with `params`: -> (scores [B, K] float32, valid [B, K] bool).
 
     One shared encoder on both sides; s = <E(d), E(x)>. A batch with "doc_embeddings" [B, K, D]
     (query-side-only training) encodes only the queries and takes the documents' vectors as
-    constants. Invalid slots (doc_valid False, no tokens, or a query without tokens) are
+    constants. `recompute`: the gradient recomputes the encoder's layer activations (`encoder.embed`). Invalid slots
+    (doc_valid False, no tokens, or a query without tokens) are
     encoded as a one-token padding document, so their
     embeddings are finite (NaN there would leak into the gradient through the query side,
     and a zero vector has a NaN gradient under L2 normalisation); their scores are not used.
@@ -152,7 +154,7 @@ def retrieval_scores(params, config: BertConfig, batch, normalize: bool = True, 
     q_mask = jnp.asarray(batch["query_mask"])  # [B, Lq]
     q_has = jnp.any(q_mask > 0, axis=-1)  # [B]
     q_ids = jnp.where(q_has[:, None], batch["query_ids"], config.pad_token_id)
-    q = encoder.embed(params, config, q_ids, _with_a_token(q_mask, q_has), normalize, dtype)  # [B, D]
+    q = encoder.embed(params, config, q_ids, _with_a_token(q_mask, q_has), normalize, dtype, recompute)  # [B, D]
     if "doc_embeddings" in batch:  # query-side only: the documents are the index's (frozen) vectors
         valid = jnp.asarray(batch["doc_valid"], bool) & q_has[:, None]  # [B, K]
         d = jnp.where(valid[..., None], jnp.asarray(batch["doc_embeddings"], jnp.float32), 0.0)  # [B, K, D]
@@ -163,32 +165,34 @@ def retrieval_scores(params, config: BertConfig, batch, normalize: bool = True, 
     valid = (jnp.asarray(batch["doc_valid"], bool) & q_has[:, None]).reshape(b * k) & jnp.any(d_mask > 0, axis=-1)
     d_ids = jnp.where(valid[:, None], d_ids, config.pad_token_id)
     d_mask = _with_a_token(jnp.where(valid[:, None], d_mask, 0), valid)
-    d = encoder.embed(params, config, d_ids, d_mask, normalize, dtype).reshape(b, k, -1)  # [B, K, D]
+    d = encoder.embed(params, config, d_ids, d_mask, normalize, dtype, recompute).reshape(b, k, -1)  # [B, K, D]
     scores = jnp.einsum("bkd,bd->bk", d, q, preferred_element_type=jnp.float32, precision=EXACT)  # [B, K]
     return scores, valid.reshape(b, k)
 
 
 def make_loss_fn(config: BertConfig, *, gamma: float, beta: float, direction: str = "pr_q", normalize: bool = True,
-                 dtype=jnp.float32) -> Callable:
+                 dtype=jnp.float32, recompute: bool = False) -> Callable:
     """loss_fn(params, batch) -> (loss, metrics): the LSR loss of freshly encoded scores (no jit, no sharding)."""
     if direction not in lsr_loss.DIRECTIONS:
         raise ValueError(f"direction must be one of {lsr_loss.DIRECTIONS}, got {direction!r}")
 
     def loss_fn(params, batch):
-        scores, valid = retrieval_scores(params, config, batch, normalize, dtype)  # [B, K]
+        scores, valid = retrieval_scores(params, config, batch, normalize, dtype, recompute)  # [B, K]
         return lsr_loss.lsr_loss(scores, batch["lm_scores"], valid, gamma, beta, direction)
 
     return loss_fn
 
 
 def make_train_step(config: BertConfig, optimizer: optax.GradientTransformation, mesh: Mesh, *, gamma: float,
-                    beta: float, direction: str = "pr_q", normalize: bool = True, dtype=jnp.float32) -> Callable:
+                    beta: float, direction: str = "pr_q", normalize: bool = True, dtype=jnp.float32,
+                    recompute: bool = False) -> Callable:
     """train_step(state, batch) -> (state, metrics), jitted with donated state; see the module doc.
 
     metrics (scalars, replicated): loss, entropy_pr, entropy_q, top1_agreement, grad_norm
     (global norm before clipping) and learning_rate (the one this step used).
     """
-    loss_fn = make_loss_fn(config, gamma=gamma, beta=beta, direction=direction, normalize=normalize, dtype=dtype)
+    loss_fn = make_loss_fn(config, gamma=gamma, beta=beta, direction=direction, normalize=normalize, dtype=dtype,
+                           recompute=recompute)
 
     def step(state, batch):
         params = state["params"]
