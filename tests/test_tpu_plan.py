@@ -240,3 +240,21 @@ def test_a_plan_on_a_slice_of_several_hosts_splits_each_hosts_share_and_compiles
     assert 0 < program["collective_share"] < 1
     v5e = plan_command(*common, "--tpu", "v5e-32", "--config.batch_size=32", tmp_path=tmp_path)
     assert v5e.returncode == 2 and "only programs over all 32 chips" in v5e.stderr, v5e.stderr[-2000:]
+
+
+def test_a_time_below_the_roofline_floor_is_never_given_and_is_said():
+    """The posterior's prefill once came out at -517 ms a call (an uncosted op counts -1 s): a program's time is never
+    below its flops at the chip's peak and its bytes at the HBM bandwidth, and the row says where the floor was used."""
+    from replug_jax.plan import planner
+
+    chip = tpu.CHIPS["v5e"]
+    program = programs.Program("prefill [tests]", "prefill", None, None, chips=8, units=1024, unit="tokens",
+                               model_flops=8 * 1e12)
+    memory = costs.Figures(argument_bytes=2**30)
+    plain = dict(flops=1e12, bytes_accessed=8.19e9)  # 5.1 ms at peak, 10 ms at the HBM bandwidth
+    row = planner.program_row(program, memory, costs.Figures(est_seconds=-0.5, **plain), chip)
+    assert row["est_seconds_per_call"] == pytest.approx(0.01) and "roofline floor" in row["estimate"]
+    assert 0 < row["mfu"] < 1
+    row = planner.program_row(program, memory, costs.Figures(est_seconds=0.02, **plain), chip)
+    assert row["est_seconds_per_call"] == pytest.approx(0.02) and "estimate" not in row
+    assert any("ZeroCrop" in call for call in costs.SENTINEL_CALLS)  # the posterior's query positions hold one

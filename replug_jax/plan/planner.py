@@ -115,12 +115,18 @@ def program_row(program, memory: costs.Figures, cost: costs.Figures | None, chip
            "fits": fits(memory, chip), "memory": memory.to_json(), "hbm_bytes": chip.usable_hbm_bytes,
            "model_flops_per_chip": program.model_flops / program.chips}
     if cost is not None and cost.fits:
-        seconds = cost.est_seconds + costs.collective_seconds(cost, chip, program.participants)
+        floor = max(cost.flops / chip.peak_flops, cost.bytes_accessed / chip.hbm_bandwidth)  # peak flops, full HBM
+        compute = cost.est_seconds
+        if compute < floor:  # the cost model left an op uncosted (its -1 s "unknown"): never a time below the floor
+            compute = floor
+            row["estimate"] = (f"roofline floor: the cost model's {cost.est_seconds:.3g} s is below the program's "
+                               "flops at peak and bytes at the HBM bandwidth")
+        seconds = compute + costs.collective_seconds(cost, chip, program.participants)
         row.update(compiler_flops_per_chip=cost.flops, bytes_accessed_per_chip=cost.bytes_accessed,
                    compiler_est_seconds=cost.est_seconds, costs_from_layers=cost.layers_from,
-                   collectives=cost.collectives, collective_seconds=seconds - cost.est_seconds,
+                   collectives=cost.collectives, collective_seconds=seconds - compute,
                    est_seconds_per_call=seconds, float64=cost.float64, host_callbacks=cost.host_callbacks,
-                   collective_share=(seconds - cost.est_seconds) / seconds if seconds else 0.0)
+                   collective_share=(seconds - compute) / seconds if seconds else 0.0)
         if seconds > 0:
             row["mfu"] = row["model_flops_per_chip"] / (seconds * chip.peak_flops)
             row["units_per_second_per_chip"] = program.units / program.chips / seconds

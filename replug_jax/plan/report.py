@@ -39,7 +39,7 @@ def tables(plan: dict) -> str:
     for p in plan["phases"]:
         calls = f"{p['calls']:,.0f}" + ("" if not p["per_host"] or plan["hosts"] == 1 else " a host")
         lines.append(f"| {p['phase']} | {p['program']} | {calls} | {duration(p['est_seconds_per_call'])} | "
-                     f"{duration(p['phase_seconds'])} | {p['units_per_second_per_chip']:,.0f} {p['unit']}/s | "
+                     f"{duration(p['phase_seconds'])} | {_rate(p['units_per_second_per_chip'])} {p['unit']}/s | "
                      f"{p['bytes_per_chip'] / GIB:.2f} |")
     lines += ["", f"**Whole job (est.): {duration(plan['total_seconds'])}, {plan['chip_hours']:,.1f} chip-hours.** "
               f"Counts: {_counts(plan)}.", "",
@@ -52,6 +52,7 @@ def tables(plan: dict) -> str:
         coll = ", ".join(f"{c['count']:.0f} {kind} ({c['bytes'] / 2**20:,.0f} MiB)"
                          for kind, c in sorted(r.get("collectives", {}).items())) or "none"
         est = duration(r["est_seconds_per_call"]) if "est_seconds_per_call" in r else "(its parts)"
+        est += " (floor)" if "estimate" in r else ""  # the cost model's own time fell below the roofline floor
         lines.append(f"| {r['program']} | {'yes' if r['fits'] else '**no**'} | {m['total_bytes'] / GIB:.2f} "
                      f"({parts}) | {_percent(m['total_bytes'] / r['hbm_bytes'])} | {est} | "
                      f"{_percent(r.get('mfu'))} | {_percent(r.get('hbm_roofline_fraction'))} | {coll} | "
@@ -61,7 +62,17 @@ def tables(plan: dict) -> str:
               "loops counted by us, collectives by our ring model over the chip's ICI links); model FLOPs are our "
               "count of the model's matmuls at the program's shapes, padding included. docs/tpu.md says how far to "
               "trust them."]
+    floors = [r["program"] for r in plan["programs"] if "estimate" in r]
+    if floors:
+        lines += ["", f"(floor): the cost model's own time for {', '.join(floors)} fell below its flops at the chip's "
+                  "peak and its bytes at the HBM bandwidth (an op it could not cost counts -1 s); the floor is given "
+                  "instead, a lower bound."]
     return "\n".join(lines)
+
+
+def _rate(per_second: float) -> str:
+    """A throughput to three figures below 100 (0.166 steps/s, 1.95 questions/s), whole above."""
+    return f"{per_second:.3g}" if per_second < 100 else f"{per_second:,.0f}"
 
 
 def _counts(plan: dict) -> str:
