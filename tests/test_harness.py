@@ -34,10 +34,10 @@ def tasks(tmp_path_factory):
     return folder, TaskManager(include_path=folder, include_defaults=False)
 
 
-def evaluate(model, tasks, names, *, limit, shots):
+def evaluate(model, tasks, names, *, limit, shots, **more):
     """lm-eval's own evaluation of `model` (a name with args, or an object): {task: [sample, ...]}, results."""
     folder, manager = tasks
-    kwargs = {"model_args": model[1]} if isinstance(model, tuple) else {}
+    kwargs = dict({"model_args": model[1]} if isinstance(model, tuple) else {}, **more)
     out = lm_eval.simple_evaluate(model=model[0] if isinstance(model, tuple) else model, tasks=list(names),
                                   task_manager=manager, limit=limit, num_fewshot=shots, log_samples=True,
                                   random_seed=0, numpy_random_seed=0, torch_random_seed=0, **kwargs)
@@ -85,6 +85,26 @@ def test_without_retrieval_every_request_equals_lm_evals_hf_backend(tasks, smoll
     np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=2e-3, rtol=1e-4)
     assert [g[1] for g in got] == [bool(w[1]) for w in want]
     assert any(g[1] for g in got) and not all(g[1] for g in got)  # is_greedy compared both ways
+
+
+def test_a_chat_template_is_applied_as_lm_evals_hf_backend_applies_it(tasks, smollm2, torch_smollm2):
+    """--apply_chat_template with the shots as turns and a system instruction, k=0: our model renders the GGUF's
+    template to the very prompts lm-eval's hf backend builds with transformers' tokenizer, and scores them alike."""
+    from lm_eval.api.registry import get_model
+
+    model, tokenizer = torch_smollm2
+    assert tokenizer.chat_template  # the GGUF's own, as transformers read it
+    hf_lm = get_model("hf")(pretrained=model, tokenizer=copy.deepcopy(tokenizer))
+    chat = dict(apply_chat_template=True, fewshot_as_multiturn=True, system_instruction="Answer in one word.")
+    hf, _ = evaluate(hf_lm, tasks, [MC], limit=2, shots=1, **chat)
+    ours, _ = evaluate(harness_model(tasks, smollm2, k=0), tasks, [MC], limit=2, shots=1, **chat)
+    for h, o in zip(hf[MC], ours[MC]):
+        assert h["arguments"] == o["arguments"]  # the templated prompts, character for character
+        context = o["arguments"][0][0]  # the first option's (context, continuation)
+        assert context.startswith("<|im_start|>system\nAnswer in one word.<|im_end|>\n<|im_start|>user\n"), context
+        assert context.count("<|im_start|>assistant") == 2  # the shot's answer as a turn, and the request's
+        np.testing.assert_allclose([float(r[0][0]) for r in o["resps"]], [float(r[0][0]) for r in h["resps"]],
+                                   atol=2e-3, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +332,7 @@ def test_the_commands_mistakes_are_one_line_in_the_first_seconds(tmp_path):
                         ("lm=smollm2,corpus=/no/such.jsonl,k=2,weights=replug,posterior_alpha=0.5", "ignored"),
                         (f"lm=smollm2,corpus={three},k=5,weights=replug",
                          "k=5 is larger than the datastore (3 passages"),
-                        ("lm=smollm2,k=0 --apply_chat_template", "does not apply chat templates"),
+                        ("lm=http://127.0.0.1:9/v1,k=0 --apply_chat_template", "has no chat template"),
                         ("lm=smollm2,doc_template={title}:{text}", "in the JSON form")):
         model_args, *more = args.split(" ")
         run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args",

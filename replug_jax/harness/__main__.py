@@ -92,12 +92,9 @@ def check_replug_arguments(argv: list[str]) -> None:
 
     if flag(argv, "--model") != "replug":
         return
-    chat = [name for name in ("--apply_chat_template", "--system_instruction", "--fewshot_as_multiturn")
-            if any(arg == name or arg.startswith(name + "=") for arg in argv)]
-    if chat:  # lm-eval would fail after loading the model (NotImplementedError: tokenizer_name)
-        raise InputError(f"{', '.join(chat)}: the replug model does not apply chat templates (its prompts are the "
-                         "task's text, as REPLUG's passes prepend passages to it): leave the flag out")
     args = model_args(argv)
+    if any(arg == "--apply_chat_template" or arg.startswith("--apply_chat_template=") for arg in argv):
+        model.check_chat_template(args.get("lm", "smollm2"), args.get("tokenizer"))
     known = set(inspect.signature(model.REPLUGHarnessLM.__init__).parameters) - {"self", "unknown"}
     checked = {"k", "weights", "corpus", "temperature", "posterior_alpha", "rerank_depth", "stride_tokens",
                "query_tokens", "context_tokens", "lm", "tokenizer", "doc_tokens"}

@@ -40,6 +40,7 @@ from replug_jax.harness.queries import QueryResolver
 from replug_jax.jobs import input_checks
 from replug_jax.jobs.prepare import LM_CACHE_FILE
 from replug_jax.method.passages import DOC_TEMPLATE
+from replug_jax.models import chat_templates
 from replug_jax.replug import REPLUG, WEIGHTS, as_documents, check_mixture
 
 QA = settings.QA_DEFAULTS
@@ -84,6 +85,25 @@ def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpu
             check_corpus_size(corpus, k, doc_tokens, lm, tokenizer)
     except ValueError as e:
         raise InputError(str(e)) from None
+
+
+def no_chat_template(lm: str) -> str:
+    return (f"--apply_chat_template: lm={lm!r} has no chat template (its tokenizer holds none; a server's /tokenize "
+            "gives none: name its model's tokenizer with tokenizer=), so there is none to apply: leave the flag out")
+
+
+def check_chat_template(lm, tokenizer: str | None) -> None:
+    """A chat template asked for an LM whose tokenizer (the local one; for a URL, tokenizer=) holds none, refused
+    before a model loads: the tokenizer alone is read (a GGUF's metadata, a folder's files)."""
+    if not isinstance(lm, str):
+        return
+    name = tokenizer or (None if lm.startswith(("http://", "https://")) else lm)
+    if name is None:
+        raise InputError(no_chat_template(lm))
+    from replug_jax.loading import load_tokenizer
+
+    if chat_templates.template_of(load_tokenizer(name)) is None:
+        raise InputError(no_chat_template(lm))
 
 
 def check_corpus_size(corpus: str, k: int, doc_tokens: int, lm, tokenizer: str | None) -> None:
@@ -161,6 +181,28 @@ class REPLUGHarnessLM(LM):
                                              weights=weights, posterior_alpha=posterior_alpha,
                                              rerank_depth=rerank_depth, drop_empty_documents=drop_empty_documents)
             self.lm = self.rag.lm
+
+    # ------------------------------------------------------------------ lm-eval's chat templates
+    @property
+    def tokenizer_name(self) -> str:
+        """What lm-eval's request cache keys a chat-templated run by: the LM and its template."""
+        import hashlib
+
+        template = chat_templates.template_of(self.lm.tokenizer) or ""
+        return f"{self.model_args['lm']}-{hashlib.sha256(template.encode()).hexdigest()[:12]}".replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The LM's chat template (--apply_chat_template); refused in one line where it has none."""
+        template = chat_templates.template_of(self.lm.tokenizer)
+        if chat_template and template is None:
+            raise InputError(no_chat_template(self.model_args["lm"]))
+        return template if chat_template else None
+
+    def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:
+        """lm-eval's chat history (system instruction, shots as turns with --fewshot_as_multiturn, the request) as
+        the LM's template writes it (models/chat_templates.py); passages are then written before it, as before any
+        context."""
+        return chat_templates.render(self.lm.tokenizer, chat_history, add_generation_prompt)
 
     # ------------------------------------------------------------------ lm-eval's three requests
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:

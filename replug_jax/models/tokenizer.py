@@ -15,12 +15,14 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 @dataclasses.dataclass
 class TextTokenizer:
-    """Encode/decode text; `bos_id`/`eos_id`/`pad_id` may be None when the vocabulary has none."""
+    """Encode/decode text; `bos_id`/`eos_id`/`pad_id` may be None when the vocabulary has none. `chat_template`: the
+    model's Jinja chat template (a GGUF's `tokenizer.chat_template`, a tokenizer_config.json's), None without one."""
 
     backend: tokenizers.Tokenizer
     bos_id: int | None = None
     eos_id: int | None = None
     pad_id: int | None = None
+    chat_template: str | None = None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
@@ -146,7 +148,26 @@ def from_hf_dir(model_dir: str) -> TextTokenizer:
     backend.no_truncation()
     backend.no_padding()
     ids = _special_ids(model_dir, backend)
-    return TextTokenizer(backend, **ids)
+    return TextTokenizer(backend, **ids, chat_template=_chat_template(model_dir))
+
+
+def _chat_template(model_dir: str) -> str | None:
+    """A Hugging Face directory's chat template: chat_template.jinja, else tokenizer_config.json's (its "default"
+    where it names several)."""
+    import json
+
+    path = os.path.join(model_dir, "chat_template.jinja")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    path = os.path.join(model_dir, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        template = json.load(f).get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template if isinstance(template, str) else None
 
 
 def _special_ids(model_dir: str, backend: tokenizers.Tokenizer) -> dict:
@@ -218,4 +239,5 @@ def from_gguf_metadata(fields: dict) -> TextTokenizer:
         bos_id=fields.get("tokenizer.ggml.bos_token_id"),
         eos_id=fields.get("tokenizer.ggml.eos_token_id"),
         pad_id=fields.get("tokenizer.ggml.padding_token_id"),
+        chat_template=fields.get("tokenizer.chat_template"),
     )
