@@ -96,8 +96,9 @@ def test_a_chat_template_is_applied_as_lm_evals_hf_backend_applies_it(tasks, smo
     assert tokenizer.chat_template  # the GGUF's own, as transformers read it
     hf_lm = get_model("hf")(pretrained=model, tokenizer=copy.deepcopy(tokenizer))
     chat = dict(apply_chat_template=True, fewshot_as_multiturn=True, system_instruction="Answer in one word.")
-    hf, _ = evaluate(hf_lm, tasks, [MC], limit=2, shots=1, **chat)
-    ours, _ = evaluate(harness_model(tasks, smollm2, k=0), tasks, [MC], limit=2, shots=1, **chat)
+    hf, _ = evaluate(hf_lm, tasks, [MC], limit=1, shots=1, **chat)
+    ours, _ = evaluate(harness_model(tasks, smollm2, k=0), tasks, [MC], limit=1, shots=1, **chat)
+    assert len(hf[MC]) == len(ours[MC]) == 1
     for h, o in zip(hf[MC], ours[MC]):
         assert h["arguments"] == o["arguments"]  # the templated prompts, character for character
         context = o["arguments"][0][0]  # the first option's (context, continuation)
@@ -165,17 +166,21 @@ def test_generate_until_is_replug_generate_and_with_the_knowledge_line_replug_an
 
 
 @pytest.mark.slow  # the HTTP client's equality with the local LM is the core suite's (test_http, test_path_equivalence)
-def test_through_the_server_the_numbers_are_the_local_ones(tasks, smollm2, minilm):
+@pytest.mark.parametrize("chat", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["plain", "chat_template"])
+def test_through_the_server_the_numbers_are_the_local_ones(tasks, smollm2, minilm, chat):
     """lm=<our server's URL> (token-id prompts by the local tokenizer): the same log-likelihoods and answers as the
-    local LM, retrieval on."""
+    local LM, retrieval on; and so with the chat template applied (the local tokenizer's, tokenizer=smollm2)."""
     from replug_jax.serve import BackgroundServer
 
     mixing = {"k": 2, "temperature": 0.1, "weights": "replug_posterior", "rerank_depth": 3, "is_greedy": False}
-    local, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, **mixing), tasks, [MC, QA], limit=2, shots=1)
+    more = {"apply_chat_template": True} if chat else {}
+    local, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, **mixing), tasks, [MC, QA], limit=2, shots=1,
+                        **more)
     with BackgroundServer(smollm2) as server:
         with pytest.warns(UserWarning, match="is_greedy=false"):
             remote, _ = evaluate(harness_model(tasks, server.url, tokenizer="smollm2", encoder=minilm, **mixing),
-                                 tasks, [MC, QA], limit=2, shots=1)
+                                 tasks, [MC, QA], limit=2, shots=1, **more)
+    assert ("<|im_start|>" in str(local[MC][0]["arguments"])) == chat
     for a, b in zip(local[MC], remote[MC]):
         np.testing.assert_allclose([float(r[0][0]) for r in b["resps"]], [float(r[0][0]) for r in a["resps"]],
                                    atol=1e-3)
