@@ -58,7 +58,8 @@ def lm_row(name: str, tpu_name: str, target: planner.Target) -> dict:
         shape = generation_shape(mesh)
         whole = programs.generation(config, bf16, mesh, shape)
         memory = {p.kind: costs.compile_figures(p.lower(), target.name) for p in (score, whole)}
-        row.update(model_parallel=model_parallel, scoring_gib=memory["scoring"].total_bytes / 2**30,
+        row.update(model_parallel=model_parallel,
+                   scoring_gib=(memory["scoring"].total_bytes or memory["scoring"].needed_bytes) / 2**30,
                    generation_gib=(memory["generation"].total_bytes or memory["generation"].needed_bytes) / 2**30)
         if all(planner.fits(m, chip) for m in memory.values()):
             break
@@ -121,8 +122,9 @@ def table(rows: list[dict], retriever: list[dict]) -> str:
              "(est.) | decode step (est.) | decode HBM roofline (est.) |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         if not r["fits"]:
+            scoring = f"{r['scoring_gib']:.1f}" if r["scoring_gib"] else "refused"  # a refusal naming no bytes
             lines.append(f"| {r['model']} | {r['tpu']} | **does not fit** (M={r['model_parallel']}: "
-                         f"{r['scoring_gib']:.1f} / {r['generation_gib']:.1f} GiB) | | | | | |")
+                         f"{scoring} / {r['generation_gib']:.1f} GiB) | | | | | |")
             continue
         lines.append(f"| {r['model']} | {r['tpu']} | M={r['model_parallel']} | {r['scoring_gib']:.1f} / "
                      f"{r['generation_gib']:.1f} | {100 * r['scoring_mfu']:.0f}% | "

@@ -43,7 +43,7 @@ class Chip:
 CHIPS = {
     "v4": Chip("v4", 32 * GIB, int(30.75 * GIB), 275e12, 1.2e12, 4.5e10, 6, True),
     "v5e": Chip("v5e", 16 * GIB, int(15.75 * GIB), 197e12, 8.19e11, 4.5e10, 4, False),
-    "v5p": Chip("v5p", 95 * GIB, int(95.74 * GIB), 459e12, 2.765e12, 9e10, 6, True),
+    "v5p": Chip("v5p", 96 * GIB, int(95.74 * GIB), 459e12, 2.765e12, 9e10, 6, True),
     "v6e": Chip("v6e", 32 * GIB, int(31.25 * GIB), 918e12, 1.638e12, 9e10, 4, False),
 }
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "v5": "v5p"}  # rental and topology spellings
