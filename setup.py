@@ -12,6 +12,7 @@ INSTALL_REQUIRES = [
     "faiss-cpu>=1.15,<1.16",
     "transformers>=5.23,<6",  # tokenizers and (in tests) the PyTorch reference; v5 has no Flax models
     "tokenizers>=0.23,<0.24",
+    "regex>=2024.0",  # DPR's has_answer tokenizer (evaluate/dpr_answers.py); transformers needs it too
     "huggingface_hub>=1.0,<3",
     "safetensors>=0.8,<0.9",
     "gguf==0.19.0",

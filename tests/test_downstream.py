@@ -467,6 +467,32 @@ def test_qa_job_writes_results_per_method(qa_run):
     assert saved["empty_answers"] == {m: sum(not r[m]["prediction"] for r in rows) for m in ("none", "replug", "concat")}
 
 
+def test_qa_job_writes_its_retrieval_as_dpr_writes_it(qa_run):
+    """retrieval.jsonl: each question with its passages in DPR's and FiD's format (id, title, text, score,
+    has_answer), best first; the ids and scores REPLUG mixed; has_answer as DPR decides it; results.json's DPR top-k
+    accuracy from those flags, and the line under the table."""
+    from replug_jax.evaluate.dpr_answers import has_answer
+
+    _, workdir, _ = qa_run
+    saved = json.load(open(os.path.join(workdir, "results.json")))
+    predictions = [json.loads(line) for line in open(os.path.join(workdir, "predictions.jsonl"))]
+    retrieval = [json.loads(line) for line in open(os.path.join(workdir, "retrieval.jsonl"))]
+    assert [r["question"] for r in retrieval] == [p["question"] for p in predictions]
+    for got, prediction in zip(retrieval, predictions):
+        assert "ctxs" not in prediction and got["answers"] == prediction["answers"] and got["id"] == prediction["id"]
+        assert all(set(c) == {"id", "title", "text", "score", "has_answer"} for c in got["ctxs"])
+        assert [c["id"] for c in got["ctxs"]] == prediction["replug"]["passage_ids"]
+        assert [c["score"] for c in got["ctxs"]] == prediction["replug"]["passage_scores"]
+        assert [c["has_answer"] for c in got["ctxs"]] == [has_answer(got["answers"], f"{c['title']} {c['text']}")
+                                                          for c in got["ctxs"]]
+    flags = [[c["has_answer"] for c in r["ctxs"]] for r in retrieval]
+    assert saved["retrieval"]["depth"] == 2 and saved["retrieval"]["file"] == "retrieval.jsonl"
+    for n in (1, 2):
+        assert saved["retrieval"]["dpr_top_k_accuracy"][str(n)] == pytest.approx(
+            100 * np.mean([any(f[:n]) for f in flags]))
+    assert "DPR's top-k accuracy" in open(os.path.join(workdir, "results.md")).read()
+
+
 def test_predictions_carry_each_question_and_the_evidence_of_every_number(files, smollm2, qa_run, tmp_path):
     """predictions.jsonl: for every method that uses passages, their datastore ids and retrieval scores (best
     first) and, where passes are mixed, log λ (REPLUG's softmax(s / τ); the posterior's own); each question's own id

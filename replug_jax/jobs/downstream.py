@@ -26,7 +26,7 @@ from replug_jax.base.errors import InputError
 from replug_jax.data import evaluation_sets
 from replug_jax.data.question_sets import answer_key_note
 from replug_jax.data.records import fields_entry
-from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, qa, qa_posterior
+from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, qa, qa_posterior, retrieval_results
 from replug_jax.jobs import downstream_choices, downstream_report, prepare, report, results_file
 from replug_jax.jobs.input_checks import input_warnings, read_methods, retrieval_depth
 from replug_jax.method import posterior
@@ -133,7 +133,13 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
+    if kind == "qa":  # the retrieval as DPR's and FiD's files write it, and DPR's top-k accuracy of it
+        ctxs = [row.pop("ctxs") for row in predictions]
+        results["retrieval"] = retrieval_results.summary(ctxs, config.k, config.metric)
     if distributed.is_lead():  # one writer
+        if kind == "qa":
+            retrieval_results.write([{"id": row["id"], "question": row["question"], "answers": row["answers"],
+                                      "ctxs": c} for row, c in zip(predictions, ctxs)], workdir)
         rows = with_passage_fields(predictions, store)  # each passage's document's own fields beside its id
         print(report.for_console(downstream_report.write(results, rows, workdir), results["warnings"]))
     return results
@@ -161,6 +167,10 @@ def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=Non
     results.update(_posterior_settings(config, len(store)))
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers),
                     **fields_entry(q)} for q in questions]
+    depth = min(max(retrieval_depth(config, m) for m in config.methods), len(store))  # the deepest any method reads
+    scores, rows = retrievers["replug"].retrieve([q.question for q in questions], depth)
+    for row, ctxs in zip(predictions, retrieval_results.contexts(store, [q.answers for q in questions], scores, rows)):
+        row["ctxs"] = ctxs  # retrieval.jsonl's (DPR's format), taken out of the rows before predictions.jsonl
     for done, method in enumerate(config.methods, 1):
         started = time.time()
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote

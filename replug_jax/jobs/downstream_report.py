@@ -6,6 +6,7 @@ import json
 import os
 
 from replug_jax.data.question_sets import MMLU_CATEGORIES
+from replug_jax.evaluate import retrieval_results
 from replug_jax.jobs import results_file
 from replug_jax.jobs.report import METHOD_ORDER, method_label
 
@@ -102,6 +103,7 @@ def write(results: dict, predictions: list[dict], workdir: str) -> str:
         for row in predictions:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     table = mmlu_table(results) if results["task"] == "mmlu" else qa_table(results)
+    table += retrieval_results.table_line(results["retrieval"]) if "retrieval" in results else ""
     table += "".join(f"\nWarning: {w}\n" for w in results.get("warnings", ()))
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)

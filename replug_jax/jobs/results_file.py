@@ -190,7 +190,7 @@ def _fingerprint(path: str) -> str:
     return _stamp_hash(path, (info.st_size, info.st_mtime_ns))
 
 
-EARLIER_FILES = ("results.md", "predictions.jsonl", "windows.jsonl")  # a run's files besides results.json
+EARLIER_FILES = ("results.md", "predictions.jsonl", "retrieval.jsonl", "windows.jsonl")  # a run's files besides results.json
 
 
 _EARLIER_RUN: dict[str, str | None] = {}  # workdir (absolute) -> what keep_earlier_run said before this process's run
@@ -198,7 +198,7 @@ _EARLIER_RUN: dict[str, str | None] = {}  # workdir (absolute) -> what keep_earl
 
 def keep_earlier_run(workdir: str, config) -> str | None:
     """Before a run writes: where `workdir` holds the results of a run of another config or other input files, its
-    results.md, predictions.jsonl and windows.jsonl are copied under history/ beside its results.json copy (named by
+    results.md, predictions.jsonl, retrieval.jsonl and windows.jsonl are copied under history/ beside its results.json copy (named by
     its run_id) and a warning says what differs and where they are; None where the workdir holds none, or the same
     run (which a rerun resumes). The warning is also this run's results.json `earlier_run` (`save`)."""
     said = _EARLIER_RUN[os.path.abspath(workdir)] = _keep_another_runs_files(workdir, config)
