@@ -236,12 +236,16 @@ def test_a_row_whose_client_has_gone_leaves_the_decoding_batch(served):
     lm, server = served
     engine = server.app.state.engine
     before = engine.abandoned
-    future = engine.generate(lm.tokenizer.encode("Once"), 250, 0)
+    future = engine.generate(lm.tokenizer.encode("1, 2, 3, 4, 5, 6,"), 250, 0)  # counts on: no early end of text
     deadline = time.time() + 60
-    while engine.decoding_rows == 0 and time.time() < deadline:
+    while True:  # seen decoding and cancelled under the engine's lock: between two chunks, its row still there
+        with engine.working:
+            if engine.decoding_rows == 1:
+                assert future.cancel()
+                break
+        assert not future.done(), "the row ended before the test could cancel it"
+        assert time.time() < deadline, "the row never started decoding"
         time.sleep(0.001)
-    with engine.working:
-        assert engine.decoding_rows == 1 and future.cancel()
     deadline = time.time() + 10
     while engine.decoding_rows and time.time() < deadline:
         time.sleep(0.01)
