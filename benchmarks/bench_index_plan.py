@@ -102,6 +102,7 @@ def main():
     p.add_argument("--encoder", default="minilm")
     p.add_argument("--queries", type=int, default=1000)
     p.add_argument("--k", type=int, default=20)
+    p.add_argument("--texts", type=int, default=0, help="the collection's first TEXTS texts only (0: all; a smoke run)")
     p.add_argument("--out", default="benchmarks/results.jsonl")
     args = p.parse_args()
 
@@ -112,6 +113,8 @@ def main():
 
     os.makedirs(args.workdir, exist_ok=True)
     texts, counts = collection()
+    if args.texts:
+        texts, counts = texts[:args.texts], dict(counts, first_texts_only=args.texts)
     encoder = rj.load_encoder(args.encoder, batch_size=64)
     start = time.perf_counter()
     embeddings = np.asarray(embed_corpus(encoder, texts, os.path.join(args.workdir, "embeddings.npy")), np.float32)
