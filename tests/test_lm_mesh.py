@@ -12,7 +12,7 @@ import replug_jax as rj
 from replug_jax.parallel import sharding
 from replug_jax.method.posterior import PrefillPosterior
 from replug_jax.lm.local import LocalLM
-from replug_jax.models import causal_lm, kv_cache, partition
+from replug_jax.models import causal_lm, partition
 
 from tests import hf_tiny
 
