@@ -179,3 +179,23 @@ def test_the_architecture_page_names_every_module():
                if os.path.basename(p) != "__init__.py" and os.path.relpath(p, PACKAGE) not in page]
     assert not missing, f"docs/architecture.md does not name {sorted(os.path.relpath(p, ROOT) for p in missing)}"
     assert "(docs/architecture.md)" in open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
+def private_library_imports(path: str) -> list[str]:
+    """Imports of a library's private modules (jax._src, flax.linen._..., ...) in one file."""
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found += [n for n in names if not n.startswith("replug_jax")
+                  and any(p.startswith("_") and not p.endswith("__") for p in n.split(".")[1:])]
+    return found
+
+
+def test_no_module_imports_a_librarys_private_modules(tmp_path):
+    """jax._src and its kind change without notice between releases: the package uses public APIs only."""
+    used = {m: found for m, p in modules().items() if (found := private_library_imports(p))}
+    assert not used, f"private library modules imported: {used}"
+    probe = tmp_path / "probe.py"  # the check catches both forms
+    probe.write_text("from jax._src import config\nimport jax._src.core as core\nimport jax.numpy\n")
+    assert private_library_imports(str(probe)) == ["jax._src", "jax._src.core"]

@@ -12,6 +12,7 @@ know this package's model: this command imports it first. The offline tasks are 
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import sys
 
@@ -103,22 +104,40 @@ def check_replug_arguments(argv: list[str]) -> None:
 
 
 def model_args(argv: list[str]) -> dict:
-    """--model_args as lm-eval's own parser reads them: `key=value,...` words, or one JSON object (the form for a
-    value holding `{` or a newline, `doc_template` for one: lm-eval reads a first word holding `{` as JSON)."""
-    import argparse
+    """--model_args as lm-eval 0.4.13's parser reads them: its words `key=value,...` each, or a first word that is one
+    JSON object (the form for a value holding `{` or a newline, `doc_template` for one: lm-eval refuses a first word
+    holding `{` that is not JSON)."""
+    import json
 
-    from lm_eval._cli.utils import MergeDictAction
+    from lm_eval.utils import simple_parse_args_string
 
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    parser.add_argument("--model_args", "-a", default=None, nargs="+", action=MergeDictAction)
+    words = model_args_words(argv)
+    if not words:
+        return {}
     try:
-        known, _ = parser.parse_known_args(argv)
-    except (ValueError, argparse.ArgumentError) as e:
-        given = flag(argv, "--model_args")
-        raise InputError(f"--model_args {given!r}: lm-eval reads words holding {{ as JSON ({str(e).split(':')[0]}); "
-                         "give a value holding { or a newline in the JSON form, for example "
-                         "--model_args '{\"lm\": \"smollm2\", \"doc_template\": \"{title}\\n{text}\"}'") from None
-    return known.model_args or {}
+        first = json.loads(words[0])
+    except json.JSONDecodeError:
+        if "{" in words[0]:
+            raise InputError(f"--model_args {words[0]!r}: lm-eval reads words holding {{ as JSON, and this is not "
+                             "JSON; give a value holding { or a newline in the JSON form, for example "
+                             "--model_args '{\"lm\": \"smollm2\", \"doc_template\": \"{title}\\n{text}\"}'") from None
+        first = None
+    if isinstance(first, dict):
+        return first
+    out: dict = {}
+    for word in words:
+        out.update(simple_parse_args_string(word))
+    return out
+
+
+def model_args_words(argv: list[str]) -> list[str]:
+    """The words given to --model_args (or -a): "--model_args=w", or every word after it up to the next flag."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--model_args="):
+            return [arg.split("=", 1)[1]]
+        if arg in ("--model_args", "-a"):
+            return list(itertools.takewhile(lambda word: not word.startswith("-"), argv[i + 1:]))
+    return []
 
 
 def flag(argv: list[str], name: str) -> str | None:

@@ -30,6 +30,7 @@ version in ~/.cache/replug_jax/tpu-plan ($REPLUG_JAX_PLAN_CACHE), so a plan run 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -113,11 +114,9 @@ def compile_figures(lowered, target: str) -> Figures:
             return Figures(**json.load(f))
     except (OSError, ValueError, TypeError):
         pass
-    from jax._src import config as jax_config
-
     started = time.perf_counter()
     try:
-        with jax_config.enable_compilation_cache(False):  # JAX's own cache cannot load a compile-only program
+        with _without_jax_compilation_cache():  # JAX's own cache cannot load a compile-only program
             compiled = lowered.compile()
     except Exception as e:  # the compiler's own refusal to fit names the bytes
         message = str(e)
@@ -134,6 +133,20 @@ def compile_figures(lowered, target: str) -> Figures:
         json.dump(dataclasses.asdict(figures), f)
     os.replace(path + ".partial", path)
     return figures
+
+
+@contextlib.contextmanager
+def _without_jax_compilation_cache():
+    """JAX's persistent compilation cache off for the block (the public `jax_enable_compilation_cache` option),
+    as it was after."""
+    import jax
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
 
 
 def _refused(message: str) -> Figures:
