@@ -21,7 +21,7 @@ FILE = "retrieval.jsonl"
 def contexts(store, answers: list, scores: np.ndarray, rows: np.ndarray) -> list[list[dict]]:
     """Per question, its retrieved passages [Q, D] of `store` as DPR's ctxs (rows < 0: none)."""
     return [[{"id": store.ids[r], "title": store.titles[r], "text": store.texts[r], "score": round(float(s), 6),
-              "has_answer": has_answer(golds, f"{store.titles[r]} {store.texts[r]}")}
+              "has_answer": has_answer(golds, store.texts[r])}  # the text alone, as DPR's check_answer reads it
              for r, s in zip(row, row_scores) if r >= 0]
             for golds, row, row_scores in zip(answers, rows, scores)]
 
