@@ -77,10 +77,10 @@ def name_runs_after_the_lm() -> None:
         found = original(model_args)
         if found is not None:
             return found
-        if isinstance(model_args, str):
-            lm = next((part.split("=", 1)[1] for part in model_args.split(",") if part.startswith("lm=")), None)
-        else:
-            lm = (model_args or {}).get("lm")
+        from lm_eval.utils import simple_parse_args_string
+
+        given = simple_parse_args_string(model_args) if isinstance(model_args, str) else model_args or {}
+        lm = given.get("lm")
         return f"replug-{lm}" if lm else None
 
     named.replug = True
