@@ -119,6 +119,26 @@ class REPLUG:
         return cls(lm, DenseRetriever(encoder, index, store), store, k=k, temperature=temperature,
                    doc_template=doc_template, **mixing)
 
+    @classmethod
+    def from_retrieval_file(cls, path, *, lm="smollm2", k: int = QA["k"], temperature: float = QA["temperature"],
+                            doc_template: str = DOC_TEMPLATE, tokenizer=None, **mixing) -> "REPLUG":
+        """REPLUG over a retrieval file's passages (DPR's or FiD's JSON / JSONL with "ctxs", {"query", "ctxs"} lines,
+        a job's retrieval.jsonl; several paths joined by commas or as a list, or a read GivenRetrieval:
+        retrieval/given.py): a query is looked up
+        by its text among the file's questions and mixes its own given passages, λ = softmax(s / τ) of their given
+        scores (no encoder, no index). k above the fewest passages a question is given is refused, naming it; a
+        query the file does not hold is refused when asked. `lm`, `tokenizer`: as `from_documents`."""
+        from replug_jax.loading import load_lm
+        from replug_jax.retrieval.given import GivenRetrieval, read_given
+
+        check_mixture(k, temperature, None, **mixing)  # bad settings and files are refused before any model loads
+        given = path if isinstance(path, GivenRetrieval) else read_given(
+            path if isinstance(path, (str, list, tuple)) else os.fspath(path))
+        given.check_k(k)
+        if isinstance(lm, str):
+            lm = load_lm(lm, **({"tokenizer": tokenizer} if tokenizer is not None else {}))
+        return cls(lm, given, given.store, k=k, temperature=temperature, doc_template=doc_template, **mixing)
+
     def retrieve(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(scores [Q, k], datastore rows [Q, k]; -1 where fewer) of each query's top-k passages."""
         return self.retriever.retrieve(list(queries), self.k)

@@ -479,10 +479,11 @@ def test_qa_job_writes_its_retrieval_as_dpr_writes_it(qa_run):
     retrieval = [json.loads(line) for line in open(os.path.join(workdir, "retrieval.jsonl"))]
     assert [r["question"] for r in retrieval] == [p["question"] for p in predictions]
     for got, prediction in zip(retrieval, predictions):
-        assert "ctxs" not in prediction and got["answers"] == prediction["answers"] and got["id"] == prediction["id"]
+        assert "ctxs" not in prediction and got["answers"] == prediction["answers"]
+        assert "id" not in got  # QUESTIONS give none (the prediction's is its line number)
         assert all(set(c) == {"id", "title", "text", "score", "has_answer"} for c in got["ctxs"])
         assert [c["id"] for c in got["ctxs"]] == prediction["replug"]["passage_ids"]
-        assert [c["score"] for c in got["ctxs"]] == prediction["replug"]["passage_scores"]
+        assert [c["score"] for c in got["ctxs"]] == pytest.approx(prediction["replug"]["passage_scores"], abs=5e-7)
         assert [c["has_answer"] for c in got["ctxs"]] == [has_answer(got["answers"], c["text"]) for c in got["ctxs"]]
     flags = [[c["has_answer"] for c in r["ctxs"]] for r in retrieval]
     assert saved["retrieval"]["depth"] == 2 and saved["retrieval"]["file"] == "retrieval.jsonl"

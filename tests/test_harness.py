@@ -165,6 +165,28 @@ def test_generate_until_is_replug_generate_and_with_the_knowledge_line_replug_an
     assert any(answers)
 
 
+def test_a_retrieval_file_gives_the_numbers_of_the_retrieval_it_holds(tasks, smollm2, minilm, rag_of, tmp_path):
+    """retrieval=FILE (DPR's format, retrieval/given.py): each request's passages are its query's row of the file, so
+    a file written from the corpus's own retrieval gives corpus='s very log-likelihoods at the same k and τ."""
+    from replug_jax.evaluate import retrieval_results
+
+    args = {"k": 2, "temperature": 0.1, "weights": "replug", "query": "field:question", "is_greedy": False}
+    own, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, **args), tasks, [MC], limit=2, shots=1)
+    rag = rag_of(k=2, temperature=0.1, weights="replug")
+    questions = [sample["doc"]["question"] for sample in own[MC]]
+    scores, rows = rag.retriever.retrieve(questions, 3)
+    ctxs = retrieval_results.contexts(rag.datastore, [[] for _ in questions], scores, rows)
+    path = retrieval_results.write([{"question": q, "ctxs": c} for q, c in zip(questions, ctxs)], str(tmp_path))
+    model = REPLUGHarnessLM(lm=smollm2, retrieval=path, include_path=tasks[0], **args)
+    given, _ = evaluate(model, tasks, [MC], limit=2, shots=1)
+    assert [s["resps"] for s in given[MC]] == [s["resps"] for s in own[MC]]
+    assert model.get_model_info()["retrieval"] == path
+    with pytest.raises(ValueError, match="give one"):
+        REPLUGHarnessLM(lm="no-such-lm-would-fail-to-load", retrieval=path, corpus=path, **args)
+    with pytest.raises(ValueError, match=f"k=4 is more than the 3 passages {path}, line 1 gives"):
+        REPLUGHarnessLM(lm="no-such-lm-would-fail-to-load", retrieval=path, **{**args, "k": 4})
+
+
 @pytest.mark.slow  # the HTTP client's equality with the local LM is the core suite's (test_http, test_path_equivalence)
 @pytest.mark.parametrize("chat", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["plain", "chat_template"])
 def test_through_the_server_the_numbers_are_the_local_ones(tasks, smollm2, minilm, chat):

@@ -21,7 +21,8 @@ Cells (W: every weighting; P: local, http, http_server):
   QA              `qa_posterior.predict` and REPLUG's answer NLL W × P (answer NLL, λ, log p(x|d)), and the
                   re-ranked posterior with `posterior_evidence="demos"` × P; answer_nll on and off give the same
                   predictions and weights; the qa job (none, replug, α 1 re-ranked) × {local,
-                  http, http_server}: answer NLL and the answers' texts, whole (no U+FFFD); "concat"'s passages still in a window-cut prompt × P and http_ids
+                  http, http_server}: answer NLL and the answers' texts, whole (no U+FFFD), and the local run's
+                  retrieval.jsonl given back over http_server (--config.retrieval_file) the same; "concat"'s passages still in a window-cut prompt × P and http_ids
   multiple choice the project's cloze prompts and real OLMES arc_easy rc_5shot requests, W × P (options'
                   log-likelihoods, kept passages); x is the request's final question block; "concat"'s passages
                   still in a prompt the window cuts before its longest option (mmlu and OLMES prompts) × P and
@@ -482,7 +483,7 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
     numbers and QA the same answer texts, whole; a /tokenize without pieces is said in results.json's warnings."""
     lms, _, lm_dir, _, servers = paths
     weighting = "posterior_rerank"
-    want = job_results(lm_dir, "", paths, tmp_path, job, weighting)
+    want = job_results(lm_dir, "", paths, tmp_path, job, weighting, workdir=str(tmp_path / "local"))
     got = job_results(servers[0].url, "", paths, tmp_path, job, weighting)
     metric = "perplexity" if job == "lm_eval" else "answer_nll"
     for method, value in want[metric].items():
@@ -496,6 +497,13 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
         assert texts[0] == texts[1] == texts[2] and "\ufffd" not in json.dumps(texts, ensure_ascii=False)
         for method, value in want["answer_nll"].items():
             assert local_tokenizer["answer_nll"][method] == pytest.approx(value, rel=1e-4), method
+        # the local run's retrieval.jsonl given back, over the server: its numbers, answers and passages again
+        given = job_results(servers[0].url, "", paths, tmp_path, job, weighting, corpus="",
+                            retrieval_file=str(tmp_path / "local" / "retrieval.jsonl"))
+        for method, value in want["answer_nll"].items():
+            assert given["answer_nll"][method] == pytest.approx(value, rel=1e-4), method
+        assert given["passage_ids"] == want["passage_ids"] and given["encoder"] is None
+        assert [{m: row[m]["prediction"] for m in want["answer_nll"]} for row in given["rows"]] == texts[0]
     if job == "lm_eval":
         ids_only = job_results(servers[1].url, "", paths, tmp_path, job, weighting)
         assert [w for w in ids_only["warnings"] if "gives no token pieces" in w]

@@ -143,3 +143,23 @@ def test_the_readmes_python_prints_the_weights_it_shows(readme_python):
     for i, block in enumerate(blocks):
         shown = [line[2:] for line in block.splitlines() if line.startswith("# ")]
         assert printed[i].strip("\n").splitlines() == ([said] if i == 0 else []) + shown, (printed[i], shown)
+
+@pytest.mark.slow  # two QA runs; the read-back equality itself is the core suite's (tests/test_given_retrieval.py)
+def test_the_readmes_given_retrieval_command_prints_the_own_data_commands_numbers(tmp_path):
+    """"Retrieval you already have": its command on examples/own_data/retrieval.json (the own-data QA command's own
+    retrieval) gives that command's numbers, read from the retrieval file alone (no corpus, no encoder)."""
+    given = [sys.executable] + shlex.split(code_blocks(README[README.index("### Retrieval you already have"):],
+                                                       "bash")[0].replace("\\\n", " "))[1:]
+    own = readme_commands()[0]
+    results = []
+    for argv in (own, given):
+        at = argv.index("--workdir") + 1
+        argv[at] = str(tmp_path / os.path.basename(argv[at]))
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append(json.load(open(os.path.join(argv[at], "results.json"), encoding="utf-8")))
+    for key in ("exact_match", "answer_nll", "answer_recall"):
+        assert results[1][key] == results[0][key], key
+    assert results[1]["encoder"] is None and results[1]["retrieval_given"]["files"] == [
+        "examples/own_data/retrieval.json"]

@@ -19,6 +19,7 @@ def get_config():
     c.subjects = ()  # () = all 57
     c.query_with_options = False  # the official code puts the options in the query
     c.corpus = "psgs_w100.tsv"
+    c.retrieval_file = ""  # given passages per question instead of the corpus (retrieval/given.py)
     c.encoder = "contriever"
     c.k = 10
     c.shots = 5

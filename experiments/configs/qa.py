@@ -23,6 +23,7 @@ def get_config():
     c.split = "validation"
     c.demo_split = "validation"
     c.corpus = ""
+    c.retrieval_file = ""  # given passages per question instead of the corpus (retrieval/given.py)
     c.max_passages = 0
     c.encoder = "minilm"
     c.lm = "smollm2"

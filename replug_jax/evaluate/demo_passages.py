@@ -6,9 +6,11 @@ from replug_jax.evaluate import qa_metrics
 from replug_jax.method.passages import passages_of
 
 DEMO_PASSAGES = ("top1", "answer")
+ANSWER_DEPTH = 20  # "answer": the passages a demo's answer-holding passage is looked for in
 
 
-def few_shot_prefix(retriever, store, demos, with_knowledge: bool, block, choose: str = "top1", depth: int = 20) -> str:
+def few_shot_prefix(retriever, store, demos, with_knowledge: bool, block, choose: str = "top1",
+                    depth: int = ANSWER_DEPTH) -> str:
     """The shared few-shot block: each demo with one retrieved passage (none for closed book).
 
     choose "top1": the demo's own top-1 passage. "answer" (QA): the best-ranked of its top-`depth` passages that

@@ -58,7 +58,7 @@ def lm_eval_pair(context: str, continuation: str) -> tuple[str, str]:
     return (context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation)
 
 
-def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpus=None,
+def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpus=None, retrieval=None,
                     temperature=QA["temperature"], posterior_alpha=None, rerank_depth=None, lm="smollm2",
                     tokenizer=None, doc_tokens=QA["doc_tokens"], **windows) -> None:
     """The model's arguments checked without loading anything (`python -m replug_jax.harness` calls it before lm-eval
@@ -66,7 +66,7 @@ def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpu
     weights = "none" if weights is None else weights  # lm-eval's parser reads weights=none as None
     if unknown:
         raise InputError(f"--model_args {', '.join(sorted(unknown))}: not an argument of the replug model (lm, "
-                         "tokenizer, encoder, corpus, k, weights, temperature, posterior_alpha, rerank_depth, "
+                         "tokenizer, encoder, corpus, retrieval, k, weights, temperature, posterior_alpha, rerank_depth, "
                          "doc_tokens, doc_template, query, include_path, is_greedy, stride_tokens, query_tokens, "
                          "context_tokens, workdir, cache, drop_empty_documents)")
     try:
@@ -75,9 +75,19 @@ def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpu
         if weights != "none" and k != 0:
             if weights not in WEIGHTS:
                 raise ValueError(f"weights={weights!r}: use one of none, {', '.join(WEIGHTS)}")
+            if retrieval:  # the passages as given (retrieval/given.py): no corpus, no encoder
+                if corpus:
+                    raise ValueError(f"corpus={corpus!r} and retrieval={retrieval!r}: give one (retrieval= is each "
+                                     "question's passages as given; corpus= is retrieved from)")
+                check_mixture(k, temperature, None, weights, posterior_alpha, rerank_depth)
+                for path in str(retrieval).split(","):
+                    if not os.path.isfile(path):
+                        raise ValueError(f"retrieval={path!r} is not a file (DPR's / FiD's JSON or JSONL with ctxs)")
+                return
             if not corpus:
                 raise ValueError("the replug model needs corpus= (a JSONL or .txt file, a folder of .txt files, or "
-                                 f"{offline_tasks.CORPUS_NAME!r}); k=0 runs the LM without retrieval")
+                                 f"{offline_tasks.CORPUS_NAME!r}) or retrieval= (a retrieval file, DPR's format); "
+                                 "k=0 runs the LM without retrieval")
             check_mixture(k, temperature, None, weights, posterior_alpha, rerank_depth)
             if corpus != offline_tasks.CORPUS_NAME and not corpus.startswith("tfds:") and not os.path.exists(corpus):
                 raise ValueError(f"corpus={corpus!r} is not a file or folder (a JSONL or .txt file, a folder of .txt "
@@ -124,7 +134,8 @@ class REPLUGHarnessLM(LM):
     """lm-eval's LM interface over a `REPLUG` (module docstring). Arguments, as `--model_args key=value,...`: lm (a
     name, a path, a server URL, or from Python a loaded LM), tokenizer (for a URL: the server's model's tokenizer;
     none: its /tokenize), encoder, corpus (a file or folder as the jobs read it, or "sciq_support": the offline
-    tasks' paragraphs), k (0: no retrieval), weights (replug, replug_posterior or none), temperature,
+    tasks' paragraphs), retrieval (instead of corpus: a retrieval file, DPR's or FiD's JSON / JSONL with "ctxs",
+    each request's passages those of its query's row, looked up by the query's text: retrieval/given.py), k (0: no retrieval), weights (replug, replug_posterior or none), temperature,
     posterior_alpha, rerank_depth, doc_tokens, doc_template, query (harness/queries.py), include_path, is_greedy,
     stride_tokens, query_tokens, context_tokens, workdir (the index saved and reused there, and the LM's answers
     cached there unless cache=false, so a rerun resumes), drop_empty_documents (true: a corpus's documents without
@@ -132,6 +143,7 @@ class REPLUGHarnessLM(LM):
     (`settings.QA_DEFAULTS`)."""
 
     def __init__(self, lm: str = "smollm2", corpus: str | None = None, encoder: str = "minilm", k: int = QA["k"],
+                 retrieval: str | None = None,
                  weights: str = settings.QA_WEIGHTS, temperature: float = QA["temperature"],
                  posterior_alpha: float | None = None, rerank_depth: int | None = None,
                  doc_tokens: int = QA["doc_tokens"], doc_template: str = DOC_TEMPLATE, tokenizer: str | None = None,
@@ -141,7 +153,8 @@ class REPLUGHarnessLM(LM):
                  drop_empty_documents: bool = False, batch_size=None, max_batch_size=None, device=None, **unknown):
         super().__init__()
         weights = "none" if weights is None else weights  # lm-eval's parser reads weights=none as None
-        check_arguments(unknown=unknown, k=k, weights=weights, corpus=corpus, temperature=temperature,
+        check_arguments(unknown=unknown, k=k, weights=weights, corpus=corpus, retrieval=retrieval,
+                        temperature=temperature,
                         posterior_alpha=posterior_alpha, rerank_depth=rerank_depth, stride_tokens=stride_tokens,
                         query_tokens=query_tokens, context_tokens=context_tokens, lm=lm, tokenizer=tokenizer,
                         doc_tokens=doc_tokens)
@@ -152,16 +165,23 @@ class REPLUGHarnessLM(LM):
         self.is_greedy, self.windows = bool(is_greedy), {"stride_tokens": stride_tokens, "query_tokens": query_tokens,
                                                          "context_tokens": context_tokens}
         self._warned: set = set()
-        if self.method == "none" and corpus is not None:
-            warnings.warn(f"corpus={corpus!r} is not read: k=0 / weights=none scores with the LM alone", stacklevel=2)
-        documents = None
-        if self.method != "none":  # a corpus that cannot be read is refused before a model loads
+        for key, value in (("corpus", corpus), ("retrieval", retrieval)):
+            if self.method == "none" and value is not None:
+                warnings.warn(f"{key}={value!r} is not read: k=0 / weights=none scores with the LM alone", stacklevel=2)
+        documents = given = None
+        if self.method != "none" and retrieval:  # a file that cannot be read is refused before a model loads
+            from replug_jax.retrieval.given import read_given
+
+            given = read_given(str(retrieval))
+            given.check_k(k)
+        elif self.method != "none":  # a corpus that cannot be read is refused before a model loads
             try:
                 documents = as_documents(offline_tasks.corpus_file() if corpus == offline_tasks.CORPUS_NAME
                                          else corpus)
             except ValueError as e:
                 raise InputError(f"corpus={corpus!r}: {e}") from None
         self.model_args = {"lm": lm if isinstance(lm, str) else type(lm).__name__, "corpus": corpus,
+                           **({"retrieval": retrieval} if retrieval else {}),
                            "encoder": encoder if isinstance(encoder, str) else type(encoder).__name__, "k": k,
                            "method": self.method, "workdir": workdir}
         if isinstance(lm, str):
@@ -175,6 +195,11 @@ class REPLUGHarnessLM(LM):
         if self.method == "none":
             self.rag = None
             self.lm = lm
+        elif given is not None:
+            self.rag = REPLUG.from_retrieval_file(given, lm=lm, k=k, temperature=temperature,
+                                                  doc_template=doc_template, weights=weights,
+                                                  posterior_alpha=posterior_alpha, rerank_depth=rerank_depth)
+            self.lm = self.rag.lm
         else:
             self.rag = REPLUG.from_documents(documents, lm=lm, encoder=encoder, k=k, temperature=temperature,
                                              doc_tokens=doc_tokens, doc_template=doc_template, workdir=workdir,

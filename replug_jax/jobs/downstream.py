@@ -28,19 +28,23 @@ from replug_jax.data.question_sets import answer_key_note
 from replug_jax.data.records import fields_entry
 from replug_jax.evaluate import answer_nll, concat_cuts, demo_passages, qa, qa_posterior, retrieval_results
 from replug_jax.jobs import downstream_choices, downstream_report, prepare, report, results_file
-from replug_jax.jobs.input_checks import input_warnings, read_methods, retrieval_depth
+from replug_jax.jobs.input_checks import given_retrieval_files, input_warnings, read_methods, retrieval_depth
 from replug_jax.method import posterior
 from replug_jax.method.passages import passage_ids, passages_of
 from replug_jax.retrieval.datastore import with_passage_fields
+from replug_jax.retrieval.given import read_given
 from replug_jax.parallel import distributed
 from replug_jax.retrieval.retriever import DenseRetriever
 from replug_jax.train.queries import check_disjoint_questions
 
 
 def load_sets(config, kind: str):
-    """(evaluated examples, demos, demos removed from the evaluated set): `evaluation_sets.load_sets` as configured."""
+    """(evaluated examples, demos, demos removed from the evaluated set): `evaluation_sets.load_sets` as configured
+    (QA without --config.questions: the first retrieval file's questions and answers)."""
+    given = given_retrieval_files(config)
+    questions = config.questions or (given[0] if kind == "qa" and given else "")
     return evaluation_sets.load_sets(
-        kind, config.questions, demos=config.get("demos") or "", split=config.get("split"),
+        kind, questions, demos=config.get("demos") or "", split=config.get("split"),
         demo_split=config.get("demo_split"), shots=config.shots, subjects=config.get("subjects") or None,
         max_questions=config.max_questions, question_offset=config.get("question_offset", 0))
 
@@ -86,11 +90,13 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
         console.phase(f"warning: {warning}")
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
                   f"{len(demos)} demo candidates" + answer_key_note([*questions, *demos]))
-    prepared = prepare.prepare_downstream(config, workdir, lm)  # models (the LM behind lm_cache), datastore, index
-    lm, store = prepared.lm, prepared.store
+    given = given_retrieval(config, kind, questions, demos)  # None: our own; checked before any model loads
+    prepared = prepare.prepare_downstream(config, workdir, lm, given)  # models (the LM behind lm_cache), datastore,
+    lm, store = prepared.lm, prepared.store  # index
     for warning in prepare.cut_warnings(prepared):  # also in results.json and under the table
         console.phase(f"warning: {warning}")
-    retrievers = retrievers_for(config, prepared.encoder, store, prepared.index, prepared.paths["shared"])
+    retrievers = ({"replug": given} if given is not None else
+                  retrievers_for(config, prepared.encoder, store, prepared.index, prepared.paths["shared"]))
     if kind == "qa" and config.ensemble not in qa.ENSEMBLES:
         raise InputError(f"ensemble must be one of {qa.ENSEMBLES}, got {config.ensemble!r}")
     # several processes: each retrieves for, asks the LM about and predicts its share of the questions (all of them,
@@ -112,7 +118,11 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
                                **_metrics(kind, config, questions, demos, rows, finished)}, workdir)
 
     run = _run_qa if kind == "qa" else downstream_choices.run
-    results, predictions = run(config, lm, store, retrievers, [questions[i] for i in mine], demos, method_finished)
+    share = [questions[i] for i in mine]
+    share_ctxs = retrieval_contexts(config, kind, retrievers["replug"], store, share)  # retrieval.jsonl's
+    results, predictions = run(config, lm, store, retrievers, share, demos, method_finished)
+    for row, ctxs in zip(predictions, share_ctxs):
+        row["ctxs"] = ctxs  # taken out of the rows again before predictions.jsonl
     predictions = [row for part in split.gather(predictions) for row in part]
     results.update(_metrics(kind, config, questions, demos, predictions, config.methods))
     for said in (qa.empty_answers_warning(results.get("empty_answers", {}), len(questions), config.shots),
@@ -120,8 +130,10 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
         if said:  # also in results.json and under the table
             console.phase(f"warning: {said}")
             early_warnings.append(said)
-    results = {"task": kind, "questions_source": config.questions, "demos_removed_from_questions": removed,
-               "corpus": config.corpus, "datastore_passages": len(store), "encoder": config.encoder,
+    results = {"task": kind, "questions_source": config.questions or config.retrieval_file,
+               "demos_removed_from_questions": removed, "corpus": None if given else config.corpus,
+               **({"retrieval_given": _given_record(config, given, questions)} if given else {}),
+               "datastore_passages": len(store), "encoder": None if given else config.encoder,
                "lm": config.lm, "lm_mesh": prepare.lm_mesh_record(lm),
                "lm_backend": results_file.lm_backend(lm), "k": config.k,
                "compute_dtypes": results_file.compute_dtypes(prepared.encoder, lm),
@@ -133,16 +145,97 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
     if hasattr(lm, "stats"):  # several processes: one entry per process, each for its own share
         stats = distributed.allgather_json(lm.stats())
         results["lm_requests"] = stats[0] if len(stats) == 1 else stats
-    if kind == "qa":  # the retrieval as DPR's and FiD's files write it, and DPR's top-k accuracy of it
-        ctxs = [row.pop("ctxs") for row in predictions]
-        results["retrieval"] = retrieval_results.summary(ctxs, config.k, config.metric)
+    # the retrieval as DPR's and FiD's files write it, and DPR's top-k accuracy of it
+    ctxs = [row.pop("ctxs") for row in predictions]
+    score = given.score_kind() if given else f"the dense retriever's s ({config.metric})"
+    results["retrieval"] = retrieval_results.summary(ctxs, config.k, score, given.paths if given else None)
     if distributed.is_lead():  # one writer
-        if kind == "qa":
-            retrieval_results.write([{"id": row["id"], "question": row["question"], "answers": row["answers"],
-                                      "ctxs": c} for row, c in zip(predictions, ctxs)], workdir)
+        retrieval_results.write([{**_given_id(q), "question": query, "answers": golds, "ctxs": c} for q, query, golds, c
+                                 in zip(questions, retrieval_queries(config, kind, questions),
+                                        gold_texts(kind, questions), ctxs)], workdir)
+        demo_rows = demo_retrieval(config, kind, retrievers["replug"], store, demos)
+        stale = os.path.join(workdir, retrieval_results.DEMOS_FILE)
+        if demo_rows:  # the demos' own passages: with retrieval.jsonl, the file that reruns this run as given
+            retrieval_results.write(demo_rows, workdir, retrieval_results.DEMOS_FILE)
+        elif os.path.isfile(stale):  # an earlier run's (kept in history/ when it was another run's)
+            os.remove(stale)
         rows = with_passage_fields(predictions, store)  # each passage's document's own fields beside its id
         print(report.for_console(downstream_report.write(results, rows, workdir), results["warnings"]))
     return results
+
+
+def retrieval_queries(config, kind: str, questions) -> list[str]:
+    """The text each question is retrieved for: the QA question, or the multiple-choice job's query."""
+    return [q.question for q in questions] if kind == "qa" else downstream_choices.retrieval_queries(config, questions)
+
+
+def gold_texts(kind: str, examples) -> list[list[str]]:
+    """Each example's gold answers as texts (multiple choice: its correct option), for has_answer."""
+    return [list(q.answers) if kind == "qa" else [q.choices[q.answer]] for q in examples]
+
+
+def retrieval_contexts(config, kind: str, retriever, store, questions) -> list[list[dict]]:
+    """retrieval.jsonl's ctxs of `questions`, at the deepest any method reads (k, or the posterior's re-ranking
+    depth)."""
+    depth = min(max(retrieval_depth(config, m) for m in config.methods), len(store))
+    scores, rows = retriever.retrieve(retrieval_queries(config, kind, questions), depth)
+    return retrieval_results.contexts(store, gold_texts(kind, questions), scores, rows)
+
+
+def demo_retrieval(config, kind: str, retriever, store, demos) -> list[dict]:
+    """retrieval_demos.jsonl's rows, where a method shows demos with passages ([] otherwise): each demo's passages
+    as deep as the run's questions' (so either file serves as questions with k passages) and as its own passage was
+    chosen from (the top 1, or the top 20 with demo_passages="answer")."""
+    if not demos or all(m == "none" for m in config.methods):
+        return []
+    chosen_from = demo_passages.ANSWER_DEPTH if kind == "qa" and config.get("demo_passages") == "answer" else 1
+    depth = min(max(chosen_from, *(retrieval_depth(config, m) for m in config.methods)), len(store))
+    scores, rows = retriever.retrieve([d.question for d in demos], depth)
+    ctxs = retrieval_results.contexts(store, gold_texts(kind, demos), scores, rows)
+    return [{**_given_id(d), "question": d.question, "answers": golds, "ctxs": c}
+            for d, golds, c in zip(demos, gold_texts(kind, demos), ctxs)]
+
+
+def _given_id(example) -> dict:
+    """{"id": the example's id} where its data gave one (a line number is no id in another file)."""
+    return {"id": example.id} if getattr(example, "id_given", True) else {}
+
+
+def given_retrieval(config, kind: str, questions, demos):
+    """The retrieval files' rows (--config.retrieval_file; None without it) as the job's retriever and datastore,
+    checked before any model loads: every evaluated question, and every demo a method shows with a passage, has its
+    row (by question text; ids checked where both give them), and k is at most the fewest passages any is given."""
+    paths = given_retrieval_files(config)
+    if not paths:
+        return None
+    given = read_given(paths)
+    queries = retrieval_queries(config, kind, questions)
+    given.check_queries(questions, queries)
+    if demos and any(m != "none" for m in config.methods):
+        given.check_queries(demos, [d.question for d in demos], what="demos (shown with their own passages)",
+                            fix="add their rows (a second file: --config.retrieval_file=FILE,DEMOS_FILE; a job "
+                                "writes its demos' as retrieval_demos.jsonl), or --config.shots=0")
+    given.check_k(config.k, queries, key="--config.k")
+    record = _given_record(config, given, questions)
+    console.phase(f"retrieval: given by {', '.join(paths)}: {len(given.rows)} questions, {len(given.store):,} "
+                  f"distinct passages; scores {record['score_kind']}; λ = softmax(s / τ) at τ {config.temperature}: "
+                  f"a question's best passage weighs e^(median (s_1 - s_k) / τ) = "
+                  f"{record['median_top_to_kth_weight_ratio']:.3g} times its k-th")
+    if not given.scored:
+        console.phase(f"warning: {', '.join(paths)} gives no scores: passages ranked as given, λ uniform")
+    return given
+
+
+def _given_record(config, given, questions) -> dict:
+    """results.json's "retrieval_given": the files, what their scores are, and how far apart λ puts a question's
+    best and k-th passage at this τ."""
+    gaps = [float(r.scores[0] - r.scores[config.k - 1]) for r in (given.row_for(q) for q in
+                                                                    retrieval_queries(config, config.job, questions))]
+    gap = float(np.median(gaps))
+    return {"files": list(given.paths), "score_kind": given.score_kind(), "scored": given.scored,
+            "matched_by": "question text (ids checked where both give them)",
+            "median_top_to_kth_score_gap": round(gap, 6),
+            "median_top_to_kth_weight_ratio": float(np.exp(min(gap / config.temperature, 700.0)))}
 
 
 def _metrics(kind: str, config, questions, demos, predictions: list[dict], methods) -> dict:
@@ -167,10 +260,6 @@ def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=Non
     results.update(_posterior_settings(config, len(store)))
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers),
                     **fields_entry(q)} for q in questions]
-    depth = min(max(retrieval_depth(config, m) for m in config.methods), len(store))  # the deepest any method reads
-    scores, rows = retrievers["replug"].retrieve([q.question for q in questions], depth)
-    for row, ctxs in zip(predictions, retrieval_results.contexts(store, [q.answers for q in questions], scores, rows)):
-        row["ctxs"] = ctxs  # retrieval.jsonl's (DPR's format), taken out of the rows before predictions.jsonl
     for done, method in enumerate(config.methods, 1):
         started = time.time()
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote

@@ -10,6 +10,14 @@ from replug_jax.evaluate import demo_passages, mmlu, multiple_choice as flow, op
 from replug_jax.jobs.input_checks import retrieval_depth
 
 
+def retrieval_queries(config, questions) -> list[str]:
+    """The text each question is retrieved for: OLMES's question, or MMLU's query (with its options where
+    config.query_with_options)."""
+    if olmes.parse_source(config.questions):
+        return [q.question for q in questions]
+    return [mmlu.retrieval_query(q, config.get("query_with_options", False)) for q in questions]
+
+
 def metrics(config, questions, demos, predictions: list[dict], methods=None) -> dict:
     """Accuracy per method of `methods` (None: config.methods) with the subjects asked zero-shot, every option
     metric where option texts were scored, and the question count, from all prediction rows."""

@@ -133,11 +133,14 @@ def check_job_inputs(config) -> None:
         _check_path_or_name("eval_data", config.eval_data, DOCUMENT_NAMES)
         _check_small_documents("eval_data", config.eval_data)
     if config.job in ("qa", "mmlu"):
-        _check_path_or_name("corpus", config.corpus, CORPUS_NAMES)
+        if given_retrieval_files(config):
+            _check_retrieval_files(config)
+        else:
+            _check_path_or_name("corpus", config.corpus, CORPUS_NAMES)
         names = QA_NAMES if config.job == "qa" else MC_NAMES
         if config.job == "mmlu" and config.questions.startswith("olmes:"):
             _check_olmes(config)
-        else:
+        elif config.questions or not (config.job == "qa" and given_retrieval_files(config)):  # "": the file's own
             _check_path_or_name("questions", config.questions, names)
         if config.get("demos"):
             _check_path_or_name("demos", config.demos, names)
@@ -154,11 +157,42 @@ def check_job_inputs(config) -> None:
                 where = f"{given.rstrip('/')}/retriever.safetensors" if bucket_workdirs.is_remote(given) else path
                 raise InputError(f"--config.methods has replug_lsr but {where} does not exist: set "
                                  "--config.retriever_workdir to an LSR job's workdir")
-    _check_empty_documents(config)
-    check_corpus_size(config)  # k beyond the corpus first: a depth below k is the lesser fault when neither fits
+    if not given_retrieval_files(config):  # a given retrieval reads no corpus (its own checks: `given_retrieval`)
+        _check_empty_documents(config)
+        check_corpus_size(config)  # k beyond the corpus first: a depth below k is the lesser fault when neither fits
     evaluated = config.job in ("qa", "mmlu", "lm_eval") or config.job == "lsr" and not _trains_on_questions(config)
     if evaluated and "replug_posterior" in job_methods(config):
         check_posterior_settings(config)
+
+
+def given_retrieval_files(config) -> list[str]:
+    """The retrieval files a QA or multiple-choice job reads its passages from (--config.retrieval_file, comma-separated;
+    [] for a corpus and an index)."""
+    if config.job not in ("qa", "mmlu"):
+        return []
+    return [p for p in str(config.get("retrieval_file") or "").split(",") if p]
+
+
+def _check_retrieval_files(config) -> None:
+    """Each retrieval file exists, and no method needs a retriever of our own."""
+    for path in given_retrieval_files(config):
+        if "://" in path:
+            raise InputError(f"--config.retrieval_file: {path!r}: copy it to a local path")
+        if not os.path.isfile(os.path.expanduser(path)):
+            raise InputError(f"--config.retrieval_file: {path!r}: no such file")
+    if "replug_lsr" in job_methods(config):
+        raise InputError("--config.methods has replug_lsr, which retrieves with an LSR-trained encoder, but "
+                         "--config.retrieval_file gives the passages: drop replug_lsr, or unset retrieval_file")
+    if config.job == "mmlu" and not config.questions:
+        raise InputError("--config.questions is empty: multiple-choice questions (their options) come from "
+                         "--config.questions; the retrieval file gives their passages")
+
+
+def given_retrieval_notes(config) -> list[str]:
+    """Warnings for the corpus settings a given retrieval leaves unread."""
+    if not given_retrieval_files(config) or not config.get("corpus"):
+        return []
+    return [f"--config.corpus={config.corpus!r} is not read: the passages come from --config.retrieval_file"]
 
 
 def _check_lm_tokenizer(config) -> None:
@@ -500,6 +534,8 @@ def precision_a_server_ignores(config) -> list[str]:
 def input_warnings(config) -> list[str]:
     """What a job says of its inputs before its models load (and keeps in results.json): settings no method reads,
     precision a server ignores, documents left out, passages of a few words."""
+    if given_retrieval_files(config):  # no corpus is cut: its settings are said unread
+        return unused_settings(config) + precision_a_server_ignores(config) + given_retrieval_notes(config)
     return (unused_settings(config) + precision_a_server_ignores(config) + dropped_documents(config)
             + short_passages(config))
 

@@ -281,19 +281,23 @@ def prepare(config, workdir: str) -> Workspace:
     return Workspace(paths, encoder, lm, tokenizer, store, index, started)
 
 
-def prepare_downstream(config, workdir: str, lm=None) -> Workspace:
+def prepare_downstream(config, workdir: str, lm=None, given=None) -> Workspace:
     """A downstream job's models, datastore and dense index (QA, MMLU, LSR on QA pairs): `lm` (loaded when None)
-    behind `config.lm_cache`, the corpus cut with its tokenizer and embedded under cache_dir (else the workdir)."""
+    behind `config.lm_cache`, the corpus cut with its tokenizer and embedded under cache_dir (else the workdir).
+    `given` (a retrieval/given.py GivenRetrieval): its passages are the datastore, and no encoder or index is made."""
     started = time.time()
     shared = config.get("cache_dir") or workdir  # datastore, embeddings and index: shareable by runs
     os.makedirs(shared, exist_ok=True)
     dtype = precision.resolve(config.dtype)
-    encoder = load_job_encoder(config, dtype)
+    encoder = load_job_encoder(config, dtype) if given is None else None
     lm = lm if lm is not None else load_job_lm(config, dtype)
     tokenizer = lm_tokenizer(lm, config)
     lm = cached_lm(lm, config, workdir)
     cached = f", scores and answers cached in {lm.path}" if isinstance(lm, CachedLM) else ""
-    console.phase(f"models: encoder {config.encoder}, LM {config.lm} ({type(lm).__name__}{cached})")
+    retriever = f"encoder {config.encoder}" if given is None else "retrieval given"
+    console.phase(f"models: {retriever}, LM {config.lm} ({type(lm).__name__}{cached})")
+    if given is not None:
+        return Workspace({"shared": shared}, None, lm, tokenizer, given.store, None, started)
     store = build_corpus(
         config.corpus, tokenizer, config.doc_tokens, shared, split=config.get("split", "validation"),
         max_passages=config.get("max_passages") or None, drop_empty=config.get("drop_empty_documents", False))

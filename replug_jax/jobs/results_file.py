@@ -81,12 +81,13 @@ def lm_backend(lm) -> dict:
 
 def compute_dtypes(encoder, lm) -> dict:
     """results.json's "compute_dtypes": the dtype the encoder and this package's LM computed in ("auto" resolved:
-    float32 on CPU unless bfloat16 was asked for); the LM's is None where a server answered."""
+    float32 on CPU unless bfloat16 was asked for); the LM's is None where a server answered, the encoder's where the
+    retrieval was given (no encoder ran)."""
     from replug_jax.lm.cache import CachedLM
 
     inner = lm.lm if isinstance(lm, CachedLM) else lm
     dtype = getattr(inner, "dtype", None)
-    return {"encoder": str(encoder.dtype), "lm": None if dtype is None else str(dtype)}
+    return {"encoder": None if encoder is None else str(encoder.dtype), "lm": None if dtype is None else str(dtype)}
 
 
 # config keys that cannot change a number of the results: where a run caches, how often it logs or checkpoints
@@ -190,7 +191,8 @@ def _fingerprint(path: str) -> str:
     return _stamp_hash(path, (info.st_size, info.st_mtime_ns))
 
 
-EARLIER_FILES = ("results.md", "predictions.jsonl", "retrieval.jsonl", "windows.jsonl")  # a run's files besides results.json
+EARLIER_FILES = ("results.md", "predictions.jsonl", "retrieval.jsonl", "retrieval_demos.jsonl",
+                 "windows.jsonl")  # a run's files besides results.json
 
 
 _EARLIER_RUN: dict[str, str | None] = {}  # workdir (absolute) -> what keep_earlier_run said before this process's run
