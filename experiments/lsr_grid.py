@@ -2,6 +2,8 @@
 
     python experiments/lsr_grid.py run [CELL ...]   # train + evaluate the cells (all by default), skipping done ones
     python experiments/lsr_grid.py table            # the table of experiments/README.md from runs/lsr_grid/*/
+    python experiments/lsr_grid.py run qs_sum_b0.1_96x3 --root /tmp/grid --set steps=2 --set max_eval_docs=1
+                                                    # elsewhere, with settings over every cell's (a smoke run)
 
 Every cell is `python -m replug_jax.main --config experiments/configs/demo_lsr.py` with the overrides below,
 in runs/lsr_grid/CELL. The cells share the data split, datastore and index (--config.cache_dir) and one LM
@@ -10,6 +12,7 @@ run's LM calls plus what each cell retrieves differently.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -21,9 +24,9 @@ ROOT = os.path.join("runs", "lsr_grid")
 COMMON = dict(wiki_split="related", eval_fraction=0.1, max_eval_docs=12, max_windows_per_doc=8, k_sweep=(4,),
               query_max_tokens=0,
               doc_max_tokens=0, train_query_tokens=128, batch_size=8, gamma=0.1, learning_rate=1e-4, direction="pr_q",
-              lm_cache=f"{ROOT}/lm_cache.sqlite")
-T10 = dict(cache_dir=f"{ROOT}/shared_t10", train_fraction=0.1, train_continuation_tokens=64)  # 10 articles
-T30 = dict(cache_dir=f"{ROOT}/shared_t30", train_fraction=0.3, train_continuation_tokens=32)  # 30 (~600)
+              lm_cache="{root}/lm_cache.sqlite")  # {root}: --root (ROOT)
+T10 = dict(cache_dir="{root}/shared_t10", train_fraction=0.1, train_continuation_tokens=64)  # 10 articles
+T30 = dict(cache_dir="{root}/shared_t30", train_fraction=0.3, train_continuation_tokens=32)  # 30 (~600)
 QUERY_SIDE = dict(train_documents=False, refresh_every=1000, swap_after=0)
 FULL = dict(train_documents=True, refresh_every=20, swap_after=5)
 
@@ -44,30 +47,41 @@ CELLS = {
 }
 
 
-def command(name: str) -> list[str]:
-    overrides = [f"--config.{key}={value}" for key, value in {**COMMON, **CELLS[name][1]}.items()]
+def cell_settings(name: str, root: str = ROOT, extra: dict | None = None) -> dict:
+    """The grid's and the cell's overrides of demo_lsr.py, its files under `root`, then `extra` (--set)."""
+    settings = {key: value.format(root=root) if isinstance(value, str) else value
+                for key, value in {**COMMON, **CELLS[name][1]}.items()}
+    return {**settings, **(extra or {})}
+
+
+def command(name: str, root: str = ROOT, extra: dict | None = None) -> list[str]:
+    overrides = [f"--config.{key}={value}" for key, value in cell_settings(name, root, extra).items()]
     return [sys.executable, "-m", "replug_jax.main", "--config", "experiments/configs/demo_lsr.py",
-            "--workdir", os.path.join(ROOT, name), *overrides]
+            "--workdir", os.path.join(root, name), *overrides]
 
 
-def cell_config(name: str):
+def cell_config(name: str, root: str = ROOT, extra: dict | None = None):
     """The config `command(name)` runs: demo_lsr.py with the grid's and the cell's settings."""
-    from replug_jax.jobs.config_files import sibling_config
+    from replug_jax.jobs.config_files import set_from_text, sibling_config
 
     config = sibling_config(os.path.join("experiments", "configs", "demo_lsr.py"), "demo_lsr.py")
-    config.update({**COMMON, **CELLS[name][1]})
+    config.update(cell_settings(name, root))
+    for key, value in (extra or {}).items():
+        set_from_text(config, f"{key}={value}")
     return config
 
 
-def run(names: list[str]) -> None:
+def run(names: list[str], root: str = ROOT, extra: dict | None = None) -> None:
     from replug_jax.jobs.results_file import finished_run
 
     for name in names or list(CELLS):
-        if finished_run(os.path.join(ROOT, name), cell_config(name)):  # another config's run: refused
+        if name not in CELLS:
+            sys.exit(f"unknown cell {name!r}: the cells are {', '.join(CELLS)}")
+        if finished_run(os.path.join(root, name), cell_config(name, root, extra)):  # another config's: refused
             print(f"{name}: done, skipped")
             continue
-        print(" ".join(command(name)), flush=True)
-        subprocess.run(command(name), check=True)
+        print(" ".join(command(name, root, extra)), flush=True)
+        subprocess.run(command(name, root, extra), check=True)
 
 
 def training_summary(workdir: str) -> dict:
@@ -109,12 +123,15 @@ def table(root: str = ROOT) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] in (["-h"], ["--help"]):
-        print(f"usage: python experiments/lsr_grid.py run [CELL ...] | table\n\n{__doc__}")
-        sys.exit(0)
-    if len(sys.argv) < 2 or sys.argv[1] not in ("run", "table"):
-        sys.exit(__doc__)
-    if sys.argv[1] == "run":
-        run(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], usage="%(prog)s run [CELL ...] | table")
+    ap.add_argument("action", choices=("run", "table"))
+    ap.add_argument("cells", nargs="*", help=f"run: the cells (default all: {', '.join(CELLS)})")
+    ap.add_argument("--root", default=ROOT, help="the cells' folder")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a demo_lsr.py setting over every cell's (a smoke run: steps=2, max_eval_docs=1)")
+    args = ap.parse_args()
+    extra = dict(item.split("=", 1) for item in args.set)
+    if args.action == "run":
+        run(args.cells, args.root, extra)
     else:
-        print(table())
+        print(table(args.root))

@@ -46,6 +46,8 @@ def run(args, name: str) -> dict:
     config.update(dict(methods=methods, temperature=tau, posterior_alpha=alpha, rerank_depth=depth, k_sweep=(4,),
                        max_eval_docs=args.eval_docs, cache_dir=os.path.join(args.workdir, "shared"),
                        lm_cache=os.path.join(args.workdir, "lm_cache.sqlite")))
+    if args.windows_per_doc:
+        config.max_windows_per_doc = args.windows_per_doc
     results = results_file.finished_run(workdir, config)
     if results is None:
         console.setup(workdir, -1)
@@ -58,6 +60,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--eval_docs", type=int, default=10, help="held-out articles scored (the demo: 6 of 10)")
+    ap.add_argument("--windows_per_doc", type=int, default=0, help="windows scored per article (0: demo.py's 5)")
     args = ap.parse_args()
     started = time.time()
     runs = {name: run(args, name) for name in RUNS}

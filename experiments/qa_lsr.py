@@ -24,7 +24,7 @@ import time
 
 from replug_jax.base import console
 from replug_jax.jobs import results_file
-from replug_jax.jobs.config_files import sibling_config
+from replug_jax.jobs.config_files import set_from_text, sibling_config
 from replug_jax.main import run_job
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -121,8 +121,7 @@ def main():
     if not trained:
         config = config_for("qa_lsr.py", args, "")
         for item in args.set:
-            key, value = item.split("=", 1)
-            config[key] = config.get_type(key)(value) if not isinstance(config[key], bool) else value == "True"
+            set_from_text(config, item)
         trained = os.path.join(args.workdir, "lsr")
         train = run_once(config, trained)
     gamma = json.load(open(os.path.join(trained, "results.json")))["lsr"]["gamma"]

@@ -163,6 +163,7 @@ def test_the_plan_refuses_a_config_that_does_not_fit_naming_the_program_and_the_
     assert not any(noise in done.stderr for noise in LIBTPU_NOISE), done.stderr[-2000:]
 
 
+@pytest.mark.slow  # a refusal's naming of the fix is the core suite's (test_the_plan_refuses_a_config_that_does_not_fit_...)
 def test_an_lsr_step_that_does_not_fit_is_refused_naming_the_recompute_that_makes_it_fit(tmp_path):
     """Both sides trained, 8 queries x 20 documents of 512 tokens a v5e chip through 4 layers of 32 attention heads:
     the attention probabilities the backward pass keeps exceed a chip; recomputing them fits, and the refusal says

@@ -12,3 +12,9 @@ def sibling_config(this_file: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()
+
+
+def set_from_text(config, item: str) -> None:
+    """A "KEY=VALUE" setting (an experiment script's --set) written into `config`, VALUE read as the key's type."""
+    key, value = item.split("=", 1)
+    config[key] = config.get_type(key)(value) if not isinstance(config[key], bool) else value == "True"
