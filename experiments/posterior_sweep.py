@@ -94,8 +94,10 @@ def main():
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--heldout", type=int, default=200)
     ap.add_argument("--dev", type=int, default=100)
-    ap.add_argument("--depth", type=int, default=16)
+    ap.add_argument("--depth", type=int, default=16, help="passages scored per question (at least the table's k, 4)")
     args = ap.parse_args()
+    if args.depth < 4:
+        ap.error(f"--depth {args.depth}: the table compares every method at k = 4, so at least 4")
     started = time.time()
     config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")
     config.update(dict(lm=args.lm, lm_cache=os.path.join(args.workdir, "lm_cache.sqlite")))
