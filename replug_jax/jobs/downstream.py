@@ -90,7 +90,8 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
         console.phase(f"warning: {warning}")
     console.phase(f"{kind}: {len(questions)} questions ({removed} demos removed from them), "
                   f"{len(demos)} demo candidates" + answer_key_note([*questions, *demos]))
-    given = given_retrieval(config, kind, questions, demos)  # None: our own; checked before any model loads
+    given, given_record = given_retrieval(config, kind, questions, demos)  # (None, None): our own; checked
+    # before any model loads
     prepared = prepare.prepare_downstream(config, workdir, lm, given)  # models (the LM behind lm_cache), datastore,
     lm, store = prepared.lm, prepared.store  # index
     for warning in prepare.cut_warnings(prepared):  # also in results.json and under the table
@@ -132,7 +133,7 @@ def run_downstream(config, workdir: str, lm=None) -> dict:
             early_warnings.append(said)
     results = {"task": kind, "questions_source": config.questions or config.retrieval_file,
                "demos_removed_from_questions": removed, "corpus": None if given else config.corpus,
-               **({"retrieval_given": _given_record(config, given, questions)} if given else {}),
+               **({"retrieval_given": given_record} if given else {}),
                "datastore_passages": len(store), "encoder": None if given else config.encoder,
                "lm": config.lm, "lm_mesh": prepare.lm_mesh_record(lm),
                "lm_backend": results_file.lm_backend(lm), "k": config.k,
@@ -201,13 +202,14 @@ def _given_id(example) -> dict:
     return {"id": example.id} if getattr(example, "id_given", True) else {}
 
 
-def given_retrieval(config, kind: str, questions, demos):
+def given_retrieval(config, kind: str, questions, demos) -> tuple:
     """The retrieval files' rows (--config.retrieval_file; None without it) as the job's retriever and datastore,
     checked before any model loads: every evaluated question, and every demo a method shows with a passage, has its
-    row (by question text; ids checked where both give them), and k is at most the fewest passages any is given."""
+    row (by question text; ids checked where both give them), and k is at most the fewest passages any is given.
+    Returns (it, results.json's "retrieval_given"), or (None, None)."""
     paths = given_retrieval_files(config)
     if not paths:
-        return None
+        return None, None
     given = read_given(paths)
     queries = retrieval_queries(config, kind, questions)
     given.check_queries(questions, queries)
@@ -223,7 +225,7 @@ def given_retrieval(config, kind: str, questions, demos):
                   f"{record['median_top_to_kth_weight_ratio']:.3g} times its k-th")
     if not given.scored:
         console.phase(f"warning: {', '.join(paths)} gives no scores: passages ranked as given, λ uniform")
-    return given
+    return given, record
 
 
 def _given_record(config, given, questions) -> dict:
