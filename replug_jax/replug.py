@@ -26,7 +26,7 @@ from replug_jax.data.records import QAExample
 from replug_jax.evaluate import qa, qa_posterior
 from replug_jax.evaluate.demo_passages import few_shot_prefix
 from replug_jax.evaluate.perplexity import mix_windows
-from replug_jax.method import mixture, posterior
+from replug_jax.method import greedy_match, mixture, posterior
 from replug_jax.method.passages import DOC_TEMPLATE, document_passes, passage_text
 from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, document_from_record
 
@@ -161,18 +161,20 @@ class REPLUG:
         log_w = np.asarray(mixture.log_weights_jax(scores, valid, self.temperature))[0][valid[0]]
         return log_w, scores[0][valid[0]], rows[0][valid[0]]
 
-    def _mixed_passes(self, queries: Sequence[str], texts: Sequence[str], continuations: Sequence[str]) -> list:
+    def _mixed_passes(self, queries: Sequence[str], texts: Sequence[str], continuations: Sequence[str],
+                      top: int = 0) -> list:
         """Per input text, retrieved for by its query: (pass contexts, their normalised log λ [k'], the continuation's
         log-probs per pass or None, the kept passages as `KeptPassage`s): the top k by retrieval, or by the posterior
         over the top `depth`, which scores the text after each passage (with its continuation in the same pass); one
-        LM call for all."""
+        LM call for all. `top` > 0 (an LM with `score_top`): the continuation's scores per pass as `TopScores`."""
         found = self._retrieved_passes(queries, texts)
         if self.weights == "replug":
             return [(contexts, log_w, None, self._kept(rows, scores, log_w, None))
                     for contexts, log_w, scores, rows in found]
         flat = [(i, c) for i, (contexts, *_) in enumerate(found) for c in contexts]
         scored = self.lm.score_with_query([posterior.passage_part(c, texts[i]) for i, c in flat],
-                                          [texts[i] for i, _ in flat], [continuations[i] for i, _ in flat])
+                                          [texts[i] for i, _ in flat], [continuations[i] for i, _ in flat],
+                                          **({"top": top} if top else {}))
         out, at = [], 0
         for contexts, log_w, scores, rows in found:
             mine, at = scored[at : at + len(contexts)], at + len(contexts)
@@ -213,23 +215,41 @@ class REPLUG:
                    queries: Sequence[str] | None = None) -> list[np.ndarray]:
         """`score` of many (context, continuation) pairs, each retrieved for by its query (default: its context):
         one retrieval and one LM call for all. -> per pair [T_i] float32."""
+        return self._mixture_scores(contexts, continuations, queries)[0]
+
+    def score_and_greedy(self, contexts: Sequence[str], continuations: Sequence[str],
+                         queries: Sequence[str] | None = None) -> tuple[list[np.ndarray], list[bool | None]]:
+        """`score_many`, with whether each continuation is what `generations` would decode from its context
+        (lm-eval's is_greedy), decided from the same scoring pass by its passes' top tokens
+        (method/greedy_match.py), with retrieval's weights or the posterior's (the kept passes, from the pass that
+        scores the input's likelihood): True / False, or None where they leave it open or the LM gives no top tokens
+        (`score_top`: the local LM does): decode those (`generations`)."""
+        return self._mixture_scores(contexts, continuations, queries, greedy=True)
+
+    def _mixture_scores(self, contexts, continuations, queries, greedy: bool = False):
+        """(mixed log-probs per pair [T_i], is-greedy per pair or None) of `score_many` / `score_and_greedy`."""
         queries = list(contexts) if queries is None else list(queries)
+        top = greedy_match.TOP if greedy and hasattr(self.lm, "score_top") else 0
         if self.weights == "replug":
             scores, rows = self.retrieve(queries)  # [Q, k]
             passes, conts, where = document_passes(self.datastore, rows, contexts, continuations, self.doc_template)
-            per_input = [[] for _ in contexts]
-            for (i, _), lp in zip(where, self.lm.score(passes, conts)):
-                per_input[i].append(lp)
+            per_input = [[] for _ in contexts]  # per pair, its passes' scores (`TopScores` with top)
+            for (i, _), x in zip(where, self.lm.score_top(passes, conts, top) if top else self.lm.score(passes, conts)):
+                per_input[i].append(x)
             mask, tau = rows[:, : self.k] >= 0, self.temperature
+            log_w = [w[m] for w, m in zip(np.asarray(mixture.log_weights_jax(scores[:, : self.k], mask, tau)), mask)]
         else:  # the kept passes, their normalised log λ as scores at τ = 1 (softmax gives them back)
-            mixed = self._mixed_passes(queries, contexts, continuations)
-            per_input = [lps for _, _, lps, _ in mixed]
+            mixed = self._mixed_passes(queries, contexts, continuations, top)
+            per_input, log_w = [x for _, _, x, _ in mixed], [w for _, w, _, _ in mixed]
             scores = np.full((len(mixed), self.k), -np.inf, np.float32)  # [Q, k]
-            for i, (_, log_w, _, _) in enumerate(mixed):
-                scores[i, : len(log_w)] = log_w
+            for i, w in enumerate(log_w):
+                scores[i, : len(w)] = w
             mask, tau = np.isfinite(scores), 1.0
+        flags = [greedy_match.mixture_is_greedy(x, w) if top and x else None for x, w in zip(per_input, log_w)]
+        if top:
+            per_input = [[x.logprobs for x in passes] for passes in per_input]
         mixed_lps = mix_windows(per_input, [len(lps[0]) for lps in per_input], scores, mask, tau)
-        return [mixed_lps[i] for i in range(len(per_input))]  # the LM evaluation's own mixture
+        return [mixed_lps[i] for i in range(len(per_input))], flags  # the LM evaluation's own mixture
 
     def generate(self, prompt: str, *, max_new_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  query: str | None = None) -> str:

@@ -85,6 +85,7 @@ def test_without_retrieval_every_request_equals_lm_evals_hf_backend(tasks, smoll
     np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=2e-3, rtol=1e-4)
     assert [g[1] for g in got] == [bool(w[1]) for w in want]
     assert any(g[1] for g in got) and not all(g[1] for g in got)  # is_greedy compared both ways
+    assert ours_lm.greedy_counts["from scoring"] >= len(requests)  # read from the scoring pass, not decoded
 
 
 def test_a_chat_template_is_applied_as_lm_evals_hf_backend_applies_it(tasks, smollm2, torch_smollm2):
@@ -125,8 +126,8 @@ def test_with_retrieval_every_loglikelihood_is_replug_score_for_the_example(task
     mixing = {"k": 2, "temperature": 0.1, "weights": weights}
     if weights == "replug_posterior":
         mixing.update(posterior_alpha=0.5, rerank_depth=4)
-    samples, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, is_greedy=weights == "replug", **mixing),
-                          tasks, [MC], limit=2, shots=1)
+    model = harness_model(tasks, smollm2, encoder=minilm, is_greedy=weights == "replug", **mixing)
+    samples, _ = evaluate(model, tasks, [MC], limit=2, shots=1)
     rag = rag_of(**mixing)
     pairs = [(c, x, own_text(sample)) for sample in samples[MC] for c, x in sample["arguments"]]
     got = [(float(resp[0][0]), bool(resp[0][1])) for sample in samples[MC] for resp in sample["resps"]]
@@ -142,6 +143,7 @@ def test_with_retrieval_every_loglikelihood_is_replug_score_for_the_example(task
         for i, (want_ids, greedy) in enumerate(zip(ids, decoded)):
             assert got[i][1] == (list(greedy.token_ids[: len(want_ids)]) == list(want_ids))
         assert any(g for _, g in got) and not all(g for _, g in got)
+        assert model.greedy_counts["from scoring"] > model.greedy_counts["decoded"]  # the scoring pass decided
     whole = [float(np.sum(lp, dtype=np.float64)) for lp in rag.score_many(contexts, continuations, contexts)]
     differs = np.abs(np.array(whole) - np.array(want)).max() > 1e-3
     assert differs, "the query source makes no difference on these questions: the test would not see it"

@@ -512,9 +512,10 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
 @pytest.mark.parametrize("weighting", ["replug", "posterior_rerank"])
 def test_the_harness_model_gives_one_number_on_every_path(paths, tmp_path, weighting):
     """lm-evaluation-harness's `replug` model (issue 71) on requests in several scripts: each continuation's
-    log-likelihood, is_greedy and generate_until's answer are the same on the local LM, over HTTP with the local
-    tokenizer and with the server's /tokenize, and the log-likelihoods are the REPLUG object's (local) for the
-    instance's own question as the query."""
+    log-likelihood, is_greedy (locally from the scoring pass's top tokens, over HTTP by decoding) and
+    generate_until's answer are the same on the local LM, over HTTP with the local tokenizer and with the server's
+    /tokenize, and the log-likelihoods are the REPLUG object's (local) for the instance's own question as the
+    query."""
     pytest.importorskip("lm_eval", reason="the [harness] extra (lm-eval) is not installed")
     from lm_eval.api.instance import Instance
 
@@ -537,6 +538,8 @@ def test_the_harness_model_gives_one_number_on_every_path(paths, tmp_path, weigh
         model = REPLUGHarnessLM(lm=lms[name], encoder=encoder, corpus=str(corpus), k=K, temperature=TAU,
                                 doc_tokens=24, query="field:question", **mixing)
         out[name] = model.loglikelihood(scored), model.generate_until(asked)
+        if name == "local":  # is_greedy read from the scoring pass's top tokens; over HTTP, decoded
+            assert model.greedy_counts["from scoring"] > 0, model.greedy_counts
     for name, (pairs, answers) in out.items():
         np.testing.assert_allclose([ll for ll, _ in pairs], [ll for ll, _ in out["local"][0]], atol=1e-4, err_msg=name)
         assert [g for _, g in pairs] == [g for _, g in out["local"][0]] and answers == out["local"][1], name

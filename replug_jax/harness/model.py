@@ -12,7 +12,8 @@ Every request goes through the REPLUG object (replug.py), so the numbers are `RE
 \\n\\n" unless given):
   * loglikelihood(context, continuation): the sum of the continuation's per-token log-probs under the mixture;
     is_greedy: whether REPLUG's greedy decoding from the context gives the continuation's tokens (the mixture's own
-    next-token argmax at every position; one more decoding per request, `is_greedy=false` skips it);
+    next-token argmax at every position), read from the scoring pass's top tokens where they decide it (a local LM:
+    method/greedy_match.py), else by decoding the request (`is_greedy=false` skips it);
   * loglikelihood_rolling(text): the LM evaluation's windows (evaluate/windows.py, §6.1) over the whole text, each
     stretch of `stride_tokens` scored after `context_tokens` tokens and retrieved for by the previous
     `query_tokens`; the first stretch has no query and is scored without retrieval, as in the lm_eval job;
@@ -39,6 +40,7 @@ from replug_jax.harness import offline_tasks
 from replug_jax.harness.queries import QueryResolver
 from replug_jax.jobs import input_checks
 from replug_jax.jobs.prepare import LM_CACHE_FILE
+from replug_jax.method import greedy_match
 from replug_jax.method.passages import DOC_TEMPLATE
 from replug_jax.models import chat_templates
 from replug_jax.replug import REPLUG, WEIGHTS, as_documents, check_mixture
@@ -165,6 +167,7 @@ class REPLUGHarnessLM(LM):
         self.is_greedy, self.windows = bool(is_greedy), {"stride_tokens": stride_tokens, "query_tokens": query_tokens,
                                                          "context_tokens": context_tokens}
         self._warned: set = set()
+        self.greedy_counts = {"from scoring": 0, "decoded": 0}  # how each is_greedy was found (`logliks_and_greedy`)
         for key, value in (("corpus", corpus), ("retrieval", retrieval)):
             if self.method == "none" and value is not None:
                 warnings.warn(f"{key}={value!r} is not read: k=0 / weights=none scores with the LM alone", stacklevel=2)
@@ -237,10 +240,10 @@ class REPLUGHarnessLM(LM):
         for chunk in self._chunks(requests, "loglikelihood"):
             contexts, continuations = zip(*(lm_eval_pair(*instance.args) for instance in chunk))
             queries = self._queries(chunk)
-            logliks = self.continuation_logliks(contexts, continuations, queries)
-            greedy = self.greedy(contexts, continuations, queries) if self.is_greedy else [self._not_greedy()] * len(
-                chunk)
-            out += list(zip(logliks, greedy))
+            if self.is_greedy:
+                out += list(zip(*self.logliks_and_greedy(contexts, continuations, queries)))
+            else:
+                out += [(ll, self._not_greedy()) for ll in self.continuation_logliks(contexts, continuations, queries)]
         return out
 
     def loglikelihood_rolling(self, requests) -> list[float]:
@@ -282,6 +285,27 @@ class REPLUGHarnessLM(LM):
         else:
             lps = self.rag.score_many(list(contexts), list(continuations), list(queries))
         return [float(np.sum(lp, dtype=np.float64)) for lp in lps]
+
+    def logliks_and_greedy(self, contexts, continuations, queries) -> tuple[list[float], list[bool]]:
+        """(log p(continuation | context), is_greedy) per pair: is_greedy from the scoring pass's own top tokens
+        where they decide it (method/greedy_match.py: a local LM, REPLUG or alone), by greedy decoding where they do
+        not (an LM without `score_top`, posterior weights, a near-tie). `greedy_counts` adds up which was which."""
+        if self.rag is not None and queries is not None:
+            lps, flags = self.rag.score_and_greedy(list(contexts), list(continuations), list(queries))
+        elif hasattr(self.lm, "score_top"):
+            scored = self.lm.score_top(list(contexts), list(continuations), greedy_match.TOP)
+            lps, flags = [x.logprobs for x in scored], [greedy_match.mixture_is_greedy([x], [0.0]) for x in scored]
+        else:
+            lps, flags = self.lm.score(list(contexts), list(continuations)), [None] * len(contexts)
+        open_ = [i for i, f in enumerate(flags) if f is None]
+        if open_:
+            decoded = self.greedy([contexts[i] for i in open_], [continuations[i] for i in open_],
+                                  None if queries is None else [queries[i] for i in open_])
+            for i, g in zip(open_, decoded):
+                flags[i] = g
+        self.greedy_counts["from scoring"] += len(flags) - len(open_)
+        self.greedy_counts["decoded"] += len(open_)
+        return [float(np.sum(lp, dtype=np.float64)) for lp in lps], [bool(f) for f in flags]
 
     def decode(self, contexts, max_new_tokens: int, stop: tuple, queries) -> list:
         """REPLUG's greedy `Generation` after each context (the LM's alone without retrieval)."""

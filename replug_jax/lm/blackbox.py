@@ -69,7 +69,8 @@ class BlackBoxLM(Protocol):
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str],
                          continuations: Sequence[str], prefix: str = "") -> list[tuple[np.ndarray, np.ndarray]]:
         """From ONE pass `prefix ∘ context ∘ query ∘ continuation` per triple (`query_token_ids`'s rule): the
-        log-probs of the query's tokens [T_q] and of the continuation's [T_c] (empty for an empty continuation)."""
+        log-probs of the query's tokens [T_q] and of the continuation's [T_c] (empty for an empty continuation).
+        An LM with `score_top` also takes `top=n`: the continuation's part is then a `TopScores`."""
         ...
 
 
@@ -85,6 +86,29 @@ class Generation:
     # with a `PrefillPosterior` (method/posterior.py): the weights decoded with, per pass [K] (-inf: dropped), and log p(x | prefix, d) [K]
     log_weights: list[float] | None = None
     query_logliks: list[float] | None = None
+
+
+@dataclasses.dataclass
+class TopScores:
+    """One scored continuation with the LM's most probable next tokens at each of its positions: what the contract's
+    optional `score_top(contexts, continuations, top)` returns (the local LM has it; callers look: `hasattr`)."""
+
+    logprobs: np.ndarray  # [T] float32: log p of each continuation token
+    top_logprobs: np.ndarray  # [T, n] float32: the n best next-token log-probs at each position, best first
+    top_ids: np.ndarray  # [T, n] int64: their token ids
+    token_ids: list[int]  # [T]: the continuation's own tokens, as scored
+
+    def packed(self) -> np.ndarray:
+        """[T · (2 + 2n)] float32 (token id, log-prob, top log-probs, top ids per position; ids exact below 2^24):
+        how a cache stores it (`from_packed` reads it back)."""
+        return np.concatenate([np.asarray(self.token_ids, np.float32).reshape(-1, 1),
+                               np.asarray(self.logprobs, np.float32).reshape(-1, 1), self.top_logprobs,
+                               self.top_ids.astype(np.float32)], axis=1).ravel()
+
+    @classmethod
+    def from_packed(cls, flat: np.ndarray, top: int) -> "TopScores":
+        x = np.asarray(flat, np.float32).reshape(-1, 2 + 2 * top)
+        return cls(x[:, 1], x[:, 2 : 2 + top], x[:, 2 + top :].astype(np.int64), x[:, 0].astype(np.int64).tolist())
 
 
 def check_generation_inputs(contexts, log_weights, max_new_tokens: int) -> np.ndarray:

@@ -42,13 +42,16 @@ from replug_jax.base.progress import progress_keyword, tqdm
 from replug_jax.lm.blackbox import (
     Generation,
     check_generation_inputs,
+    check_pairs,
     check_query_triples,
+    TopScores,
 )
 from replug_jax.method.posterior import PrefillPosterior
 
 
 class CachedLM:
-    """`score`, `score_with_query` and `generate` through an on-disk cache; every other attribute is the LM's."""
+    """`score`, `score_with_query`, `generate` (and `score_top` where the LM has it) through an on-disk cache; every
+    other attribute is the LM's."""
 
     store_every = 512  # misses scored (in one call of the LM) between commits: minutes of a small LM on a CPU
     generations_every = 8  # questions generated (in one call of an LM without `on_answer`) between commits: a killed
@@ -68,6 +71,9 @@ class CachedLM:
         self.generation_hits = self.generation_misses = 0
 
     def __getattr__(self, name):
+        if name == "score_top":  # only where the LM gives top tokens (callers look for it: `hasattr`)
+            getattr(self.__dict__["lm"], name)
+            return self._score_top
         return getattr(self.__dict__["lm"], name)
 
     def _key(self, *texts: str) -> str:
@@ -94,21 +100,37 @@ class CachedLM:
         return self._through_cache(keys, compute, progress)
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
-                         prefix: str = "", progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The LM's `score_with_query` through the cache: (query log-probs [T_q], continuation log-probs [T_c])."""
+                         prefix: str = "", progress: bool = False, top: int = 0) -> list[tuple[np.ndarray, object]]:
+        """The LM's `score_with_query` through the cache: (query log-probs [T_q], continuation log-probs [T_c]; with
+        `top`, the LM's `TopScores`)."""
         check_query_triples(contexts, queries, continuations)
         head = ("\0prefix\0" + prefix,) if prefix else ()  # (no prefix: the keys stored before prefixes existed)
+        head += (f"\0top{top}\0",) if top else ()
         keys = [self._key(*head, c, "\0query\0" + q, y) for c, q, y in zip(contexts, queries, continuations)]
 
-        def compute(idx, bar):  # stored as [T_q, query log-probs..., continuation log-probs...]
+        def compute(idx, bar):  # stored as [T_q, query log-probs..., continuation log-probs (packed TopScores)...]
             pairs = self.lm.score_with_query([contexts[i] for i in idx], [queries[i] for i in idx],
                                              [continuations[i] for i in idx],
                                              **progress_keyword(self.lm.score_with_query, bar),
-                                             **({"prefix": prefix} if prefix else {}))  # a contract without it too
-            return [np.concatenate([[len(q)], q, c]) for q, c in pairs]
+                                             **({"prefix": prefix} if prefix else {}),  # a contract without it too
+                                             **({"top": top} if top else {}))
+            return [np.concatenate([[len(q)], q, c.packed() if top else c]) for q, c in pairs]
 
         stored = self._through_cache(keys, compute, progress)
-        return [(x[1 : 1 + int(x[0])], x[1 + int(x[0]) :]) for x in stored]
+        return [(x[1 : 1 + int(x[0])], TopScores.from_packed(x[1 + int(x[0]) :], top) if top else x[1 + int(x[0]) :])
+                for x in stored]
+
+    def _score_top(self, contexts: Sequence[str], continuations: Sequence[str], top: int,
+                   progress: bool = False) -> list[TopScores]:
+        """The LM's `score_top` through the cache (stored packed: `TopScores.packed`)."""
+        check_pairs(contexts, continuations)
+        keys = [self._key(f"\0top{top}\0", c, y) for c, y in zip(contexts, continuations)]
+
+        def compute(idx, bar):
+            return [x.packed() for x in self.lm.score_top([contexts[i] for i in idx], [continuations[i] for i in idx],
+                                                          top, **progress_keyword(self.lm.score_top, bar))]
+
+        return [TopScores.from_packed(x, top) for x in self._through_cache(keys, compute, progress)]
 
     def generate(self, contexts: Sequence[Sequence[str]], log_weights, *, max_new_tokens: int,
                  stop: Sequence[str] = ("\n",), shared_prefix: str = "", progress: bool = False,

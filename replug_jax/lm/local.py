@@ -24,6 +24,7 @@ from replug_jax.lm.blackbox import (
     query_token_ids,
     scoring_room,
     split_query_scores,
+    TopScores,
 )
 from replug_jax.models import causal_lm, partition, precision
 from replug_jax.models.tokenizer import TextTokenizer, document_start_id, tokenizer_fingerprint
@@ -42,14 +43,15 @@ GENERATION_QUESTIONS = 8  # questions one generate call decodes together, by def
 SCORING_INPUTS = 4  # ids, mask, target positions, predict-from positions: [b, L], [b, L], [b, T], [b, T]
 
 
-def _scored_logprobs(params, ids, mask, target_positions, predict_from, *, config, dtype):
-    return causal_lm.logprobs_at(params, config, ids, mask, target_positions, predict_from, dtype=dtype)
+def _scored_logprobs(params, ids, mask, target_positions, predict_from, *, config, dtype, top):
+    return causal_lm.logprobs_at(params, config, ids, mask, target_positions, predict_from, dtype=dtype, top=top)
 
 
-def scoring_function(config: causal_lm.CausalLMConfig, dtype):
+def scoring_function(config: causal_lm.CausalLMConfig, dtype, top: int = 0):
     """`fn(params, ids, mask, targets, predict_from) -> [b, T]` log-probs: the program `score` runs per length bucket
-    (`sharding.batch_program` jits it; the TPU plan compiles the same)."""
-    return functools.partial(_scored_logprobs, config=config, dtype=dtype)
+    (`sharding.batch_program` jits it; the TPU plan compiles the same). `top` > 0: [b, T, 1 + 2·top], each position's
+    top tokens beside (`causal_lm.logprobs_at`), the program `score_top` runs."""
+    return functools.partial(_scored_logprobs, config=config, dtype=dtype, top=top)
 
 
 class LocalLM:
@@ -83,10 +85,11 @@ class LocalLM:
                                                  num_inputs=SCORING_INPUTS,
                                                  param_shardings=partition.param_shardings(params, mesh, config),
                                                  compiler_options=xla_cpu.options(xla_cpu.LM_SCORING, mesh))
+        self._batch_fns = {0: self._batch_fn}  # top -> the scoring program (`score_top`'s built on first use)
         self._generator = None
         self.generation_questions = generation_questions
         self.min_shared_prefix = min_shared_prefix
-        self._prefix_scorer = None
+        self._prefix_scorers: dict = {}  # top -> shared_prefix.PrefixScorer
 
     @property
     def params(self):
@@ -146,18 +149,36 @@ class LocalLM:
         pairs = [self.pair_tokens(c, y) for c, y in zip(contexts, continuations)]
         return self.score_token_pairs(pairs, progress=progress)
 
+    def score_top(self, contexts: Sequence[str], continuations: Sequence[str], top: int,
+                  progress: bool = False) -> list[TopScores]:
+        """`score`, with the `top` most probable next tokens at every continuation position from the same forward
+        pass (what decides whether the continuation is the greedy one: method/greedy_match.py)."""
+        check_pairs(contexts, continuations)
+        pairs = [self.pair_tokens(c, y) for c, y in zip(contexts, continuations)]
+        packed = self.score_token_pairs(pairs, progress=progress, top=top)
+        return [TopScores(*causal_lm.unpack_top(x), list(cont)) for x, (_, cont) in zip(packed, pairs)]
+
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
-                         prefix: str = "", progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+                         prefix: str = "", progress: bool = False, top: int = 0) -> list[tuple[np.ndarray, object]]:
         """(log p of each query token, of each continuation token) from one row `context ∘ query ∘ continuation`
-        per triple (the contract's `score_with_query`): the query's scores come from the same forward pass."""
+        per triple (the contract's `score_with_query`): the query's scores come from the same forward pass.
+        `top` > 0: the continuation's part as a `TopScores` (`score_top`), from that pass too."""
         check_query_triples(contexts, queries, continuations)
         triples = [query_token_ids(self.tokenizer, c, q, y, self.max_length, self.start_id, prefix)
                    for c, q, y in zip(contexts, queries, continuations)]
-        scored = self.score_token_pairs([(c, q + y) for c, q, y in triples], progress=progress)
-        return split_query_scores(scored, [len(q) for _, q, _ in triples])
+        scored = self.score_token_pairs([(c, q + y) for c, q, y in triples], progress=progress, top=top)
+        if not top:
+            return split_query_scores(scored, [len(q) for _, q, _ in triples])
+        out = []
+        for x, (_, q, y) in zip(scored, triples):
+            lps, top_lps, top_ids = causal_lm.unpack_top(x)
+            out.append((lps[: len(q)], TopScores(lps[len(q) :], top_lps[len(q) :], top_ids[len(q) :], list(y))))
+        return out
 
-    def score_token_pairs(self, pairs: list[tuple[list[int], list[int]]], progress: bool = False) -> list[np.ndarray]:
+    def score_token_pairs(self, pairs: list[tuple[list[int], list[int]]], progress: bool = False,
+                          top: int = 0) -> list[np.ndarray]:
         """Like `score`, for pre-tokenised (context ids, continuation ids) pairs; contexts must not be empty.
+        `top` > 0: per pair [T, 1 + 2·top], the top tokens beside (`causal_lm.logprobs_at`).
 
         One-token continuations of one context (MMLU's " A" .. " D") share one forward pass (`_rows`); rows that
         share at least `min_shared_prefix` leading tokens read them from one key/value cache (lm/shared_prefix.py)."""
@@ -167,11 +188,11 @@ class LocalLM:
         out: list[np.ndarray | None] = [None] * len(pairs)
         groups, alone = shared_prefix.prefix_groups([r.ids for r in rows], [min(r.predict_from) for r in rows],
                                                     self.min_shared_prefix)
-        self._score_rows([rows[i] for i in alone], out, progress)
+        self._score_rows([rows[i] for i in alone], out, progress, top)
         # many groups (a prefix per pass): one bar over them; one group (a subject's few-shot block): its batches
         for common, members in tqdm(groups, disable=not progress or len(groups) < 2, desc="score after shared prefixes",
                                     unit="prefix"):
-            self._score_after_prefix(common, [rows[i] for i in members], out, progress and len(groups) == 1)
+            self._score_after_prefix(common, [rows[i] for i in members], out, progress and len(groups) == 1, top)
         return out  # type: ignore[return-value]
 
     def score_prompts(self, prompts: list[list[int]], lead: int = 1) -> list[np.ndarray]:
@@ -206,27 +227,40 @@ class LocalLM:
             target_ids[j, : len(t)], predict[j, : len(t)] = t, p
         return target_ids, predict
 
-    def _score_rows(self, rows: list["_ScoredRow"], out: list, progress: bool) -> None:
+    def _scoring_program(self, top: int) -> sharding.ShardedBatchFn:
+        """The scoring program with `top` tokens beside (0: the plain one), built once, on the same placed weights."""
+        if top not in self._batch_fns:
+            plain = self._batch_fn
+            self._batch_fns[top] = sharding.ShardedBatchFn(
+                scoring_function(self.config, self.dtype, top), plain.params, plain.batch_size, plain.mesh,
+                num_inputs=SCORING_INPUTS, param_shardings=plain.param_shardings,
+                compiler_options=xla_cpu.options(xla_cpu.LM_SCORING, plain.mesh))
+        return self._batch_fns[top]
+
+    def _score_rows(self, rows: list["_ScoredRow"], out: list, progress: bool, top: int = 0) -> None:
         """Each row as one sequence, in length-bucketed batches; each pair's scores into `out`."""
         if not rows:
             return
+        program = self._scoring_program(top)
         batches = sharding.bucketed_batches([r.ids for r in rows], self._batch_fn.batch_size, self.length_multiple,
                                             self.max_length, self.pad_id, progress, desc="score",
                                             per_octave=LENGTH_STEPS_PER_OCTAVE)
         for idx, ids, mask in batches:
             targets, predict = self.target_arrays([rows[i].targets for i in idx], [rows[i].predict_from for i in idx],
                                                   ids.shape[1])
-            lps = self._batch_fn(ids, mask, targets, predict)  # [b, T]
+            lps = program(ids, mask, targets, predict)  # [b, T] ([b, T, 1 + 2·top])
             for j, i in enumerate(idx):
                 rows[i].deliver(lps[j], out)
 
-    def _score_after_prefix(self, common: int, rows: list["_ScoredRow"], out: list, progress: bool) -> None:
+    def _score_after_prefix(self, common: int, rows: list["_ScoredRow"], out: list, progress: bool,
+                            top: int = 0) -> None:
         """Rows sharing their first `common` tokens: those once into a cache, each row's rest after it."""
-        if self._prefix_scorer is None:
-            self._prefix_scorer = shared_prefix.PrefixScorer(self)
+        if top not in self._prefix_scorers:
+            self._prefix_scorers[top] = shared_prefix.PrefixScorer(self, top)
         suffixes = [(r.ids[common:], [t - common for t in r.targets], [p - common for p in r.predict_from])
                     for r in rows]
-        for idx, lps in self._prefix_scorer.score(rows[0].ids[:common], suffixes, LENGTH_STEPS_PER_OCTAVE, progress):
+        for idx, lps in self._prefix_scorers[top].score(rows[0].ids[:common], suffixes, LENGTH_STEPS_PER_OCTAVE,
+                                                        progress):
             for j, i in enumerate(idx):
                 rows[i].deliver(lps[j], out)
 
@@ -262,6 +296,6 @@ class _ScoredRow:
     pieces: list[tuple[int, slice]]
 
     def deliver(self, scores: np.ndarray, out: list) -> None:
-        """The row's scores [T] to the pairs it answers: out[pair] = float32 log-probs."""
+        """The row's scores [T] (or [T, 1 + 2·top]) to the pairs it answers: out[pair] = float32 log-probs."""
         for pair, where in self.pieces:
             out[pair] = scores[where].astype(np.float32)

@@ -71,20 +71,21 @@ def _prefix_cache(params, ids, mask, *, config, dtype):
     return kv_cache.extend(params, config, cache, ids, mask, dtype)[1]
 
 
-def _score_after(params, prefix, ids, mask, targets, predict, *, config, dtype, mesh):
-    """Rows [b, W] continuing the one-row `prefix` cache: log-probs [b, T] at `targets` (positions in the rows)."""
+def _score_after(params, prefix, ids, mask, targets, predict, *, config, dtype, mesh, top):
+    """Rows [b, W] continuing the one-row `prefix` cache: log-probs [b, T] at `targets` (positions in the rows);
+    [b, T, 1 + 2·top] with the top tokens beside (`causal_lm.logprobs_at`)."""
     cache = split_rows(kv_cache.after_prefix(prefix, ids.shape[0], ids.shape[1]), config, mesh)
-    return causal_lm.logprobs_at(params, config, ids, mask, targets, predict, dtype=dtype, cache=cache)
+    return causal_lm.logprobs_at(params, config, ids, mask, targets, predict, dtype=dtype, cache=cache, top=top)
 
 
-def prefix_programs(config, dtype, mesh):
+def prefix_programs(config, dtype, mesh, top: int = 0):
     """(prefix cache program, after-prefix scoring program), jitted as `PrefixScorer` runs them (the TPU plan
     compiles the same): the prefix [1, P] -> its cache; (cache, ids, mask, targets, predict_from) [b, ...] ->
     log-probs [b, T], split over "data" (replicated back on a mesh spanning processes)."""
     out = sharding.replicated(mesh) if sharding.spans_processes(mesh) else sharding.batch_sharding(mesh)
     options = xla_cpu.options(xla_cpu.LM_SCORING, mesh)
     prefix = jax.jit(functools.partial(_prefix_cache, config=config, dtype=dtype), compiler_options=options)
-    score = jax.jit(functools.partial(_score_after, config=config, dtype=dtype, mesh=mesh), out_shardings=out,
+    score = jax.jit(functools.partial(_score_after, config=config, dtype=dtype, mesh=mesh, top=top), out_shardings=out,
                     compiler_options=options)
     return prefix, score
 
@@ -92,9 +93,9 @@ def prefix_programs(config, dtype, mesh):
 class PrefixScorer:
     """Scores rows after a shared prefix for a `LocalLM` (its params, mesh, batch size and buckets)."""
 
-    def __init__(self, lm):
+    def __init__(self, lm, top: int = 0):
         self.lm = lm
-        self._prefix, self._score = prefix_programs(lm.config, lm.dtype, lm.mesh)
+        self._prefix, self._score = prefix_programs(lm.config, lm.dtype, lm.mesh, top)
 
     def score(self, prefix: list[int], suffixes: list, per_octave: int, progress: bool = False):
         """Yield (suffix indices, log-probs [b, T]) for `suffixes` = [(ids, targets, predict_from)] whose

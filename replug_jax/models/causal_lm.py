@@ -17,6 +17,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from replug_jax.models import layers, precision
 
@@ -270,7 +271,7 @@ def token_logprobs(params, config: CausalLMConfig, input_ids, attention_mask, dt
 
 
 def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, target_positions, predict_from=None,
-                dtype=jnp.float32, cache=None):
+                dtype=jnp.float32, cache=None, top: int = 0):
     """log p(token at position p | tokens before p) for chosen positions p.
 
     input_ids, attention_mask: [B, L]; target_positions: [B, T] int, where 0 marks an empty
@@ -283,6 +284,9 @@ def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, targe
     cache (optional, `kv_cache.init_cache`/`extend`): the rows continue the cached tokens (a shared prefix read once);
     positions then count within `input_ids` only; position 0 can predict (it follows the cache) but cannot be
     a target (0 marks an empty slot; the cache keeps no logits for its own last token).
+    top (static) > 0: also each position's `top` most probable next tokens, packed into one array [B, T, 1 + 2·top]
+    float32: [..., 0] the target's log-prob, [..., 1 : 1 + top] the top log-probs (best first), [..., 1 + top :] their
+    token ids (exact as float32 below 2^24); `unpack_top` splits it.
     """
     scored = target_positions > 0  # [B, T]
     if predict_from is None:
@@ -293,7 +297,19 @@ def logprobs_at(params, config: CausalLMConfig, input_ids, attention_mask, targe
     if cache is not None:
         logits_ = logits_[0]  # (logits, the extended cache): the cache is not kept
     targets = jnp.take_along_axis(input_ids, target_positions, axis=1)  # [B, T]
-    return jnp.where(scored, layers.gather_logprobs(logits_, targets), 0.0)
+    target_lps = jnp.where(scored, layers.gather_logprobs(logits_, targets), 0.0)  # [B, T]
+    if not top:
+        return target_lps
+    logits_ = logits_.astype(jnp.float32)
+    best, ids = jax.lax.top_k(logits_, top)  # [B, T, top]
+    best_lps = best - jax.nn.logsumexp(logits_, axis=-1, keepdims=True)
+    return jnp.concatenate([target_lps[..., None], best_lps, ids.astype(jnp.float32)], axis=-1)  # [B, T, 1 + 2·top]
+
+
+def unpack_top(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`logprobs_at(..., top=n)`'s packed [..., 1 + 2n] -> (log-probs [...], top log-probs [..., n], top ids [..., n])."""
+    n = (packed.shape[-1] - 1) // 2
+    return packed[..., 0], packed[..., 1 : 1 + n], packed[..., 1 + n :].astype(np.int64)
 
 
 def init_params(config: CausalLMConfig, seed: int = 0):
