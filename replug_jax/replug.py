@@ -143,14 +143,15 @@ class REPLUG:
         """(scores [Q, k], datastore rows [Q, k]; -1 where fewer) of each query's top-k passages."""
         return self.retriever.retrieve(list(queries), self.k)
 
-    def _retrieved_passes(self, queries: Sequence[str], texts: Sequence[str]) -> list[tuple]:
-        """Per input text: (pass contexts: each retrieved passage then the text, their retrieval log λ = log
-        softmax(s/τ) [D], the scores [D] and datastore rows [D]) of the top `depth` passages for its query (k, or the
-        re-ranking depth with posterior weights); one retrieval for all."""
+    def _retrieved_passes(self, queries: Sequence[str], texts: Sequence[str], shots=None) -> list[tuple]:
+        """Per input text: (pass contexts: each retrieved passage then the text, after the input's `shots` where
+        given, their retrieval log λ = log softmax(s/τ) [D], the scores [D] and datastore rows [D]) of the top
+        `depth` passages for its query (k, or the re-ranking depth with posterior weights); one retrieval for all."""
         scores, rows = self.retriever.retrieve(list(queries), self.depth)
         out = []
         for i, text in enumerate(texts):
-            contexts, _, _ = document_passes(self.datastore, rows[i : i + 1], [text], [""], self.doc_template)
+            contexts, _, _ = document_passes(self.datastore, rows[i : i + 1], [text], [""], self.doc_template,
+                                             None if shots is None else [shots[i]])
             out.append((contexts, *self._found(scores[i : i + 1], rows[i : i + 1])))
         return out
 
@@ -162,12 +163,13 @@ class REPLUG:
         return log_w, scores[0][valid[0]], rows[0][valid[0]]
 
     def _mixed_passes(self, queries: Sequence[str], texts: Sequence[str], continuations: Sequence[str],
-                      top: int = 0) -> list:
+                      top: int = 0, shots=None) -> list:
         """Per input text, retrieved for by its query: (pass contexts, their normalised log λ [k'], the continuation's
         log-probs per pass or None, the kept passages as `KeptPassage`s): the top k by retrieval, or by the posterior
         over the top `depth`, which scores the text after each passage (with its continuation in the same pass); one
-        LM call for all. `top` > 0 (an LM with `score_top`): the continuation's scores per pass as `TopScores`."""
-        found = self._retrieved_passes(queries, texts)
+        LM call for all. `top` > 0 (an LM with `score_top`): the continuation's scores per pass as `TopScores`;
+        `shots`: per input, the text its passes open with (`score_many`)."""
+        found = self._retrieved_passes(queries, texts, shots)
         if self.weights == "replug":
             return [(contexts, log_w, None, self._kept(rows, scores, log_w, None))
                     for contexts, log_w, scores, rows in found]
@@ -212,34 +214,38 @@ class REPLUG:
         return self.score_many([context], [continuation], None if query is None else [query])[0]
 
     def score_many(self, contexts: Sequence[str], continuations: Sequence[str],
-                   queries: Sequence[str] | None = None) -> list[np.ndarray]:
+                   queries: Sequence[str] | None = None, shots: Sequence[str] | None = None) -> list[np.ndarray]:
         """`score` of many (context, continuation) pairs, each retrieved for by its query (default: its context):
-        one retrieval and one LM call for all. -> per pair [T_i] float32."""
-        return self._mixture_scores(contexts, continuations, queries)[0]
+        one retrieval and one LM call for all. `shots` (per pair, e.g. a few-shot block): text before the passage
+        in each of the pair's passes (shots ∘ passage ∘ context), where the passage otherwise opens the pass.
+        -> per pair [T_i] float32."""
+        return self._mixture_scores(contexts, continuations, queries, shots=shots)[0]
 
     def score_and_greedy(self, contexts: Sequence[str], continuations: Sequence[str],
-                         queries: Sequence[str] | None = None) -> tuple[list[np.ndarray], list[bool | None]]:
+                         queries: Sequence[str] | None = None,
+                         shots: Sequence[str] | None = None) -> tuple[list[np.ndarray], list[bool | None]]:
         """`score_many`, with whether each continuation is what `generations` would decode from its context
         (lm-eval's is_greedy), decided from the same scoring pass by its passes' top tokens
         (method/greedy_match.py), with retrieval's weights or the posterior's (the kept passes, from the pass that
         scores the input's likelihood): True / False, or None where they leave it open or the LM gives no top tokens
         (`score_top`: the local LM does): decode those (`generations`)."""
-        return self._mixture_scores(contexts, continuations, queries, greedy=True)
+        return self._mixture_scores(contexts, continuations, queries, greedy=True, shots=shots)
 
-    def _mixture_scores(self, contexts, continuations, queries, greedy: bool = False):
+    def _mixture_scores(self, contexts, continuations, queries, greedy: bool = False, shots=None):
         """(mixed log-probs per pair [T_i], is-greedy per pair or None) of `score_many` / `score_and_greedy`."""
         queries = list(contexts) if queries is None else list(queries)
         top = greedy_match.TOP if greedy and hasattr(self.lm, "score_top") else 0
         if self.weights == "replug":
             scores, rows = self.retrieve(queries)  # [Q, k]
-            passes, conts, where = document_passes(self.datastore, rows, contexts, continuations, self.doc_template)
+            passes, conts, where = document_passes(self.datastore, rows, contexts, continuations, self.doc_template,
+                                                   shots)
             per_input = [[] for _ in contexts]  # per pair, its passes' scores (`TopScores` with top)
             for (i, _), x in zip(where, self.lm.score_top(passes, conts, top) if top else self.lm.score(passes, conts)):
                 per_input[i].append(x)
             mask, tau = rows[:, : self.k] >= 0, self.temperature
             log_w = [w[m] for w, m in zip(np.asarray(mixture.log_weights_jax(scores[:, : self.k], mask, tau)), mask)]
         else:  # the kept passes, their normalised log λ as scores at τ = 1 (softmax gives them back)
-            mixed = self._mixed_passes(queries, contexts, continuations, top)
+            mixed = self._mixed_passes(queries, contexts, continuations, top, shots)
             per_input, log_w = [x for _, _, x, _ in mixed], [w for _, w, _, _ in mixed]
             scores = np.full((len(mixed), self.k), -np.inf, np.float32)  # [Q, k]
             for i, w in enumerate(log_w):
@@ -259,17 +265,19 @@ class REPLUG:
                                 queries=None if query is None else [query])[0].text
 
     def generations(self, prompts: Sequence[str], *, max_new_tokens: int = 32, stop: Sequence[str] = ("\n",),
-                    queries: Sequence[str] | None = None) -> list:
+                    queries: Sequence[str] | None = None, shots: str = "") -> list:
         """`generate` of many prompts at once (each retrieved for by its query, default the prompt), as whole
         `Generation`s: the text, the token ids chosen and their mixture log-probs, the finish reason
-        (lm/blackbox.py)."""
+        (lm/blackbox.py). `shots` (e.g. a few-shot block): text before the passage in every pass, the LM's shared
+        prefix (tokenised apart and computed once, as the QA job's demo block)."""
         prompts = list(prompts)
         found = self._retrieved_passes(prompts if queries is None else list(queries), prompts)
         contexts, log_w = [f[0] for f in found], [f[1] for f in found]
         if self.weights == "replug":
-            return self.lm.generate(contexts, log_w, max_new_tokens=max_new_tokens, stop=tuple(stop))
+            return self.lm.generate(contexts, log_w, max_new_tokens=max_new_tokens, stop=tuple(stop),
+                                    shared_prefix=shots)
         return posterior.generate(self.lm, contexts, prompts, log_w, alpha=self.posterior_alpha, keep=self.k,
-                                  max_new_tokens=max_new_tokens, stop=tuple(stop))
+                                  max_new_tokens=max_new_tokens, stop=tuple(stop), shared_prefix=shots)
 
     def answer(self, question: str, *, max_new_tokens: int = 16, demos=(), with_passages: bool = False):
         """The answer to `question` with the QA job's prompt ("Knowledge: <passage>\\nQuestion: ...\\nAnswer:"

@@ -167,6 +167,45 @@ def test_generate_until_is_replug_generate_and_with_the_knowledge_line_replug_an
     assert any(answers)
 
 
+def test_passages_beside_the_example_give_the_qa_jobs_answers(tasks, smollm2, minilm, rag_of):
+    """passages=example_and_shots: each passage between the few-shot block and the instance's own text, each shot
+    with its own top passage before it, "Knowledge: <passage>\n" lines: an lm-eval generation task gives
+    `REPLUG.answer`'s answer with the request's shots as demos, which is the QA job's (tests/test_path_equivalence.py
+    `test_replug_object_gives_the_jobs_numbers`); and the multiple-choice log-likelihoods are `score_many`'s with the
+    same block before each passage. passages=context (the default) puts the shot after the passage and answers
+    otherwise on these questions."""
+    import re
+
+    from replug_jax.method.passages import passage_text
+
+    mixing = {"k": 2, "temperature": 0.1, "weights": "replug"}
+    layout = dict(doc_template="Knowledge: {passage}\n", query="field:question", **mixing)
+    beside = harness_model(tasks, smollm2, encoder=minilm, passages="example_and_shots", **layout)
+    samples, _ = evaluate(beside, tasks, [QA], limit=4, shots=1)
+    rag = rag_of(**mixing, doc_template="Knowledge: {passage}\n")
+    demos = [re.match(r"Question: (.*)\nAnswer: (.*)\n\n", s["arguments"][0][0]).groups() for s in samples[QA]]
+    want = [rag.answer(s["doc"]["question"], max_new_tokens=16, demos=[d]) for s, d in zip(samples[QA], demos)]
+    assert [s["resps"][0][0].strip() for s in samples[QA]] == want
+    assert any(want)
+    before, _ = evaluate(harness_model(tasks, smollm2, encoder=minilm, **layout), tasks, [QA], limit=4, shots=1)
+    assert [s["resps"][0][0].strip() for s in before[QA]] != want  # the layout changes what the LM sees
+    from lm_eval.api.instance import Instance
+
+    odd = Instance("generate_until", samples[QA][0]["doc"], ("Another prompt\nAnswer:", {}), 0, (QA, 0, 1))
+    with pytest.raises(ValueError, match="is not in the request's context"):  # nowhere to put the passage: said
+        beside._layout([odd], [odd.args[0]])
+    mc, _ = evaluate(beside, tasks, [MC], limit=1, shots=1)
+    context, _ = mc[MC][0]["arguments"][0]
+    block, own = context[: context.rindex("Question: ")], context[context.rindex("Question: "):]
+    shot_doc = rag.passages(re.match(r"Question: (.*)\n", block).group(1))[0]
+    block = f"Knowledge: {passage_text(shot_doc[1], shot_doc[2])}\n" + block  # the shot's own top passage
+    options = [x for _, x in mc[MC][0]["arguments"]]
+    got = [float(r[0][0]) for r in mc[MC][0]["resps"]]
+    lps = rag.score_many([own] * len(options), options, [mc[MC][0]["doc"]["question"]] * len(options),
+                         shots=[block] * len(options))
+    np.testing.assert_allclose(got, [float(np.sum(lp, dtype=np.float64)) for lp in lps], atol=1e-4)
+
+
 def test_a_retrieval_file_gives_the_numbers_of_the_retrieval_it_holds(tasks, smollm2, minilm, rag_of, tmp_path):
     """retrieval=FILE (DPR's format, retrieval/given.py): each request's passages are its query's row of the file, so
     a file written from the corpus's own retrieval gives corpus='s very log-likelihoods at the same k and τ."""
@@ -253,7 +292,8 @@ def test_query_sources_and_mistakes_named_before_any_model_loads(tasks, tmp_path
                         ({"k": 2, "weights": "bm25"}, "weights='bm25'"),
                         ({"k": 2, "weights": "replug", "corpus": None}, "needs corpus"),
                         ({"k": 2, "weights": "replug", "corpus": "/no/such.jsonl"}, "no/such"),
-                        ({"k": 50, "weights": "replug", "corpus": small}, r"k=50 is larger than the datastore")):
+                        ({"k": 50, "weights": "replug", "corpus": small}, r"k=50 is larger than the datastore"),
+                        ({"k": 2, "weights": "replug", "corpus": small, "passages": "shots"}, "passages='shots'")):
         with pytest.raises(ValueError, match=match):
             REPLUGHarnessLM(lm="no-such-lm-would-fail-to-load", **args)
 

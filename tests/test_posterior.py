@@ -63,7 +63,8 @@ def test_the_question_is_scored_in_the_pass_that_scores_the_answer(smollm2, monk
     the two newlines into one token); its two parts equal separate scores of the same ids."""
     rows = []
     inner = smollm2.score_token_pairs
-    monkeypatch.setattr(smollm2, "score_token_pairs", lambda pairs, progress=False: rows.append(pairs) or inner(pairs))
+    monkeypatch.setattr(smollm2, "score_token_pairs",
+                        lambda pairs, progress=False, **kw: rows.append(pairs) or inner(pairs, **kw))
     docs = [QA_DOC_TEMPLATE.format(passage=p) for p in PASSAGES[0]] + ["Karsk is known for its glassworks.\n\n"]
     x = question_block(QUESTIONS[0].question, None)
     got = smollm2.score_with_query(docs, [x] * 4, [" Tobias Grint"] * 4)

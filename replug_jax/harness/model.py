@@ -9,7 +9,8 @@
 Every request goes through the REPLUG object (replug.py), so the numbers are `REPLUG.score`'s and
 `REPLUG.generate`'s, which are the jobs' (tests/test_pipeline.py), retrieving with the instance's own example
 (harness/queries.py), each passage before the request's whole context (the object's `doc_template`, "{title}\\n{text}
-\\n\\n" unless given):
+\\n\\n" unless given), or with `passages=example` after its few-shot block, beside the instance's own text, and with
+`passages=example_and_shots` each shot beside its own top passage too (the QA job's layout; docs/harness.md):
   * loglikelihood(context, continuation): the sum of the continuation's per-token log-probs under the mixture;
     is_greedy: whether REPLUG's greedy decoding from the context gives the continuation's tokens (the mixture's own
     next-token argmax at every position), read from the scoring pass's top tokens where they decide it (a local LM:
@@ -41,7 +42,7 @@ from replug_jax.harness.queries import QueryResolver
 from replug_jax.jobs import input_checks
 from replug_jax.jobs.prepare import LM_CACHE_FILE
 from replug_jax.method import greedy_match
-from replug_jax.method.passages import DOC_TEMPLATE
+from replug_jax.method.passages import DOC_TEMPLATE, format_docs
 from replug_jax.models import chat_templates
 from replug_jax.replug import REPLUG, WEIGHTS, as_documents, check_mixture
 
@@ -50,6 +51,9 @@ WINDOWS = {"stride_tokens": 128, "query_tokens": 128, "context_tokens": 128}  # 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default where a task sets no max_gen_toks
 CHUNK = 64  # requests per LM call (the LM batches them itself)
 INCLUDE_ENV = "REPLUG_JAX_HARNESS_INCLUDE"  # include paths `python -m replug_jax.harness` passes on (os.pathsep)
+# where each passage goes in a request's pass: before the whole context; after the few-shot block, beside the instance's
+# own text; that, with each shot beside its own top passage too (the QA job's and the paper's Table 5 layout)
+PASSAGE_LAYOUTS = ("context", "example", "example_and_shots")
 
 
 def lm_eval_pair(context: str, continuation: str) -> tuple[str, str]:
@@ -62,15 +66,18 @@ def lm_eval_pair(context: str, continuation: str) -> tuple[str, str]:
 
 def check_arguments(*, unknown=(), k=QA["k"], weights=settings.QA_WEIGHTS, corpus=None, retrieval=None,
                     temperature=QA["temperature"], posterior_alpha=None, rerank_depth=None, lm="smollm2",
-                    tokenizer=None, doc_tokens=QA["doc_tokens"], **windows) -> None:
+                    tokenizer=None, doc_tokens=QA["doc_tokens"], passages="context", **windows) -> None:
     """The model's arguments checked without loading anything (`python -m replug_jax.harness` calls it before lm-eval
     indexes its tasks): an `InputError` naming the first mistake."""
     weights = "none" if weights is None else weights  # lm-eval's parser reads weights=none as None
     if unknown:
         raise InputError(f"--model_args {', '.join(sorted(unknown))}: not an argument of the replug model (lm, "
                          "tokenizer, encoder, corpus, retrieval, k, weights, temperature, posterior_alpha, rerank_depth, "
-                         "doc_tokens, doc_template, query, include_path, is_greedy, stride_tokens, query_tokens, "
-                         "context_tokens, workdir, cache, drop_empty_documents)")
+                         "doc_tokens, doc_template, query, passages, include_path, is_greedy, stride_tokens, "
+                         "query_tokens, context_tokens, workdir, cache, drop_empty_documents)")
+    if passages not in PASSAGE_LAYOUTS:
+        raise InputError(f"passages={passages!r}: use one of {', '.join(PASSAGE_LAYOUTS)} (where each passage goes: "
+                         "before the whole context, or beside the instance's own text after the few-shot block)")
     try:
         for key, value in windows.items():
             settings.check_value(key, value, prefix="")
@@ -138,7 +145,8 @@ class REPLUGHarnessLM(LM):
     none: its /tokenize), encoder, corpus (a file or folder as the jobs read it, or "sciq_support": the offline
     tasks' paragraphs), retrieval (instead of corpus: a retrieval file, DPR's or FiD's JSON / JSONL with "ctxs",
     each request's passages those of its query's row, looked up by the query's text: retrieval/given.py), k (0: no retrieval), weights (replug, replug_posterior or none), temperature,
-    posterior_alpha, rerank_depth, doc_tokens, doc_template, query (harness/queries.py), include_path, is_greedy,
+    posterior_alpha, rerank_depth, doc_tokens, doc_template, query (harness/queries.py), passages (context, example
+    or example_and_shots: where each passage goes, `PASSAGE_LAYOUTS`), include_path, is_greedy,
     stride_tokens, query_tokens, context_tokens, workdir (the index saved and reused there, and the LM's answers
     cached there unless cache=false, so a rerun resumes), drop_empty_documents (true: a corpus's documents without
     text left out, named in a warning; else refused naming them). Defaults are the REPLUG object's
@@ -149,7 +157,8 @@ class REPLUGHarnessLM(LM):
                  weights: str = settings.QA_WEIGHTS, temperature: float = QA["temperature"],
                  posterior_alpha: float | None = None, rerank_depth: int | None = None,
                  doc_tokens: int = QA["doc_tokens"], doc_template: str = DOC_TEMPLATE, tokenizer: str | None = None,
-                 query: str = "doc_to_text", include_path: str | None = None, is_greedy: bool = True,
+                 query: str = "doc_to_text", passages: str = "context", include_path: str | None = None,
+                 is_greedy: bool = True,
                  stride_tokens: int = WINDOWS["stride_tokens"], query_tokens: int = WINDOWS["query_tokens"],
                  context_tokens: int = WINDOWS["context_tokens"], workdir: str | None = None, cache: bool = True,
                  drop_empty_documents: bool = False, batch_size=None, max_batch_size=None, device=None, **unknown):
@@ -159,7 +168,7 @@ class REPLUGHarnessLM(LM):
                         temperature=temperature,
                         posterior_alpha=posterior_alpha, rerank_depth=rerank_depth, stride_tokens=stride_tokens,
                         query_tokens=query_tokens, context_tokens=context_tokens, lm=lm, tokenizer=tokenizer,
-                        doc_tokens=doc_tokens)
+                        doc_tokens=doc_tokens, passages=passages)
         self.method = "none" if weights == "none" or k == 0 else weights
         paths = [p for p in (include_path or "").split(os.pathsep) + os.environ.get(INCLUDE_ENV, "").split(os.pathsep)
                  if p]
@@ -168,6 +177,8 @@ class REPLUGHarnessLM(LM):
                                                          "context_tokens": context_tokens}
         self._warned: set = set()
         self.greedy_counts = {"from scoring": 0, "decoded": 0}  # how each is_greedy was found (`logliks_and_greedy`)
+        self.passages = passages
+        self._blocks: dict = {}  # (task, few-shot block) -> it with each shot's own passage (example_and_shots)
         for key, value in (("corpus", corpus), ("retrieval", retrieval)):
             if self.method == "none" and value is not None:
                 warnings.warn(f"{key}={value!r} is not read: k=0 / weights=none scores with the LM alone", stacklevel=2)
@@ -240,10 +251,12 @@ class REPLUGHarnessLM(LM):
         for chunk in self._chunks(requests, "loglikelihood"):
             contexts, continuations = zip(*(lm_eval_pair(*instance.args) for instance in chunk))
             queries = self._queries(chunk)
+            shots, contexts = self._layout(chunk, contexts)
             if self.is_greedy:
-                out += list(zip(*self.logliks_and_greedy(contexts, continuations, queries)))
+                out += list(zip(*self.logliks_and_greedy(contexts, continuations, queries, shots)))
             else:
-                out += [(ll, self._not_greedy()) for ll in self.continuation_logliks(contexts, continuations, queries)]
+                out += [(ll, self._not_greedy())
+                        for ll in self.continuation_logliks(contexts, continuations, queries, shots)]
         return out
 
     def loglikelihood_rolling(self, requests) -> list[float]:
@@ -270,28 +283,30 @@ class REPLUGHarnessLM(LM):
             at = [i for i, s in enumerate(settings_of) if s == key]
             done = 0
             for chunk in self._chunks([requests[i] for i in at], "generate_until"):
-                gens = self.decode([instance.args[0] for instance in chunk], key[1], key[0], self._queries(chunk))
+                shots, contexts = self._layout(chunk, [instance.args[0] for instance in chunk])
+                gens = self.decode(contexts, key[1], key[0], self._queries(chunk), shots)
                 for i, g in zip(at[done:], gens):
                     out[i] = g.text
                 done += len(chunk)
         return out
 
     # ------------------------------------------------------------------ many requests at once
-    def continuation_logliks(self, contexts, continuations, queries) -> list[float]:
-        """log p(continuation | context) per pair: the mixture's, retrieving for each query, or the LM's alone
-        without queries (no retrieval, or a window's first stretch)."""
+    def continuation_logliks(self, contexts, continuations, queries, shots=None) -> list[float]:
+        """log p(continuation | context) per pair: the mixture's, retrieving for each query (each pass `shots` ∘
+        passage ∘ context where `shots` are given: `_layout`), or the LM's alone without queries (no retrieval, or a
+        window's first stretch)."""
         if self.rag is None or queries is None:
             lps = self.lm.score(list(contexts), list(continuations))
         else:
-            lps = self.rag.score_many(list(contexts), list(continuations), list(queries))
+            lps = self.rag.score_many(list(contexts), list(continuations), list(queries), shots)
         return [float(np.sum(lp, dtype=np.float64)) for lp in lps]
 
-    def logliks_and_greedy(self, contexts, continuations, queries) -> tuple[list[float], list[bool]]:
+    def logliks_and_greedy(self, contexts, continuations, queries, shots=None) -> tuple[list[float], list[bool]]:
         """(log p(continuation | context), is_greedy) per pair: is_greedy from the scoring pass's own top tokens
         where they decide it (method/greedy_match.py: a local LM, REPLUG or alone), by greedy decoding where they do
         not (an LM without `score_top`, posterior weights, a near-tie). `greedy_counts` adds up which was which."""
         if self.rag is not None and queries is not None:
-            lps, flags = self.rag.score_and_greedy(list(contexts), list(continuations), list(queries))
+            lps, flags = self.rag.score_and_greedy(list(contexts), list(continuations), list(queries), shots)
         elif hasattr(self.lm, "score_top"):
             scored = self.lm.score_top(list(contexts), list(continuations), greedy_match.TOP)
             lps, flags = [x.logprobs for x in scored], [greedy_match.mixture_is_greedy([x], [0.0]) for x in scored]
@@ -300,34 +315,91 @@ class REPLUGHarnessLM(LM):
         open_ = [i for i, f in enumerate(flags) if f is None]
         if open_:
             decoded = self.greedy([contexts[i] for i in open_], [continuations[i] for i in open_],
-                                  None if queries is None else [queries[i] for i in open_])
+                                  None if queries is None else [queries[i] for i in open_],
+                                  None if shots is None else [shots[i] for i in open_])
             for i, g in zip(open_, decoded):
                 flags[i] = g
         self.greedy_counts["from scoring"] += len(flags) - len(open_)
         self.greedy_counts["decoded"] += len(open_)
         return [float(np.sum(lp, dtype=np.float64)) for lp in lps], [bool(f) for f in flags]
 
-    def decode(self, contexts, max_new_tokens: int, stop: tuple, queries) -> list:
-        """REPLUG's greedy `Generation` after each context (the LM's alone without retrieval)."""
+    def decode(self, contexts, max_new_tokens: int, stop: tuple, queries, shots=None) -> list:
+        """REPLUG's greedy `Generation` after each context (the LM's alone without retrieval); with `shots` (per
+        context: `_layout`), those of one few-shot block decoded together, the block their shared prefix."""
         if self.rag is None:
             return self.lm.generate([[c] for c in contexts], [np.zeros(1, np.float32)] * len(contexts),
                                     max_new_tokens=max_new_tokens, stop=stop)
-        return self.rag.generations(list(contexts), max_new_tokens=max_new_tokens, stop=stop, queries=list(queries))
+        shots = [""] * len(contexts) if shots is None else list(shots)
+        out = [None] * len(contexts)
+        for block in dict.fromkeys(shots):
+            at = [i for i, b in enumerate(shots) if b == block]
+            gens = self.rag.generations([contexts[i] for i in at], max_new_tokens=max_new_tokens, stop=stop,
+                                        queries=[queries[i] for i in at], shots=block)
+            for i, g in zip(at, gens):
+                out[i] = g
+        return out
 
-    def greedy(self, contexts, continuations, queries) -> list[bool]:
+    def greedy(self, contexts, continuations, queries, shots=None) -> list[bool]:
         """Whether greedy decoding from each context gives exactly its continuation's tokens (those of one length
         decoded together)."""
         wanted = [list(self.lm.tokenizer.encode(c)) for c in continuations]
         out = [False] * len(wanted)
         for n in sorted({len(w) for w in wanted}):
             at = [i for i, w in enumerate(wanted) if len(w) == n]
-            gens = self.decode([contexts[i] for i in at], n, (), None if queries is None else [queries[i] for i in at])
+            gens = self.decode([contexts[i] for i in at], n, (), None if queries is None else [queries[i] for i in at],
+                               None if shots is None else [shots[i] for i in at])
             for i, g in zip(at, gens):
                 out[i] = list(g.token_ids[:n]) == wanted[i]
         return out
 
     def _queries(self, instances) -> list[str] | None:
         return [self.queries(instance) for instance in instances] if self.rag is not None else None
+
+    def _layout(self, instances, contexts) -> tuple[list[str] | None, list[str]]:
+        """(each request's few-shot block or None, the rest of its context) as `passages=` places the passage
+        between them: None, the contexts whole with passages=context (or no retrieval); else each context split
+        before the instance's own text (doc_to_text), its block with each shot's own top passage before the shot's
+        text where passages=example_and_shots."""
+        if self.passages == "context" or self.rag is None:
+            return None, list(contexts)
+        shots, rest = [], []
+        for instance, context in zip(instances, contexts):
+            own = self.queries.own_text(instance).rstrip()
+            at = context.rfind(own)
+            if at < 0:
+                raise InputError(f"passages={self.passages}: the example's own text (doc_to_text of "
+                                 f"{instance.task_name!r} #{instance.doc_id}, {own[:40]!r}) is not in the request's "
+                                 "context (a chat template?), so there is no place beside it for the passage: use "
+                                 "passages=context")
+            block = context[:at]
+            if self.passages == "example_and_shots":
+                block = self._block_with_passages(instance.task_name, block)
+            shots.append(block)
+            rest.append(context[at:])
+        return shots, rest
+
+    def _block_with_passages(self, task_name: str, block: str) -> str:
+        """The few-shot `block` with each shot's own top passage (`doc_template`) before the shot's text, retrieved
+        for by the shot's query (the task's few-shot docs found in the block by their text), as the QA job shows its
+        demos; the shots are found once per block."""
+        key = (task_name, block)
+        if key not in self._blocks:
+            found = {}  # where a shot's text starts in the block -> (its text, its query): the longest text there
+            for text, query in self.queries.shots(task_name):
+                at = block.find(text)
+                if at >= 0 and len(text) > len(found.get(at, ("",))[0]):
+                    found[at] = (text, query)
+            if not found and block.strip():
+                self._warn_once(f"shots:{task_name}", f"passages=example_and_shots: {task_name}: no few-shot doc's "
+                                "text found in the block before the example, so its shots get no passages")
+            starts = sorted(found)
+            if starts:
+                _, rows = self.rag.retriever.retrieve([found[at][1] for at in starts], 1)  # [S, 1]
+                docs = format_docs(self.rag.datastore, rows[:, 0], self.rag.doc_template)
+                for at, doc in reversed(list(zip(starts, docs))):  # from the end: earlier positions stay put
+                    block = block[:at] + doc + block[at:]
+            self._blocks[key] = block
+        return self._blocks[key]
 
     def _chunks(self, requests, kind: str):
         """`requests` in chunks of `CHUNK`, under a progress bar."""

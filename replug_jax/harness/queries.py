@@ -30,6 +30,7 @@ class QueryResolver:
         self.source = source
         self.include_path = [p for p in ([include_path] if isinstance(include_path, str) else include_path) if p]
         self._tasks: dict = {}  # task name -> lm-eval Task
+        self._shots: dict = {}  # task name -> [(a few-shot doc's text, its query)]
         self._managers: dict = {}  # include lm-eval's own tasks? -> TaskManager
         self._warned: set = set()
 
@@ -55,6 +56,29 @@ class QueryResolver:
                           "context (a chat template or another prompt?); retrieval still queries with it",
                           stacklevel=2)
         return text
+
+    def own_text(self, instance) -> str:
+        """The instance's own example as its task writes it (`doc_to_text`), whatever the query source."""
+        text = self._task(instance.task_name).doc_to_text(instance.doc)
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"the task {instance.task_name!r} gives no text of its own for a doc (doc_to_text: "
+                             f"{text!r}), so there is no example to put a passage beside: use passages=context")
+        return text
+
+    def shots(self, task_name: str) -> list[tuple[str, str]]:
+        """(its text, its retrieval query) for each of the task's few-shot docs (`fewshot_docs`), computed once: the
+        query as this source takes it from a doc (the field NAME's value; the text itself for doc_to_text and
+        context)."""
+        if task_name not in self._shots:
+            task, out = self._task(task_name), []
+            for doc in task.fewshot_docs() or []:
+                text = task.doc_to_text(doc)
+                if not isinstance(text, str) or not text.strip():
+                    continue
+                query = doc.get(self.source[6:]) if self.source.startswith("field:") else text
+                out.append((text, query if isinstance(query, str) and query.strip() else text))
+            self._shots[task_name] = out
+        return self._shots[task_name]
 
     def _task(self, name: str):
         """The lm-eval Task named `name`: from the include paths alone first (fast), then with lm-eval's own."""

@@ -60,8 +60,9 @@ def format_docs(datastore, rows: Sequence[int], template: str = DOC_TEMPLATE) ->
 
 
 def document_passes(datastore, rows: np.ndarray, prefixes: Sequence[str], continuations: Sequence[str],
-                    template: str = DOC_TEMPLATE):
-    """REPLUG's passes: one (document ∘ prefix, continuation) pair per retrieved row.
+                    template: str = DOC_TEMPLATE, before: Sequence[str] | None = None):
+    """REPLUG's passes: one (document ∘ prefix, continuation) pair per retrieved row; `before` (per query, e.g. a
+    few-shot block): the text each of its passes opens with, before the document.
 
     rows: [Q, K] (-1 = none). Returns (contexts, continuations, where) with where[n] = (query, rank).
     """
@@ -69,7 +70,7 @@ def document_passes(datastore, rows: np.ndarray, prefixes: Sequence[str], contin
     for q, (row, prefix, continuation) in enumerate(zip(rows, prefixes, continuations)):
         ranks = np.flatnonzero(row >= 0)
         for rank, doc in zip(ranks, format_docs(datastore, row[ranks], template)):
-            contexts.append(doc + prefix)
+            contexts.append((before[q] if before is not None else "") + doc + prefix)
             conts.append(continuation)
             where.append((q, int(rank)))
     return contexts, conts, where
