@@ -402,7 +402,8 @@ def test_the_commands_mistakes_are_one_line_in_the_first_seconds(tmp_path):
                         (f"lm=smollm2,corpus={three},k=5,weights=replug",
                          "k=5 is larger than the datastore (3 passages"),
                         ("lm=http://127.0.0.1:9/v1,k=0 --apply_chat_template", "has no chat template"),
-                        ("lm=smollm2,doc_template={title}:{text}", "in the JSON form")):
+                        ("lm=smollm2,doc_template={title}:{text}", "in the JSON form"),
+                        (f"lm=smollm2,corpus={three},k=2,weights=replug,passages=shots", "passages='shots'")):
         model_args, *more = args.split(" ")
         run = subprocess.run([sys.executable, "-m", "replug_jax.harness", "--model", "replug", "--model_args",
                               model_args, "--tasks", "replug_sciq_mc", *more], capture_output=True, text=True,

@@ -98,7 +98,7 @@ def check_replug_arguments(argv: list[str]) -> None:
         model.check_chat_template(args.get("lm", "smollm2"), args.get("tokenizer"))
     known = set(inspect.signature(model.REPLUGHarnessLM.__init__).parameters) - {"self", "unknown"}
     checked = {"k", "weights", "corpus", "temperature", "posterior_alpha", "rerank_depth", "stride_tokens",
-               "query_tokens", "context_tokens", "lm", "tokenizer", "doc_tokens"}
+               "query_tokens", "context_tokens", "lm", "tokenizer", "doc_tokens", "passages"}
     model.check_arguments(unknown={key: v for key, v in args.items() if key not in known},
                           **{key: v for key, v in args.items() if key in checked})
 
