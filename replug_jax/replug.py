@@ -243,7 +243,8 @@ class REPLUG:
             for (i, _), x in zip(where, self.lm.score_top(passes, conts, top) if top else self.lm.score(passes, conts)):
                 per_input[i].append(x)
             mask, tau = rows[:, : self.k] >= 0, self.temperature
-            log_w = [w[m] for w, m in zip(np.asarray(mixture.log_weights_jax(scores[:, : self.k], mask, tau)), mask)]
+            log_w = ([w[m] for w, m in zip(np.asarray(mixture.log_weights_jax(scores[:, : self.k], mask, tau)), mask)]
+                     if top else [None] * len(contexts))  # λ per pass, for is_greedy only
         else:  # the kept passes, their normalised log λ as scores at τ = 1 (softmax gives them back)
             mixed = self._mixed_passes(queries, contexts, continuations, top, shots)
             per_input, log_w = [x for _, _, x, _ in mixed], [w for _, w, _, _ in mixed]
