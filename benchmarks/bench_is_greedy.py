@@ -1,6 +1,6 @@
 """What lm-eval's is_greedy costs the harness on a multiple-choice task (issue 85, item 3: at most 1.1x is_greedy=false).
 
-    python benchmarks/bench_is_greedy.py [--questions 24 --k 4 --shots 1]
+    python benchmarks/bench_is_greedy.py [--questions 24 --k 4 --shots 1] [--lm http://127.0.0.1:8000/v1]
 
 The offline SciQ multiple-choice task (harness/offline_tasks.py: 4 options a question, their support paragraphs as
 the corpus) through `lm_eval.simple_evaluate` with the `replug` model at k passages, three ways on one loaded model:
@@ -9,7 +9,8 @@ the corpus) through `lm_eval.simple_evaluate` with the `replug` model at k passa
   * decoded: every request also decoded greedily, as the harness did before (the reference values).
 Each is run once small to compile, then timed in turn (`--rounds`, the best of each). Reports the seconds, the
 ratios to is_greedy=false, how many is_greedy values the scoring pass decided, and whether they equal the decoded
-ones; a row per way goes to benchmarks/results.jsonl.
+ones; a row per way goes to benchmarks/results.jsonl. `--lm`: the LM as the harness's `lm=` takes it, e.g. our server's
+URL (`python -m replug_jax.serve --lm smollm2`, started beforehand), whose scoring requests give the top tokens too.
 """
 from __future__ import annotations
 
@@ -55,12 +56,13 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--shots", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--lm", default="smollm2", help="the harness's lm= (a packaged name, a path or a server's URL)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.jsonl"))
     args = ap.parse_args()
     folder = offline_tasks.write_tasks(tempfile.mkdtemp(prefix="bench_is_greedy_"), limit=args.questions)
     manager = TaskManager(include_path=folder, include_defaults=False)
     common = dict(corpus=os.path.join(folder, offline_tasks.CORPUS_FILE), include_path=folder, k=args.k)
-    scoring = REPLUGHarnessLM(lm="smollm2", **common)
+    scoring = REPLUGHarnessLM(lm=args.lm, **common)
     models = {"is_greedy=false": scoring, "is_greedy=true": scoring,
               "decoded": DecodedGreedy(lm=scoring.lm, encoder=scoring.rag.retriever.encoder, **common)}
     flags = {"is_greedy=false": False, "is_greedy=true": True, "decoded": True}
@@ -77,7 +79,7 @@ def main() -> None:
             best[name] = min(best.get(name, float("inf")), seconds)
     counts = scoring.greedy_counts
     same = values["is_greedy=true"] == values["decoded"]
-    rows = [dict(benchmark="is_greedy", way=name, questions=args.questions, k=args.k, shots=args.shots,
+    rows = [dict(benchmark="is_greedy", lm=args.lm, way=name, questions=args.questions, k=args.k, shots=args.shots,
                  seconds=round(best[name], 2), ratio=round(best[name] / best["is_greedy=false"], 3),
                  **({"from_scoring": counts["from scoring"], "decoded_requests": counts["decoded"],
                      "same_is_greedy_as_decoded": same} if name == "is_greedy=true" else {}))

@@ -20,9 +20,12 @@ Endpoints (Starlette + uvicorn):
                         A `model` other than the served one is refused with OpenAI's 404 `model_not_found`.
                         The prompts of concurrent requests are scored (through LocalLM) or decoded together,
                         up to --max-batch-rows prompts per call, waiting up to --batch-wait-ms for more.
+                        A finished generation's key/value cache is kept (up to --prefix-cache-mb, least recently
+                        used dropped first), and a later prompt beginning with the same 16 tokens or more starts
+                        from it: only its own tokens are computed (server/prefix_cache.py).
   GET  /v1/models       the model id and `max_model_len`.
   POST /tokenize        vLLM's form: {"prompt": text} -> {"tokens": [...], "count": n, "max_model_len": L}.
-  GET  /health          200 {"status": "ok"}.
+  GET  /health          200 {"status": "ok", "prefix_cache": {rows, bytes, hits, reused_tokens, ...}}.
 
 Limits: a body over 8 MiB gets 413 before it is read; more than 1,024 prompts or --max-prompt-tokens prompt
 tokens in one request, a response over 32 MiB or a body nested too deeply for the JSON parser, 400; more than
@@ -37,6 +40,7 @@ import os
 
 from replug_jax.server.app import MAX_CONCURRENT, BackgroundServer, check_exposure, is_loopback, make_app
 from replug_jax.server.completions import MAX_PROMPT_TOKENS
+from replug_jax.server.engine import PREFIX_CACHE_BYTES
 
 __all__ = ["BackgroundServer", "is_loopback", "make_app", "main"]
 
@@ -76,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="prompt tokens in one request, all its prompts together")
     parser.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT,
                         help="requests answered at once (more get 429)")
+    parser.add_argument("--prefix-cache-mb", type=float, default=PREFIX_CACHE_BYTES / 2**20,
+                        help="MiB of finished generations' key/value caches kept for prompts that begin as they did "
+                             "(REPLUG's re-asked passes, a shared few-shot block); 0: none")
     parser.add_argument("--api-key-env", default=None, help="require 'Bearer $VAR' (the key is read from VAR)")
     args = parser.parse_args(argv)
     import uvicorn
@@ -89,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         check_exposure(args.host, api_key)
     except ValueError as e:
         parser.error(f"--{e}")
+    if args.prefix_cache_mb < 0:
+        parser.error(f"--prefix-cache-mb {args.prefix_cache_mb}: a size in MiB, 0 or more")
     taken = port_in_use(args.host, args.port)  # said before the model loads, and before "serving"
     if taken:
         parser.error(f"--port {args.port}: {args.host}:{args.port} cannot be served ({taken}): is another server "
@@ -97,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     app = make_app(lm, model_name=args.model_name or args.lm, max_batch_rows=args.max_batch_rows,
                    batch_wait=args.batch_wait_ms / 1000, add_start_token=args.add_start_token, api_key=api_key,
                    max_top_logprobs=args.max_top_logprobs, start_token_on_text=args.start_token_on_text,
-                   max_prompt_tokens=args.max_prompt_tokens, max_concurrent=args.max_concurrent)
+                   max_prompt_tokens=args.max_prompt_tokens, max_concurrent=args.max_concurrent,
+                   prefix_cache_bytes=int(args.prefix_cache_mb * 2**20))
     print(f"serving {args.lm} at http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 

@@ -119,3 +119,32 @@ def test_the_lm_cache_keeps_the_top_tokens(smollm2, tmp_path):
         np.testing.assert_array_equal(a.top_logprobs, b.top_logprobs)
     np.testing.assert_array_equal(query_first[0][0], query_again[0][0])
     assert first[0].token_ids == smollm2.tokenizer.encode(" столиця")
+
+
+def test_our_servers_scoring_requests_give_the_local_top_tokens(smollm2, minilm):
+    """Over HTTP to our server (the local tokenizer's token-id prompts, and the server's /tokenize): `score_top` and
+    `score_with_query(top=)` read each continuation position's top tokens from the scoring request itself
+    (`logprobs` with `echo_from`, tokens named by id), as the local LM gives them; so the object's score_and_greedy
+    decides is_greedy over HTTP as it does locally. A client whose server does not honour echo_from offers none."""
+    import replug_jax as rj
+    from replug_jax.serve import BackgroundServer
+
+    contexts, continuations = (list(x) for x in zip(*PAIRS))
+    want = smollm2.score_top(contexts, continuations, greedy_match.TOP)
+    want_query = smollm2.score_with_query(["Paris."], [" Question:"], [" France"], top=greedy_match.TOP)
+    local = rj.REPLUG.from_documents(DOCS, lm=smollm2, encoder=minilm, k=2, temperature=0.1)
+    want_flags = local.score_and_greedy(contexts, continuations)[1]
+    with BackgroundServer(smollm2) as server:
+        for lm in (rj.load_lm(server.url, tokenizer="smollm2"), rj.load_lm(server.url)):
+            got = lm.score_top(contexts, continuations, greedy_match.TOP)
+            query = lm.score_with_query(["Paris."], [" Question:"], [" France"], top=greedy_match.TOP)
+            for a, b in zip(got + [query[0][1]], want + [want_query[0][1]]):
+                assert a.token_ids == b.token_ids and np.array_equal(a.top_ids, b.top_ids)
+                np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+                np.testing.assert_allclose(a.top_logprobs, b.top_logprobs, atol=1e-4)
+            np.testing.assert_allclose(query[0][0], want_query[0][0], atol=1e-4)
+            rag = rj.REPLUG.from_documents(DOCS, lm=lm, encoder=minilm, k=2, temperature=0.1)
+            assert rag.score_and_greedy(contexts, continuations)[1] == want_flags
+        lm.echo_from = False
+        assert not hasattr(lm, "score_top")
+    assert sum(f is not None for f in want_flags) >= len(want_flags) - 1

@@ -30,7 +30,9 @@ Cells (W: every weighting; P: local, http, http_server):
   REPLUG object   `REPLUG.score` W × P gives one number, `evaluate_lm`'s perplexity of the same window;
                   `REPLUG.answer` equals the QA job's prediction (local)
   lm-eval harness the `replug` model's loglikelihood, is_greedy and generate_until (replug, α 1 re-ranked) × P;
-                  its log-likelihoods are `REPLUG.score_many`'s with the instance's question as the query
+                  its log-likelihoods are `REPLUG.score_many`'s with the instance's question as the query; the
+                  passages beside the example (passages=example_and_shots: `score_many(shots=)`,
+                  `generations(shots=)`, the few-shot block before each passage) × P
   end of sequence an answer the LM ends at its end token, × {local, http, http_server, http_ids with no end token
                   named}, mixed and one pass: tests/test_generate_http.py (SmolLM2's chat answers end there; this
                   matrix's tiny GPT-2 never emits its end token)
@@ -509,10 +511,25 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
         assert [w for w in ids_only["warnings"] if "gives no token pieces" in w]
 
 
+def corpus_file(folder):
+    """The cells' 8 documents as a JSONL corpus, as a user gives one to the object and the harness."""
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": d.id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n"
+                              for d in documents("c", 8)), encoding="utf-8")
+    return corpus
+
+
+def object_mixing(weighting: str) -> dict:
+    """A weighting as the REPLUG object's and the harness's keyword arguments."""
+    setting = WEIGHTINGS[weighting]
+    return {"weights": "replug"} if setting is None else {
+        "weights": "replug_posterior", "posterior_alpha": setting[0], "rerank_depth": setting[1]}
+
+
 @pytest.mark.parametrize("weighting", ["replug", "posterior_rerank"])
 def test_the_harness_model_gives_one_number_on_every_path(paths, tmp_path, weighting):
     """lm-evaluation-harness's `replug` model (issue 71) on requests in several scripts: each continuation's
-    log-likelihood, is_greedy (locally from the scoring pass's top tokens, over HTTP by decoding) and
+    log-likelihood, is_greedy (from the scoring pass's top tokens, over HTTP too: our server gives them) and
     generate_until's answer are the same on the local LM, over HTTP with the local tokenizer and with the server's
     /tokenize, and the log-likelihoods are the REPLUG object's (local) for the instance's own question as the
     query."""
@@ -522,12 +539,7 @@ def test_the_harness_model_gives_one_number_on_every_path(paths, tmp_path, weigh
     from replug_jax.harness.model import REPLUGHarnessLM
 
     lms, encoder = paths[0], paths[1]
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": d.id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n"
-                              for d in documents("c", 8)), encoding="utf-8")
-    setting = WEIGHTINGS[weighting]
-    mixing = {"weights": "replug"} if setting is None else {
-        "weights": "replug_posterior", "posterior_alpha": setting[0], "rerank_depth": setting[1]}
+    corpus, mixing = corpus_file(tmp_path), object_mixing(weighting)
     cuts = [(t[: len(t) // 2], t[len(t) // 2:]) for t in TOPICS[2:]]  # mid-text, in four scripts; the query:
     scored = [Instance("loglikelihood", {"question": c[-12:]}, (c, x), i)  # the context's end (not all of it)
               for i, (c, x) in enumerate(cuts)]
@@ -538,8 +550,8 @@ def test_the_harness_model_gives_one_number_on_every_path(paths, tmp_path, weigh
         model = REPLUGHarnessLM(lm=lms[name], encoder=encoder, corpus=str(corpus), k=K, temperature=TAU,
                                 doc_tokens=24, query="field:question", **mixing)
         out[name] = model.loglikelihood(scored), model.generate_until(asked)
-        if name == "local":  # is_greedy read from the scoring pass's top tokens; over HTTP, decoded
-            assert model.greedy_counts["from scoring"] > 0, model.greedy_counts
+        # is_greedy read from the scoring pass's top tokens (over HTTP: our server gives them with echo_from)
+        assert model.greedy_counts["from scoring"] > 0, (name, model.greedy_counts)
     for name, (pairs, answers) in out.items():
         np.testing.assert_allclose([ll for ll, _ in pairs], [ll for ll, _ in out["local"][0]], atol=1e-4, err_msg=name)
         assert [g for _, g in pairs] == [g for _, g in out["local"][0]] and answers == out["local"][1], name
@@ -549,6 +561,34 @@ def test_the_harness_model_gives_one_number_on_every_path(paths, tmp_path, weigh
     want = rag.score_many([r.args[0] for r in scored], [r.args[1] for r in scored],
                           queries=[r.doc["question"] for r in scored])
     np.testing.assert_allclose([ll for ll, _ in out["local"][0]], [float(np.sum(w)) for w in want], atol=1e-4)
+
+
+@pytest.mark.parametrize("weighting", ["replug", "posterior_rerank"])
+def test_passages_beside_the_example_give_one_number_on_every_path(paths, tmp_path, weighting):
+    """The harness's passages=example and example_and_shots (issue 85, item 2) ask the REPLUG object for
+    `score_many(shots=)` and `generations(shots=)`: the few-shot block (each shot with its own passage) before each
+    pass's passage, "Knowledge: <passage>" lines. Both give one number and one answer on the local LM, over HTTP with
+    the local tokenizer and with the server's /tokenize, in four scripts; the block changes them. (The layout itself
+    is text cut before any LM sees it: tests/test_harness.py checks it against the QA job.)"""
+    lms, encoder = paths[0], paths[1]
+    corpus, mixing = corpus_file(tmp_path), object_mixing(weighting)
+    block = f"Knowledge: {TOPICS[3]}\n{TOPICS[3][:20]}: {TOPICS[4][:16]}\n\n"  # a shot with its own passage
+    cuts = [(t[: len(t) // 2], t[len(t) // 2:]) for t in TOPICS[2:]]
+    contexts, continuations, queries = [c for c, _ in cuts], [x for _, x in cuts], [c[-12:] for c, _ in cuts]
+    out = {}
+    for name in ("local", "http", "http_server"):
+        rag = rj.REPLUG.from_documents(str(corpus), lm=lms[name], encoder=encoder, k=K, temperature=TAU,
+                                       doc_tokens=24, doc_template="Knowledge: {passage}\n", **mixing)
+        scored = rag.score_many(contexts, continuations, queries, shots=[block] * len(cuts))
+        answers = [g.text for g in rag.generations(contexts, max_new_tokens=6, queries=queries, shots=block)]
+        out[name] = [float(np.sum(lp)) for lp in scored], answers
+        if name == "local":
+            plain = [float(np.sum(lp)) for lp in rag.score_many(contexts, continuations, queries)]
+            assert np.max(np.abs(np.subtract(plain, out[name][0]))) > 1e-3  # the block is before the passages
+    for name, (lls, answers) in out.items():
+        np.testing.assert_allclose(lls, out["local"][0], atol=1e-4, err_msg=name)
+        assert answers == out["local"][1], name
+    assert "\ufffd" not in json.dumps(out, ensure_ascii=False) and any(out["local"][1])
 
 
 def test_a_qa_job_keeps_what_it_finished_when_its_server_stops_and_the_same_command_resumes(paths, tmp_path):

@@ -299,3 +299,52 @@ def test_a_generation_finishes_while_scoring_keeps_the_queue_full(served):
         for t in threads:
             t.join(timeout=120)
     assert len(generated) == 30 and load_running and scored_meanwhile > 3
+
+
+def prefix_counts(server) -> dict:
+    with urllib.request.urlopen(server.url.removesuffix("/v1") + "/health", timeout=10) as reply:
+        return json.load(reply)["prefix_cache"]
+
+
+def test_a_prompt_beginning_as_a_finished_one_starts_from_its_kept_cache(served):
+    """Issue 85, item 5: REPLUG's mixture asks a pass again from its prompt, its first tokens and another pass's
+    token. That prompt, and one sharing only the first 20 tokens of the earlier one, start from the finished
+    generation's kept cache row (GET /health counts the hit and the tokens taken from it) and decode as a full forward
+    pass per token does: the kept row's later tokens are forgotten, its positions go on."""
+    lm, server = served
+    prompt = lm.tokenizer.encode(PROMPTS[2])
+    first = [t for t, _, _ in server.app.state.engine.generate(prompt, 12, 3).result(timeout=60)]
+    other = next(t for t in range(lm.config.vocab_size) if t != first[5] and t != lm.tokenizer.eos_id)
+    asked_again = prompt + first[:5] + [other]
+    branching = prompt[:20] + lm.tokenizer.encode(" and then 7 8 9")
+    for ids, shared in [(asked_again, len(prompt) + 5), (branching, 20)]:
+        before = prefix_counts(server)
+        reply = post(server.url, {"prompt": ids, "max_tokens": 12, "temperature": 0, "logprobs": 3})
+        after = prefix_counts(server)
+        assert after["hits"] == before["hits"] + 1 and after["reused_tokens"] - before["reused_tokens"] >= shared
+        check_choice(lm, reply["choices"][0], full_forward_greedy(lm, ids, 12))
+
+
+def test_the_prefix_cache_keeps_what_its_budget_holds():
+    """A budget of one row keeps one row (the least recently used evicted: its prompt asked again is prefilled
+    whole); a budget of 0 keeps none."""
+    import tempfile
+
+    from replug_jax.server.engine import ScoringEngine
+
+    path = tempfile.mkdtemp()
+    hf_tiny.tiny_gpt2(path, positions=256)
+    lm = rj.load_lm(path, batch_size=8)
+    a, b = lm.tokenizer.encode(PROMPTS[2]), lm.tokenizer.encode(PROMPTS[2].upper())
+    sizing = ScoringEngine(lm)
+    sizing.generate(a, 4, 0).result(timeout=60)
+    one_row = sizing.prefix_cache["bytes"]
+    sizing.close()
+    for budget, kept in [(one_row, 1), (0, 0)]:
+        engine = ScoringEngine(lm, prefix_cache_bytes=budget)
+        for ids in (a, b, a + [5]):
+            engine.generate(ids, 4, 0).result(timeout=60)
+        counts = engine.prefix_cache
+        engine.close()
+        assert counts["rows"] == kept and counts["bytes"] <= budget and counts["hits"] == 0
+        assert counts["evicted"] == (2 if kept else 0)

@@ -105,6 +105,10 @@ class TopScores:
                                np.asarray(self.logprobs, np.float32).reshape(-1, 1), self.top_logprobs,
                                self.top_ids.astype(np.float32)], axis=1).ravel()
 
+    def tail(self, start: int) -> "TopScores":
+        """The scores of the tokens from `start` on (a query's and a continuation's, split)."""
+        return TopScores(self.logprobs[start:], self.top_logprobs[start:], self.top_ids[start:], self.token_ids[start:])
+
     @classmethod
     def from_packed(cls, flat: np.ndarray, top: int) -> "TopScores":
         x = np.asarray(flat, np.float32).reshape(-1, 2 + 2 * top)

@@ -3,8 +3,10 @@ continue a one-row cache which they all read and none copies (`after_prefix`: RE
 block), tokens appended with the next-token logits after them (`extend`), and scores of
 some appended tokens read in the same pass (`extend_and_score`). For a batch whose rows are refilled as they finish
 (server/decoding_batch.py): rows replaced by those of another cache (`insert_rows`), rows taken in a new order
-(`take_rows`) and each row's tokens moved to the front of its slots (`compact`). A cached token's key holds its
-position (rotary) and attention reads the slots through `key_mask` alone, so moving a row's slots keeps its numbers.
+(`take_rows`) and each row's tokens moved to the front of its slots (`compact`); for rows kept across requests
+(server/prefix_cache.py): a row's later tokens forgotten (`truncate`) and its first slots alone (`first_slots`). A
+cached token's key holds its position (rotary) and attention reads the slots through `key_mask` alone, so moving a
+row's slots keeps its numbers.
 """
 from __future__ import annotations
 
@@ -81,6 +83,20 @@ def take_rows(cache: dict, rows) -> dict:
     take = lambda x, axis: jnp.take(x, rows, axis=axis, mode="fill", fill_value=0)  # noqa: E731
     return {"k": take(cache["k"], 1), "v": take(cache["v"], 1), "key_mask": take(cache["key_mask"], 0),
             "count": take(cache["count"], 0), "length": cache["length"]}
+
+
+def truncate(cache: dict, count) -> dict:
+    """Each row's first `count` real tokens ([B] or one for all) kept, the later ones masked out (never attended to,
+    overwritten by nothing: `compact` drops them). For caches without a shared prefix (`after_prefix`)."""
+    rank = jnp.cumsum(cache["key_mask"] > 0, axis=1)  # [B, S]: real tokens up to each slot
+    keep = rank <= jnp.reshape(jnp.asarray(count, jnp.int32), (-1, 1))
+    return {**cache, "key_mask": jnp.where(keep, cache["key_mask"], 0), "count": jnp.minimum(cache["count"], count)}
+
+
+def first_slots(cache: dict, slots: int) -> dict:
+    """The cache's first `slots` slots alone (where a compacted row's real tokens lie); `length` at most `slots`."""
+    return {**{name: cache[name][:, :, :slots] for name in ("k", "v")}, "key_mask": cache["key_mask"][:, :slots],
+            "count": cache["count"], "length": jnp.minimum(cache["length"], slots)}
 
 
 def compact(cache: dict, slots: int) -> dict:

@@ -18,7 +18,7 @@ from replug_jax.server.completions import (
     complete,
     too_large,
 )
-from replug_jax.server.engine import MAX_TOP_LOGPROBS, CompletionRequestError, ScoringEngine
+from replug_jax.server.engine import MAX_TOP_LOGPROBS, PREFIX_CACHE_BYTES, CompletionRequestError, ScoringEngine
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this gets 413 before it is read
 MAX_CONCURRENT = 64  # requests in flight at once; more get 429 (with Retry-After)
@@ -56,7 +56,8 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
              add_start_token: bool = False, api_key: str | None = None, max_top_logprobs: int = MAX_TOP_LOGPROBS,
              start_token_on_text: bool = False, max_body_bytes: int = MAX_BODY_BYTES, max_prompts: int = MAX_PROMPTS,
              max_prompt_tokens: int = MAX_PROMPT_TOKENS, max_response_bytes: int = MAX_RESPONSE_BYTES,
-             max_concurrent: int = MAX_CONCURRENT, with_pieces: bool = True, announce_end_tokens: bool = True):
+             max_concurrent: int = MAX_CONCURRENT, with_pieces: bool = True, announce_end_tokens: bool = True,
+             prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
     """The Starlette application serving `lm` (a LocalLM); `app.state.engine` owns the model thread.
     with_pieces: /tokenize answers "with_pieces" (llama.cpp's form; False: ids only, as vLLM's).
     announce_end_tokens: /v1/models names the model's end-of-sequence token ids (`eos_token_id`, a list, as a Hugging
@@ -64,6 +65,8 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
     does (False: as vLLM, whose card names none; the client then learns them from the completions it gets).
     add_start_token: every prompt is conditioned on the start token (llama.cpp); start_token_on_text: text prompts
     only begin with it, token-id prompts are taken as they are (vLLM).
+    prefix_cache_bytes: the key/value rows of finished generations kept for prompts that begin as they did
+    (server/prefix_cache.py; 0: none kept); GET /health says what it holds and did.
     max_top_logprobs: the largest `logprobs` accepted (a 400 above it, as OpenAI's API does above 5).
     Limits: larger bodies get 413 before they are read; more prompts or prompt tokens, a larger response (refused
     before the model runs where its log-probs alone pass the cap), 400;
@@ -80,7 +83,8 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         raise ValueError("add_start_token (every prompt) and start_token_on_text (text prompts only) exclude each other")
     if start_token_on_text and lm.start_id is None:
         raise ValueError("start_token_on_text: the tokenizer has no document-start token")
-    engine = ScoringEngine(lm, max_batch_rows=max_batch_rows, batch_wait=batch_wait, add_start_token=add_start_token)
+    engine = ScoringEngine(lm, max_batch_rows=max_batch_rows, batch_wait=batch_wait, add_start_token=add_start_token,
+                           prefix_cache_bytes=prefix_cache_bytes)
     limits = Limits(model_name or lm.name, max_top_logprobs, max_prompts, max_prompt_tokens, start_token_on_text,
                     max_response_bytes)
     in_flight = [0]  # requests being answered (changed on the event loop only)
@@ -179,7 +183,7 @@ def make_app(lm, *, model_name: str | None = None, max_batch_rows: int = 32, bat
         return early or JSONResponse({"object": "list", "data": [card]})
 
     async def health(request: Request):
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "prefix_cache": engine.prefix_cache})
 
     async def not_found(request: Request, exc):
         status = getattr(exc, "status_code", 404)

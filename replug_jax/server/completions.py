@@ -160,9 +160,15 @@ async def complete(engine: ScoringEngine, body: dict, limits: Limits) -> dict:
     all_ids = [ids for ids, *_ in tokenised]
     wants_prompt_values = (echo and logprobs is not None) or prompt_logprobs is not None
     starts = _echo_from(body, len(all_ids))
-    values = await asyncio.wrap_future(engine.score(all_ids, starts)) if wants_prompt_values else None
     top = max(logprobs if echo and logprobs else 0, prompt_logprobs or 0)
-    tops = await asyncio.wrap_future(engine.prompt_tops(all_ids, top)) if top else [[None] * len(i) for i in all_ids]
+    tops = [[None] * len(i) for i in all_ids]
+    if top and wants_prompt_values and all(0 < s < len(i) for i, s in zip(all_ids, starts)):
+        # the echoed tokens' top entries from the scoring pass itself (only from `echo_from` on: null before)
+        values, tops = map(list, zip(*await asyncio.wrap_future(engine.score(all_ids, starts, top))))
+    else:
+        values = await asyncio.wrap_future(engine.score(all_ids, starts)) if wants_prompt_values else None
+        if top:  # every position's: a second forward pass over each prompt
+            tops = await asyncio.wrap_future(engine.prompt_tops(all_ids, top))
     as_ids = _field(body, "return_tokens_as_token_ids", bool, False)
     decode = _Decoder(engine.lm.tokenizer, as_ids)
     # every prompt's generation submitted at once: the engine decodes them together

@@ -4,17 +4,20 @@ Each prompt to generate from takes a row of one key/value cache. The model threa
 `step`s with its scoring work; a step
 1. drops the rows whose client has gone (their future cancelled: server/completions.py cancels every prompt of such
    a request) and admits waiting prompts into free rows: they are prefilled together into a cache of their own
-   and copied into their rows (kv_cache.insert_rows);
+   and copied into their rows (kv_cache.insert_rows); a prompt sharing its beginning with a row kept from an earlier
+   request (server/prefix_cache.py) starts from that row instead, and only its own tokens are computed (`_resume`);
 2. decodes every row CHUNK_STEPS tokens at most (models/decoding.py's `decode_steps`, greedy, the step's top
    log-probs kept), each row to its own budget, EOS or a token holding a whole stop string;
 3. retires the rows that are done: their budget spent, EOS, or a stop string in their text, matched on the host on
    the text decoded as it grows (models/detokenize.py), so a stop string spanning tokens ends its row within
-   CHUNK_STEPS tokens instead of at its budget.
+   CHUNK_STEPS tokens instead of at its budget; a retired row is kept in the prefix cache (its prompt and the tokens
+   its cache holds).
 
 A short request admitted beside a long one leaves after its own tokens. The batch has a power of two of rows (at
 least the busy ones, at most `max_rows`) and a power of two of slots (SLOT_MULTIPLE at least); when a row's tokens
 would pass the slots, the busy rows are repacked (kv_cache.take_rows, kv_cache.compact: each row's tokens moved to
-the front). Compiled shapes: the chunk per (rows, slots), the prefill per (prompts, length bucket).
+the front). Compiled shapes: the chunk per (rows, slots), the prefill per (prompts, length bucket), a resumed prompt
+per (kept row's slots, own tokens' power of two, slots).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from replug_jax.models.detokenize import IncrementalText
 from replug_jax.models.served_model import ServedModel
 from replug_jax.models.stop_strings import StopMasks, cut_at_stop
 from replug_jax.parallel import sharding
+from replug_jax.server.prefix_cache import PrefixCache
 
 CHUNK_STEPS = 8  # tokens decoded between two looks at the rows (stop strings, new prompts, clients gone)
 SLOT_MULTIPLE = 256  # the cache's slots: a power of two, at least this
@@ -54,6 +58,7 @@ class GenerationRequest:
 class _Row:
     request: GenerationRequest
     text: IncrementalText
+    held: list[int]  # the tokens of the row's cache in order (start token, prompt, generated), the last ones maybe not yet
     out: list = dataclasses.field(default_factory=list)  # [(token id, log p, [(token id, log p)] best first)]
     done: bool = False
 
@@ -62,8 +67,9 @@ class DecodingBatch:
     """The rows being decoded and the prompts waiting for one (module docstring). Used by the model thread alone."""
 
     def __init__(self, lm: ServedModel, params, *, max_rows: int, top: int, stop_masks: StopMasks,
-                 lead: list[int], batch_wait: float):
+                 lead: list[int], batch_wait: float, prefixes: PrefixCache | None = None):
         self.lm, self.params, self.top, self.stop_masks, self.lead = lm, params, top, stop_masks, lead
+        self.prefixes = prefixes if prefixes is not None else PrefixCache(0)
         self.max_rows = 1 << max(max_rows, 1).bit_length() - 1  # a power of two
         self.batch_wait = batch_wait
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
@@ -75,6 +81,10 @@ class DecodingBatch:
         self._chunk = jax.jit(functools.partial(_chunk, config=lm.config, dtype=lm.dtype, top=top))
         self._prefill = jax.jit(functools.partial(_prefill, config=lm.config, dtype=lm.dtype))
         self._insert = jax.jit(_insert)
+        self._insert_first = jax.jit(_insert_first, static_argnames="slots")
+        self._start = jax.jit(_start, static_argnames="slots")
+        self._resume = jax.jit(functools.partial(_resume, config=lm.config, dtype=lm.dtype))
+        self._take_row = jax.jit(_take_row, static_argnames="slots")
         self._repack = jax.jit(_repack, static_argnames="slots")
 
     @property
@@ -120,13 +130,24 @@ class DecodingBatch:
         top_lps, top_ids = np.asarray(top_lps), np.asarray(top_ids)
         self._length = int(self._cache["length"])
         for r in busy:
+            self.rows[r].held.extend(tokens[r, : counts[r]].tolist())  # appended on the device, maybe all but the last
             self._take(self.rows[r], [(int(tokens[r, j]), float(lps[r, j]),
                                        list(zip(top_ids[r, j].tolist(), top_lps[r, j].tolist())))
                                       for j in range(int(counts[r]))], stops[r])
-            if self.rows[r].done:
-                request, out = self.rows[r].request, self.rows[r].out
-                _answer(request.future, [(t, lp, best[:request.top]) for t, lp, best in out])
-                self.rows[r] = None
+        retired = [r for r in busy if self.rows[r].done]
+        if retired and self.prefixes.enabled:
+            held = np.asarray(self._cache["count"])  # [R] tokens each row's cache holds
+            for r in retired:
+                self._keep(r, self.rows[r].held[: int(held[r])])
+        for r in retired:
+            request, out = self.rows[r].request, self.rows[r].out
+            _answer(request.future, [(t, lp, best[:request.top]) for t, lp, best in out])
+            self.rows[r] = None
+
+    def _keep(self, r: int, ids: list[int]) -> None:
+        """Row r's cache, holding `ids`, kept for later prompts that begin as it does (server/prefix_cache.py)."""
+        if self.prefixes.wants(ids):
+            self.prefixes.keep(ids, self._take_row(self._cache, np.array([r], np.int32), slots=_slot_bucket(len(ids))))
 
     def _take(self, row: _Row, new: list, stop_mask: np.ndarray) -> None:
         """Append a chunk's tokens to a row; it is done at its budget, a stop token, or a stop string in its text
@@ -156,18 +177,43 @@ class DecodingBatch:
             return
         new = [self.waiting.popleft() for _ in range(count)]
         prompts = [self.lead + request.ids for request in new]
-        width = sharding.length_bucket(max(len(p) for p in prompts), self.lm.length_multiple, self.lm.max_length)
+        found = [self.prefixes.find(p) if self.prefixes.enabled else None for p in prompts]  # (kept row, shared)
+        fresh = [i for i, hit in enumerate(found) if hit is None]  # prefilled together
+        hits = [i for i, hit in enumerate(found) if hit]  # resumed together from their kept rows
+        width = sharding.length_bucket(max(len(prompts[i]) for i in fresh), self.lm.length_multiple,
+                                       self.lm.max_length) if fresh else 0
+        resumed = _Resumed.plan([(prompts[i], found[i][1]) for i in hits], self.lm) if hits else None
         rows = max(len(self.rows), 1 << (busy + count - 1).bit_length())
-        self._make_room(width + CHUNK_STEPS, rows)
+        self._make_room(width + (resumed.inserted if hits else 0) + CHUNK_STEPS, rows)
         free = [i for i, row in enumerate(self.rows) if row is None][:count]
-        n = 1 << (count - 1).bit_length()  # a power of two of prompts: few shapes to compile
-        ids, mask = sharding.pad_rows(prompts + [[self.lm.pad_id]] * (n - count), width, self.lm.pad_id, n)
-        at = np.array(free + [len(self.rows)] * (n - count), np.int32)  # filler prompts land nowhere
-        logits, new_cache = self._prefill(self.params, ids, mask)
-        self._cache, self._logits = self._insert(self._cache, self._logits, new_cache, logits, at)
-        self._length += width
-        for r, request in zip(free, new):
-            self.rows[r] = _Row(request, IncrementalText(self.lm.tokenizer))
+        if fresh:
+            logits, new_cache = self._prefilled([prompts[i] for i in fresh], width)
+            self._cache, self._logits = self._insert(self._cache, self._logits, new_cache, logits,
+                                                     _places([free[i] for i in fresh], len(self.rows)))
+            self._length += width
+        if hits:
+            logits, new_cache = self._resumed([found[i][0].cache for i in hits], resumed)
+            self._cache, self._logits = self._insert_first(self._cache, self._logits, new_cache, logits,
+                                                           _places([free[i] for i in hits], len(self.rows)),
+                                                           slots=resumed.inserted)
+            self._length += resumed.inserted
+        for r, request, prompt in zip(free, new, prompts):
+            self.rows[r] = _Row(request, IncrementalText(self.lm.tokenizer), held=list(prompt))
+
+    def _prefilled(self, prompts: list[list[int]], width: int):
+        """The prompts prefilled together (a power of two of rows: few shapes to compile): (logits [n, V], cache)."""
+        n = 1 << (len(prompts) - 1).bit_length()
+        ids, mask = sharding.pad_rows(prompts + [[self.lm.pad_id]] * (n - len(prompts)), width, self.lm.pad_id, n)
+        return self._prefill(self.params, ids, mask)
+
+    def _resumed(self, kept: list[dict], plan: "_Resumed"):
+        """The kept rows' shared tokens, each prompt's own appended, in one forward pass (a power of two of rows):
+        (logits [n, V], cache)."""
+        n = 1 << (len(kept) - 1).bit_length()
+        starts = [self._start(cache, np.int32(shared), slots=plan.slots) for cache, shared in zip(kept, plan.shared)]
+        ids, mask = sharding.pad_rows(plan.own + [[self.lm.pad_id]] * (n - len(plan.own)), plan.width, self.lm.pad_id,
+                                      n)
+        return self._resume(self.params, starts + [starts[0]] * (n - len(starts)), ids, mask)
 
     def _make_room(self, need: int, rows: int | None = None) -> None:
         """At least `need` free slots after the written ones and `rows` rows (default: as many as now, fewer where
@@ -197,6 +243,12 @@ class DecodingBatch:
         self.rows, self._slots, self._length = [], 0, 0
 
 
+def _places(rows: list[int], nowhere: int) -> np.ndarray:
+    """Batch rows for a power of two of new rows: the given ones, then `nowhere` (a filler's row: dropped)."""
+    n = 1 << (len(rows) - 1).bit_length()
+    return np.array(rows + [nowhere] * (n - len(rows)), np.int32)
+
+
 def _slot_bucket(n: int) -> int:
     return max(SLOT_MULTIPLE, 1 << (n - 1).bit_length())
 
@@ -214,6 +266,53 @@ def _prefill(params, ids, mask, *, config, dtype):
 
 def _insert(cache, logits, new_cache, new_logits, rows):
     return kv_cache.insert_rows(cache, new_cache, rows), logits.at[rows].set(new_logits, mode="drop")
+
+
+def _insert_first(cache, logits, new_cache, new_logits, rows, *, slots):
+    """`_insert` of a compacted cache's first `slots` slots (where its real tokens lie)."""
+    return _insert(cache, logits, kv_cache.first_slots(new_cache, slots), new_logits, rows)
+
+
+@dataclasses.dataclass
+class _Resumed:
+    """The shapes of prompts resumed together from kept rows: each row's first `shared` tokens in `slots` slots, the
+    prompts' `own` tokens appended (padded to `width`) after the longest shared part, in one forward pass; the first
+    `inserted` slots go into the batch (every real token lies there), once for all of them."""
+
+    shared: list[int]
+    own: list[list[int]]
+    width: int
+    slots: int
+    inserted: int
+
+    @classmethod
+    def plan(cls, prompts: list[tuple[list[int], int]], lm) -> "_Resumed":
+        own = [ids[shared:] for ids, shared in prompts]
+        longest_own, longest_shared = max(map(len, own)), max(shared for _, shared in prompts)
+        width = max(16, 1 << (longest_own - 1).bit_length())  # a power of two: few shapes to compile
+        slots = _slot_bucket(longest_shared + width)
+        inserted = min(sharding.length_bucket(longest_shared + longest_own, lm.length_multiple, lm.max_length), slots)
+        return cls([shared for _, shared in prompts], own, width, slots, inserted)
+
+
+def _start(kept, shared, *, slots):
+    """A kept row's first `shared` tokens, the rest forgotten, in a cache of `slots` slots ([0, shared) real)."""
+    return kv_cache.compact(kv_cache.truncate(kept, shared), slots)
+
+
+def _resume(params, starts, ids, mask, *, config, dtype):
+    """One-row caches `starts` (`_start`'s, as many as `ids` [n, W] has rows) stacked, each row's `ids` (mask
+    [n, W]) appended after the longest one's tokens: -> (next-token logits [n, V], the n-row cache). A row's
+    positions go on from its own tokens (its count), whatever the empty slots between."""
+    cache = {name: jnp.concatenate([s[name] for s in starts], axis=1 if name in ("k", "v") else 0)
+             for name in ("k", "v", "key_mask", "count")}
+    cache["length"] = jnp.max(jnp.stack([s["length"] for s in starts]))
+    return kv_cache.extend(params, config, cache, ids, mask, dtype)
+
+
+def _take_row(cache, rows, *, slots):
+    """Rows `rows` [n] of the batch's cache as a cache of their own, each row's real tokens first in `slots` slots."""
+    return kv_cache.compact(kv_cache.take_rows(cache, rows), slots)
 
 
 def _repack(cache, logits, rows, *, slots):

@@ -10,7 +10,9 @@ short generation nor a scoring request waits for a long generation to end, and w
 gets as much of the model's time as the scoring beside it (chunks of steps until it has had the seconds a scoring
 batch took), so a queue that scoring keeps full starves no generation (it waited for the queue to empty: 42.8 s
 against 1.9 s alone beside 3 clients of 16 prompts, issue 85; benchmarks/bench_server_fairness.py); a generation
-request joins the decoding batch ahead of the scoring that waits. A prompt whose request's client has gone (its future
+request joins the decoding batch ahead of the scoring that waits. A finished generation's key/value cache is kept
+for later prompts that begin as it did (server/prefix_cache.py: REPLUG's re-asked passes, the passes' shared few-shot
+block), up to `prefix_cache_bytes`. A prompt whose request's client has gone (its future
 cancelled: server/completions.py cancels every prompt of such a request) is dropped, waiting or decoding.
 """
 from __future__ import annotations
@@ -32,9 +34,11 @@ from replug_jax.models.served_model import ServedModel, check_served
 from replug_jax.models.stop_strings import StopMasks
 from replug_jax.parallel import sharding
 from replug_jax.server.decoding_batch import DecodingBatch, GenerationRequest
+from replug_jax.server.prefix_cache import PrefixCache
 
 MAX_NEW_TOKENS = 256  # tokens one request may generate
 MAX_TOP_LOGPROBS = 20
+PREFIX_CACHE_BYTES = 1 << 30  # kept key/value rows of finished generations (server/prefix_cache.py)
 
 
 class CompletionRequestError(ValueError):
@@ -49,7 +53,7 @@ class ScoringEngine:
     """One worker thread owns the model: it batches the prompts of concurrent requests into LocalLM calls."""
 
     def __init__(self, lm: ServedModel, *, max_batch_rows: int = 32, batch_wait: float = 0.01,
-                 add_start_token: bool = False):
+                 add_start_token: bool = False, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         check_served(lm)
         self.lm, self.max_batch_rows, self.add_start_token = lm, max_batch_rows, add_start_token
         self.batch_wait = batch_wait
@@ -60,7 +64,8 @@ class ScoringEngine:
         self._tops = self._compile(functools.partial(_position_tops, config=lm.config, dtype=lm.dtype, k=self._top_k))
         self._decoding = DecodingBatch(lm, self._params, max_rows=max_batch_rows, top=self._top_k,
                                        stop_masks=StopMasks(lm.tokenizer, lm.config.vocab_size),
-                                       lead=[lm.start_id] if add_start_token else [], batch_wait=batch_wait)
+                                       lead=[lm.start_id] if add_start_token else [], batch_wait=batch_wait,
+                                       prefixes=PrefixCache(prefix_cache_bytes))
         self._abandoned_scoring = 0  # scoring requests dropped because their client had gone
         self.working = threading.Lock()  # held by the model thread from taking a request to answering its batch
         # generation requests first (joining the decoding batch is cheap, and they would wait behind every scoring
@@ -74,6 +79,12 @@ class ScoringEngine:
     def abandoned(self) -> int:
         """Requests (a generation: each prompt) dropped because their client had gone."""
         return self._abandoned_scoring + self._decoding.abandoned
+
+    @property
+    def prefix_cache(self) -> dict:
+        """What the prefix cache holds and did: rows kept, bytes, hits, misses, tokens reused and prefilled."""
+        cache = self._decoding.prefixes
+        return {"rows": len(cache), "bytes": cache.nbytes, "budget_bytes": cache.budget_bytes, **cache.stats}
 
     @property
     def decoding_rows(self) -> int:
@@ -109,10 +120,15 @@ class ScoringEngine:
         if n == 0:
             raise CompletionRequestError("the prompt is empty")
 
-    def score(self, prompts: list[list[int]], starts: list[int] | None = None) -> Future:
+    def score(self, prompts: list[list[int]], starts: list[int] | None = None, top: int = 0) -> Future:
         """Future of [per prompt: list of log p per token (None where nothing precedes the token, and before the
-        prompt's `starts` entry: the first token whose log-prob is asked)]."""
-        return self._submit("score", list(zip(prompts, starts or [0] * len(prompts))))
+        prompt's `starts` entry: the first token whose log-prob is asked)]. `top` > 0 (with every start > 0): per
+        prompt (that list, per token its position's top-`top` (token id, log p) pairs, best first, or None), from the
+        same forward pass (LocalLM.score_token_pairs(top=)), not a second one (`prompt_tops`)."""
+        starts = starts or [0] * len(prompts)
+        if top and not all(0 < s < len(p) for p, s in zip(prompts, starts)):
+            raise ValueError("top tokens from the scoring pass are read from a start inside each prompt")
+        return self._submit("score", [(p, s, top) for p, s in zip(prompts, starts)])
 
     def generate(self, ids: list[int], new_tokens: int, top: int, stop: tuple[str, ...] = ()) -> Future:
         """Future of [(token id, log p, [(token id, log p)] top entries, best first)] for greedy next tokens, through
@@ -203,8 +219,8 @@ class ScoringEngine:
                 future.set_exception(e)
             return
         for _, prompts, future in batch:
-            future.set_result(flat[: len(prompts)])
-            flat = flat[len(prompts):]
+            mine, flat = flat[: len(prompts)], flat[len(prompts):]
+            future.set_result(mine if prompts[0][2] else [values for values, _ in mine])
 
     def _claim(self, item) -> bool:
         """Whether to work on a queued request: False (and counted) when its client has gone."""
@@ -213,23 +229,31 @@ class ScoringEngine:
         self._abandoned_scoring += 1
         return False
 
-    def _score_rows(self, items: list[tuple[list[int], int]]) -> list[list[float | None]]:
-        """Per (prompt, start), log p of each token from `start` on (None before it and where nothing precedes the
-        token). From the first token: prompts sharing a long prefix score it once (LocalLM.score_prompts); from a
-        later one: as a context and a continuation (LocalLM.score_token_pairs, the local backend's scoring)."""
+    def _score_rows(self, items: list[tuple[list[int], int, int]]) -> list[tuple[list, list | None]]:
+        """Per (prompt, start, top), (log p of each token from `start` on: None before it and where nothing precedes
+        the token; with top > 0, each token's position's top (token id, log p) pairs, None before `start`). From the
+        first token: prompts sharing a long prefix score it once (LocalLM.score_prompts); from a later one: as a
+        context and a continuation (LocalLM.score_token_pairs, the local backend's scoring, its top tokens from the
+        same pass)."""
         lead = [self.lm.start_id] if self.add_start_token else []
         out: list = [None] * len(items)
-        whole = [i for i, (_, start) in enumerate(items) if start == 0]
+        whole = [i for i, (_, start, _) in enumerate(items) if start == 0]
         if whole:
             scored = self.lm.score_prompts([lead + items[i][0] for i in whole], lead=1)
             for i, values in zip(whole, scored):
-                out[i] = ([] if lead else [None]) + [float(v) for v in values]
-        tails = [i for i, (ids, start) in enumerate(items) if 0 < start < len(ids)]
-        if tails:
+                out[i] = ([] if lead else [None]) + [float(v) for v in values], None
+        for top in sorted({top for ids, start, top in items if 0 < start < len(ids)}):
+            tails = [i for i, (ids, start, t) in enumerate(items) if 0 < start < len(ids) and t == top]
             pairs = [(lead + items[i][0][: items[i][1]], items[i][0][items[i][1] :]) for i in tails]
-            for i, values in zip(tails, self.lm.score_token_pairs(pairs)):
-                out[i] = [None] * items[i][1] + [float(v) for v in values]
-        return [[None] * len(items[i][0]) if row is None else row for i, row in enumerate(out)]
+            for i, scored in zip(tails, self.lm.score_token_pairs(pairs, top=top)):
+                before = [None] * items[i][1]
+                if not top:
+                    out[i] = before + [float(v) for v in scored], None
+                    continue
+                values, top_lps, top_ids = causal_lm.unpack_top(np.asarray(scored))  # [T], [T, top], [T, top]
+                out[i] = before + values.tolist(), before + [list(zip(j, v)) for j, v in
+                                                             zip(top_ids.tolist(), top_lps.tolist())]
+        return [([None] * len(items[i][0]), None) if row is None else row for i, row in enumerate(out)]
 
     def _prompt_tops(self, prompts: list[list[int]], k: int) -> list[list]:
         shift, out = int(self.add_start_token), []

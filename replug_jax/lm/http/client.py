@@ -49,6 +49,7 @@ from replug_jax.lm.http.echo import (
     parse_prompt_logprobs,
     parse_text_echo,
     select_continuation,
+    top_scores,
 )
 from replug_jax.lm.http.generation import http_generate
 from replug_jax.lm.http.probe import BATCH_PROMPTS, probe_requests  # noqa: F401 (BATCH_PROMPTS: re-exported)
@@ -120,10 +121,34 @@ class HTTPLM:
         items = [self.prepare_prompt(c, y) for c, y in zip(contexts, continuations)]  # every error before any request
         return self._score_items(items, progress)
 
+    @property
+    def gives_top_tokens(self) -> bool:
+        """Whether a scoring request also gives each continuation position's top tokens from the same pass, by id:
+        token-id prompts, `echo_from` honoured and tokens named by id (our server; the probe checks each)."""
+        return bool(self.token_prompts and self.echo_from and self.token_ids and not self.prompt_logprobs)
+
+    @property
+    def score_top(self):
+        """`score` with each continuation position's `top` most probable next tokens (`TopScores`, lm/blackbox.py),
+        from the scoring request itself (`logprobs=top`); only where `gives_top_tokens` (callers look: `hasattr`)."""
+        if not self.gives_top_tokens:
+            raise AttributeError(f"{self.base_url}: this server's scoring gives no top tokens by id from the scoring "
+                                 "pass (token-id prompts, echo_from and tokens named by id are needed)")
+        return self._score_top
+
+    def _score_top(self, contexts: Sequence[str], continuations: Sequence[str], top: int,
+                   progress: bool = False) -> list:
+        check_pairs(contexts, continuations)
+        items = [self.prepare_prompt(c, y) for c, y in zip(contexts, continuations)]
+        return self._score_items(items, progress, top)
+
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str], continuations: Sequence[str],
-                         prefix: str = "", progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+                         prefix: str = "", progress: bool = False, top: int = 0) -> list[tuple[np.ndarray, object]]:
         """(log p of each query token, of each continuation token) from one echoed prompt `context ∘ query ∘
-        continuation` per triple (the contract's `score_with_query`, token-id prompts only)."""
+        continuation` per triple (the contract's `score_with_query`, token-id prompts only). `top` > 0 (where
+        `gives_top_tokens`): the continuation's part as a `TopScores` (`score_top`), from that request too."""
+        if top and not self.gives_top_tokens:
+            self.score_top  # noqa: B018 - raises, naming what the server lacks
         check_query_triples(contexts, queries, continuations)
         if not self.token_prompts:
             raise BlackBoxServerError(f"{self.base_url}: log p(query | passage) needs token-id prompts, and this "
@@ -135,10 +160,14 @@ class HTTPLM:
         own_start = self._start == "server" and self._leading  # an empty context: the server's start token
         items = [(([] if own_start and not c and not prefix else ctx) + q + y, len(q) + len(y))
                  for c, (ctx, q, y) in zip(contexts, triples)]
-        return split_query_scores(self._score_items(items, progress), [len(q) for _, q, _ in triples])
+        scored = self._score_items(items, progress, top)
+        if top:
+            return [(x.logprobs[: len(q)], x.tail(len(q))) for x, (_, q, _) in zip(scored, triples)]
+        return split_query_scores(scored, [len(q) for _, q, _ in triples])
 
-    def _score_items(self, items: list, progress: bool) -> list[np.ndarray]:
-        """Prepared prompts scored in chunks of `prompts_per_request`, `concurrency` requests at a time."""
+    def _score_items(self, items: list, progress: bool, top: int = 0) -> list:
+        """Prepared prompts scored in chunks of `prompts_per_request`, `concurrency` requests at a time (`top` > 0:
+        as `TopScores`)."""
         chunks = [list(range(i, min(i + self.prompts_per_request, len(items))))
                   for i in range(0, len(items), self.prompts_per_request)]
         out: list[np.ndarray | None] = [None] * len(items)
@@ -146,7 +175,7 @@ class HTTPLM:
 
         pool = ThreadPoolExecutor(max(1, self.concurrency))
         try:
-            futures = {pool.submit(self.score_chunk, [items[i] for i in chunk]): chunk for chunk in chunks}
+            futures = {pool.submit(self.score_chunk, [items[i] for i in chunk], top=top): chunk for chunk in chunks}
             for future in tqdm(as_completed(futures), total=len(futures), disable=not progress, desc="http score",
                                unit="req"):
                 for i, lps in zip(futures[future], future.result()):
@@ -255,7 +284,7 @@ class HTTPLM:
     # ---- requests: public for the probe -----------------------------------------------------------------------
 
     def body(self, prompts: list, max_tokens: int, logprobs: int, starts: list[int] | None = None,
-             echo_from: bool | None = None) -> dict:
+             echo_from: bool | None = None, token_ids: bool = False) -> dict:
         """A completions request body; prompts are texts or token-id lists; `starts`: per prompt, the first token
         whose log-prob is needed, sent as `echo_from` where the probe found the server honours it (`echo_from`:
         that setting, None for the client's own)."""
@@ -265,6 +294,8 @@ class HTTPLM:
             body["echo_from"] = starts
         if self.model:
             body["model"] = self.model
+        if token_ids:  # top entries named by id ("token_id:N")
+            body["return_tokens_as_token_ids"] = True
         if self.prompt_logprobs:
             body.update(prompt_logprobs=0, max_tokens=max(1, max_tokens))
         else:
@@ -273,11 +304,11 @@ class HTTPLM:
 
     def completions(self, prompts: list, max_tokens: int, logprobs: int, optional: bool = False,
                     retries: int | None = None, starts: list[int] | None = None,
-                    echo_from: bool | None = None) -> list[dict]:
+                    echo_from: bool | None = None, token_ids: bool = False) -> list[dict]:
         """POST /completions; the choices in prompt order (their count checked). optional, retries: as
-        `Transport.post` (optional with retries=0: one try, and any failure raises `Refused`); starts, echo_from: as
-        `body`."""
-        body = self.body(prompts, max_tokens, logprobs, starts, echo_from)
+        `Transport.post` (optional with retries=0: one try, and any failure raises `Refused`); starts, echo_from,
+        token_ids: as `body`."""
+        body = self.body(prompts, max_tokens, logprobs, starts, echo_from, token_ids)
         reply = self.transport.post(self.base_url + "/completions", body, optional=optional, retries=retries)
         try:
             choices = sorted(reply["choices"], key=lambda c: c.get("index", 0))
@@ -322,20 +353,25 @@ class HTTPLM:
                          "the first prompt token (it adds no start-of-document token) and no start_text is usable "
                          f"({self._findings.get('start', 'not probed')}); pass start_text=")
 
-    def score_chunk(self, items: list, probing: bool = False, logprobs: int | None = None) -> list[np.ndarray]:
+    def score_chunk(self, items: list, probing: bool = False, logprobs: int | None = None,
+                    top: int = 0) -> list[np.ndarray]:
         """One request's scores; probing: one try, a refusal or failure raises `Refused`, prompts not counted;
-        logprobs: the request's `logprobs` (None: the client's probed setting)."""
+        logprobs: the request's `logprobs` (None: the client's probed setting); top > 0 (token-id prompts): the
+        continuations' top tokens too, up to the server's cap (`TopScores`, `echo.top_scores`)."""
         prompts = [p for p, _ in items]
         retries = 0 if probing else None
-        logprobs = self.logprobs if logprobs is None else logprobs
+        logprobs = min(top, self.top_logprobs) if top else self.logprobs if logprobs is None else logprobs
         if self.token_prompts:  # each prompt's log-probs are read from its continuation's (query's) first token on
             starts = [len(ids) - n for ids, n in items]
-            choices = self.completions(prompts, self.score_max_tokens, logprobs, probing, retries, starts)
+            choices = self.completions(prompts, self.score_max_tokens, logprobs, probing, retries, starts,
+                                       token_ids=bool(top))
         else:
             echoes = self.text_echoes(prompts, self.score_max_tokens, logprobs, probing, retries)
         if not probing:
             self.transport.count("prompts", len(prompts))
         try:
+            if self.token_prompts and top:
+                return [self._select_top(c, ids, n, top) for c, (ids, n) in zip(choices, items)]
             if self.token_prompts:
                 return [self._select_ids(c, ids, n) for c, (ids, n) in zip(choices, items)]
             return [select_continuation(e, p, b) for e, (p, b) in zip(echoes, items)]
@@ -345,6 +381,12 @@ class HTTPLM:
     def _select_ids(self, choice: dict, ids: list[int], n: int) -> np.ndarray:
         values = id_prompt_values(choice, len(ids), self._leading, self.score_max_tokens, self.prompt_logprobs)
         return continuation_array(values[-n:], first_is_prompt_start=n == len(ids) and self._leading == 0)
+
+    def _select_top(self, choice: dict, ids: list[int], n: int, top: int):
+        entries = (choice["logprobs"].get("top_logprobs") or [])[self._leading : self._leading + len(ids)]
+        if len(entries) != len(ids):
+            raise BlackBoxServerError(f"echoed {len(entries)} top entries for a prompt of {len(ids)} token ids")
+        return top_scores(self._select_ids(choice, ids, n), ids[len(ids) - n :], entries[len(ids) - n :], top)
 
     def _failure(self, message: str, optional: bool = False) -> BlackBoxServerError:
         if not optional:

@@ -158,3 +158,24 @@ def continuation_array(values: list[float | None], first_is_prompt_start: bool) 
     if not np.all(np.isfinite(out)) or out.max() > 1e-3:
         raise BlackBoxServerError("returned log-probabilities that are not finite numbers <= 0")
     return out
+
+
+def top_scores(values: np.ndarray, token_ids: list[int], entries: list, top: int) -> TopScores:
+    """A continuation's `TopScores` from its echoed tokens' top entries, named by id ("token_id:N": our server's
+    and vLLM's `return_tokens_as_token_ids`) and taken from the scoring pass (our server with `echo_from`).
+    values [T], token_ids [T], entries [T] ({label: log p} or None). A position whose entry is missing, names a
+    token by text, or holds fewer than `top` tokens says nothing about the others: its list is then the
+    continuation's own token at log p 0 (any other token may hold all of that pass's mass), which is a true bound
+    (method/greedy_match.py leaves such a position open unless the other passes decide it)."""
+    from replug_jax.lm.blackbox import TopScores
+    from replug_jax.lm.http.generation import label_id
+
+    top_lps = np.zeros((len(token_ids), top), np.float32)  # [T, top]
+    top_ids = np.repeat(np.asarray(token_ids, np.int64)[:, None], top, axis=1)  # [T, top]: unknown by default
+    for t, entry in enumerate(entries):
+        best = sorted(((label_id(k), v) for k, v in (entry or {}).items()), key=lambda kv: -kv[1] if
+                      isinstance(kv[1], (int, float)) else math.inf)[:top]
+        if len(best) == top and all(i is not None and isinstance(v, (int, float)) for i, v in best):
+            _check_values([v for _, v in best])
+            top_ids[t], top_lps[t] = [i for i, _ in best], [v for _, v in best]
+    return TopScores(np.asarray(values, np.float32), top_lps, top_ids, list(token_ids))
