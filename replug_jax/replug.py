@@ -30,7 +30,8 @@ from replug_jax.method import greedy_match, mixture, posterior
 from replug_jax.method.passages import DOC_TEMPLATE, document_passes, passage_text
 from replug_jax.retrieval.datastore import Datastore, Document, chunk_documents, document_from_record
 
-WEIGHTS = ("replug", "replug_posterior")  # the jobs' method names: the paper's λ, the LM's posterior
+WEIGHTS = ("replug", "replug_posterior", "uniform")  # the jobs' method names: the paper's λ, the LM's posterior, 1/k
+RETRIEVAL_WEIGHTS = ("replug", "uniform")  # λ from the retrieval alone (no LM call before mixing)
 QA = settings.QA_DEFAULTS  # the object's defaults are the QA job's (qa.py): one declaration
 RENAMED = {"retrieval": "replug", "posterior": "replug_posterior"}  # the names before 2026-11-28
 
@@ -56,7 +57,8 @@ class REPLUG:
     and a black-box LM; `k` passages per input, mixed with λ = softmax(s / `temperature`) (`weights="replug"`,
     the paper) or with the LM's posterior λ ∝ exp(s/τ + α log p(input | passage))
     (`weights="replug_posterior"`, α = `posterior_alpha`, method/posterior.py), which may score the input after the
-    top `rerank_depth` passages and keep the k best."""
+    top `rerank_depth` passages and keep the k best, or, for comparison, with equal weights λ = 1/k
+    (`weights="uniform"`, the official GPT-3 code's mixture)."""
 
     def __init__(self, lm, retriever, datastore: Datastore, *, k: int = QA["k"], temperature: float = QA["temperature"],
                  doc_template: str = DOC_TEMPLATE, weights: str = settings.QA_WEIGHTS,
@@ -159,8 +161,12 @@ class REPLUG:
         """(log λ = log softmax(s/τ) [D'], scores [D'], datastore rows [D']) of one query's passages found in
         `scores`, `rows` [1, D] (-1 rows left out)."""
         valid = rows >= 0  # [1, D]
-        log_w = np.asarray(mixture.log_weights_jax(scores, valid, self.temperature))[0][valid[0]]
+        log_w = np.asarray(mixture.log_weights_jax(self._weighed(scores, valid), valid, self.temperature))[0][valid[0]]
         return log_w, scores[0][valid[0]], rows[0][valid[0]]
+
+    def _weighed(self, scores, valid):
+        """The scores λ = softmax(· / τ) is taken of: the retrieval's, or with uniform weights 0 for every passage."""
+        return np.where(valid, 0.0, -np.inf).astype(np.float32) if self.weights == "uniform" else scores
 
     def _mixed_passes(self, queries: Sequence[str], texts: Sequence[str], continuations: Sequence[str],
                       top: int = 0, shots=None) -> list:
@@ -170,7 +176,7 @@ class REPLUG:
         LM call for all. `top` > 0 (an LM with `score_top`): the continuation's scores per pass as `TopScores`;
         `shots`: per input, the text its passes open with (`score_many`)."""
         found = self._retrieved_passes(queries, texts, shots)
-        if self.weights == "replug":
+        if self.weights in RETRIEVAL_WEIGHTS:
             return [(contexts, log_w, None, self._kept(rows, scores, log_w, None))
                     for contexts, log_w, scores, rows in found]
         flat = [(i, c) for i, (contexts, *_) in enumerate(found) for c in contexts]
@@ -235,7 +241,7 @@ class REPLUG:
         """(mixed log-probs per pair [T_i], is-greedy per pair or None) of `score_many` / `score_and_greedy`."""
         queries = list(contexts) if queries is None else list(queries)
         top = greedy_match.TOP if greedy and hasattr(self.lm, "score_top") else 0
-        if self.weights == "replug":
+        if self.weights in RETRIEVAL_WEIGHTS:
             scores, rows = self.retrieve(queries)  # [Q, k]
             passes, conts, where = document_passes(self.datastore, rows, contexts, continuations, self.doc_template,
                                                    shots)
@@ -243,6 +249,7 @@ class REPLUG:
             for (i, _), x in zip(where, self.lm.score_top(passes, conts, top) if top else self.lm.score(passes, conts)):
                 per_input[i].append(x)
             mask, tau = rows[:, : self.k] >= 0, self.temperature
+            scores = self._weighed(scores[:, : self.k], mask)
             log_w = ([w[m] for w, m in zip(np.asarray(mixture.log_weights_jax(scores[:, : self.k], mask, tau)), mask)]
                      if top else [None] * len(contexts))  # λ per pass, for is_greedy only
         else:  # the kept passes, their normalised log λ as scores at τ = 1 (softmax gives them back)
@@ -274,7 +281,7 @@ class REPLUG:
         prompts = list(prompts)
         found = self._retrieved_passes(prompts if queries is None else list(queries), prompts)
         contexts, log_w = [f[0] for f in found], [f[1] for f in found]
-        if self.weights == "replug":
+        if self.weights in RETRIEVAL_WEIGHTS:
             return self.lm.generate(contexts, log_w, max_new_tokens=max_new_tokens, stop=tuple(stop),
                                     shared_prefix=shots)
         return posterior.generate(self.lm, contexts, prompts, log_w, alpha=self.posterior_alpha, keep=self.k,
@@ -299,8 +306,8 @@ class REPLUG:
                           "<question>\\nAnswer:\" alone (zero-shot), and a small LM may answer in a sentence or not "
                           "at all; pass demos= (question, answer) pairs or rows of rj.read_questions (said once)",
                           stacklevel=2)
-        if self.weights == "replug":
-            answer = qa.answer_questions(self.lm, example, passages, scores, method="replug", ensemble="replug",
+        if self.weights in RETRIEVAL_WEIGHTS:
+            answer = qa.answer_questions(self.lm, example, passages, scores, method=self.weights, ensemble="replug",
                                          demo_prefix=prefix, temperature=self.temperature,
                                          max_new_tokens=max_new_tokens)[0]["prediction"]
             kept = self._kept(found_rows, found_scores, log_w, None)
@@ -362,7 +369,7 @@ def check_mixture(k: int, temperature: float, passages: int | None = None, weigh
              if value is not None}
     for key, value in (("k", k), ("temperature", temperature), *given.items()):
         settings.check_value(key, value, prefix="")  # the jobs' ranges (base/settings.py)
-    if weights == "replug" and given:
+    if weights in RETRIEVAL_WEIGHTS and given:
         unread = [f"{key}={value!r}" for key, value in given.items()]
         raise ValueError(f"{' and '.join(unread)} would be ignored: only weights=\"replug_posterior\" reads "
                          f"{'them' if len(unread) > 1 else 'it'} (weights=\"replug\" is the paper's λ)")

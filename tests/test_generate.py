@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import replug_jax as rj
-from replug_jax.method import mixture
+from replug_jax.method import logit_average, mixture
 from replug_jax.parallel import sharding
 from replug_jax.lm.local import LocalLM
 from replug_jax.models import causal_lm
@@ -30,8 +30,9 @@ def tiny_lm(request, tmp_path_factory):
     return LocalLM(lm.config, params, lm.tokenizer, name=request.param, batch_size=8)
 
 
-def reference(lm, contexts, log_weights, max_new, prefix=""):
-    """Greedy mixture decoding without a cache: every step re-runs each pass in full."""
+def reference(lm, contexts, log_weights, max_new, prefix="", average_logits=False):
+    """Greedy mixture decoding without a cache: every step re-runs each pass in full (average_logits: FlashRAG's
+    logit average, its numpy form, instead of REPLUG's mixture)."""
     tok = lm.tokenizer
     full = jax.jit(lambda ids, mask: causal_lm.logits(lm.params, lm.config, ids, mask))  # one shape: [1, 64]
     out = []
@@ -42,10 +43,14 @@ def reference(lm, contexts, log_weights, max_new, prefix=""):
             per_pass = []
             for r in rows:
                 ids, mask = sharding.pad_rows([r + tokens], 64, 0, 1)  # right padding: the last real position
-                per_pass.append(jax.nn.log_softmax(full(ids, mask)[0, len(r + tokens) - 1]))
+                per_pass.append((full(ids, mask)[0, len(r + tokens) - 1]))
             w = jnp.asarray(lw, jnp.float32)[None]
-            mix = mixture.mixed_logprobs_jax(jnp.stack(per_pass)[None], w, w > -jnp.inf, 1.0)[0]
-            tokens.append(int(jnp.argmax(mix)))
+            if average_logits:
+                mix = logit_average.logit_average(lw, np.stack(per_pass))
+            else:
+                per_pass = [jax.nn.log_softmax(z) for z in per_pass]
+                mix = mixture.mixed_logprobs_jax(jnp.stack(per_pass)[None], w, w > -jnp.inf, 1.0)[0]
+            tokens.append(int(np.argmax(mix)))
             lps.append(float(mix[tokens[-1]]))
         out.append((tokens, lps))
     return out
@@ -66,6 +71,22 @@ def test_mixture_decode_equals_full_recomputation(tiny_lm, prefix):
         # a character the budget cut is left out (its U+FFFD), as the server and vLLM leave it
         assert gen.finish_reason == "length" and gen.text == whole_characters(tiny_lm.tokenizer.decode(tokens))
     assert len({t for g in gens for t in g.token_ids}) > 3  # the decoder really moves between tokens
+
+
+def test_flashrag_logit_average_decodes_as_full_recomputation(tiny_lm):
+    """mixing="logits": FlashRAG's average of the passes' logits with weights s/Σs (method/logit_average.py), in the
+    same program as REPLUG's mixture; it decodes as the numpy reference recomputing every pass, and not as REPLUG."""
+    scores = [np.array([0.5, 0.3, 0.2]), np.array([0.7]), np.array([0.9, 0.1]), np.array([0.1, 0.2, 0.3, 0.4])]
+    weights = [logit_average.sum_normalised_log_weights(s, np.ones(len(s), bool)) for s in scores]
+    gens = tiny_lm.generate(CONTEXTS, weights, max_new_tokens=8, stop=(), mixing="logits")
+    expected = reference(tiny_lm, CONTEXTS, weights, 8, average_logits=True)
+    for gen, (tokens, lps) in zip(gens, expected):
+        assert gen.token_ids == tokens
+        np.testing.assert_allclose(gen.logprobs, lps, atol=1e-4)
+    replug = tiny_lm.generate(CONTEXTS, weights, max_new_tokens=8, stop=())
+    assert [g.logprobs for g in replug] != [g.logprobs for g in gens]  # the other mixing, really
+    with pytest.raises(ValueError, match="mixing='averaged'"):
+        tiny_lm.generate(CONTEXTS, weights, max_new_tokens=8, mixing="averaged")
 
 
 def test_stop_strings_end_generation_and_are_cut(tiny_lm):

@@ -407,9 +407,18 @@ def test_replug_object_gives_the_jobs_numbers(paths, tmp_path):
             obj = rj.REPLUG(lms[name], retriever, store, k=K, temperature=TAU, **mixing)
             out[name, weighting] = obj.score("The river Avon flows to the", " sea past the old mill.",
                                              query="river Avon")
+        obj = rj.REPLUG(lms[name], retriever, store, k=K, temperature=TAU, weights="uniform")
+        out[name, "uniform"] = obj.score("The river Avon flows to the", " sea past the old mill.", query="river Avon")
     for (name, weighting), lps in out.items():
         np.testing.assert_allclose(lps, out["local", weighting], atol=1e-4, err_msg=f"{name} {weighting}")
     np.testing.assert_allclose(out["local", "posterior_a0"], out["local", "replug"], atol=1e-6)
+    # uniform: λ = 1/k, REPLUG's mixture at a temperature so high that softmax(s / τ) is flat, and not REPLUG's at τ
+    store, retriever = datastore(lms["local"], encoder, tmp_path)
+    flat = rj.REPLUG(lms["local"], retriever, store, k=K, temperature=1e6, weights="replug")
+    np.testing.assert_allclose(out["local", "uniform"], flat.score("The river Avon flows to the",
+                                                                   " sea past the old mill.", query="river Avon"),
+                               atol=1e-5)
+    assert np.max(np.abs(np.asarray(out["local", "uniform"]) - out["local", "replug"])) > 1e-3
     window = Window("held-out", "river Avon", "The river Avon flows to the", " sea past the old mill.")
     store, retriever = datastore(lms["local"], encoder, tmp_path)
     for weighting, setting in WEIGHTINGS.items():  # the LM evaluation's own number for the same passes
@@ -485,15 +494,19 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
     numbers and QA the same answer texts, whole; a /tokenize without pieces is said in results.json's warnings."""
     lms, _, lm_dir, _, servers = paths
     weighting = "posterior_rerank"
-    want = job_results(lm_dir, "", paths, tmp_path, job, weighting, workdir=str(tmp_path / "local"))
-    got = job_results(servers[0].url, "", paths, tmp_path, job, weighting)
+    # QA: uniform weights (λ = 1/k, for comparison) listed too
+    more = {"methods": ("none", "replug", "replug_posterior", "uniform")} if job == "qa" else {}
+    want = job_results(lm_dir, "", paths, tmp_path, job, weighting, workdir=str(tmp_path / "local"), **more)
+    got = job_results(servers[0].url, "", paths, tmp_path, job, weighting, **more)
     metric = "perplexity" if job == "lm_eval" else "answer_nll"
     for method, value in want[metric].items():
         assert got[metric][method] == pytest.approx(value, rel=1e-4), method
     assert not [w for w in got["warnings"] if "token pieces" in w]
     assert got.get("passage_ids") == want.get("passage_ids")  # QA: the same passages mixed, named by the same ids
     if job == "qa":  # the answers' texts too (questions and passages in four scripts), and over the local tokenizer
-        local_tokenizer = job_results(servers[0].url, lm_dir, paths, tmp_path, job, weighting)
+        assert set(want["answer_nll"]) == set(more["methods"])
+        assert want["answer_nll"]["uniform"] != pytest.approx(want["answer_nll"]["replug"], rel=1e-4)
+        local_tokenizer = job_results(servers[0].url, lm_dir, paths, tmp_path, job, weighting, **more)
         texts = [[{m: row[m]["prediction"] for m in want["answer_nll"]} for row in r["rows"]]
                  for r in (want, got, local_tokenizer)]
         assert texts[0] == texts[1] == texts[2] and "\ufffd" not in json.dumps(texts, ensure_ascii=False)
@@ -501,7 +514,7 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
             assert local_tokenizer["answer_nll"][method] == pytest.approx(value, rel=1e-4), method
         # the local run's retrieval.jsonl given back, over the server: its numbers, answers and passages again
         given = job_results(servers[0].url, "", paths, tmp_path, job, weighting, corpus="",
-                            retrieval_file=str(tmp_path / "local" / "retrieval.jsonl"))
+                            retrieval_file=str(tmp_path / "local" / "retrieval.jsonl"), **more)
         for method, value in want["answer_nll"].items():
             assert given["answer_nll"][method] == pytest.approx(value, rel=1e-4), method
         assert given["passage_ids"] == want["passage_ids"] and given["encoder"] is None
@@ -509,6 +522,32 @@ def test_jobs_give_one_number_locally_and_over_http(paths, tmp_path, job):
     if job == "lm_eval":
         ids_only = job_results(servers[1].url, "", paths, tmp_path, job, weighting)
         assert [w for w in ids_only["warnings"] if "gives no token pieces" in w]
+
+
+def test_flashrag_is_one_number_alone_and_beside_other_methods_and_refused_over_http(paths, tmp_path):
+    """FlashRAG's logit average (method/logit_average.py, for comparison): a local-LM-only method, since it needs
+    every pass's whole next-token distribution. The QA job gives the same answers with it alone and beside REPLUG and
+    uniform (one program holds both mixings), records FlashRAG's weights s/Σs and says its answer NLL is not computed;
+    a server URL as the LM is refused in the job's first checks, naming the method."""
+    from replug_jax.base.errors import InputError
+
+    _, _, lm_dir, _, servers = paths
+    beside = job_results(lm_dir, "", paths, tmp_path, "qa", "replug", workdir=str(tmp_path / "beside"),
+                         methods=("replug", "uniform", "flashrag"))
+    alone = job_results(lm_dir, "", paths, tmp_path, "qa", "replug", workdir=str(tmp_path / "alone"),
+                        methods=("flashrag",))
+    assert ([row["flashrag"]["prediction"] for row in beside["rows"]]
+            == [row["flashrag"]["prediction"] for row in alone["rows"]])
+    assert beside["exact_match"]["flashrag"] == alone["exact_match"]["flashrag"]
+    assert set(beside["answer_nll"]) == {"replug", "uniform"} and "flashrag" in beside["answer_nll_not_computed"]
+    for row in beside["rows"]:
+        s = np.asarray(row["flashrag"]["passage_scores"])
+        np.testing.assert_allclose(np.exp(row["flashrag"]["log_weights"]), s / s.sum(), atol=1e-5)
+        np.testing.assert_allclose(np.exp(row["uniform"]["log_weights"]), np.full(len(s), 1 / len(s)), atol=1e-6)
+    started = time.time()
+    with pytest.raises(InputError, match="flashrag.*whole next-token distribution"):
+        job_results(servers[0].url, "", paths, tmp_path, "qa", "replug", methods=("replug", "flashrag"))
+    assert time.time() - started < 10
 
 
 def corpus_file(folder):
@@ -520,13 +559,15 @@ def corpus_file(folder):
 
 
 def object_mixing(weighting: str) -> dict:
-    """A weighting as the REPLUG object's and the harness's keyword arguments."""
+    """A weighting as the REPLUG object's and the harness's keyword arguments ("uniform": λ = 1/k)."""
+    if weighting == "uniform":
+        return {"weights": "uniform"}
     setting = WEIGHTINGS[weighting]
     return {"weights": "replug"} if setting is None else {
         "weights": "replug_posterior", "posterior_alpha": setting[0], "rerank_depth": setting[1]}
 
 
-@pytest.mark.parametrize("weighting", ["replug", "posterior_rerank"])
+@pytest.mark.parametrize("weighting", ["replug", "posterior_rerank", "uniform"])
 def test_the_harness_model_gives_one_number_on_every_path(paths, tmp_path, weighting):
     """lm-evaluation-harness's `replug` model (issue 71) on requests in several scripts: each continuation's
     log-likelihood, is_greedy (from the scoring pass's top tokens, over HTTP too: our server gives them) and

@@ -144,7 +144,7 @@ class REPLUGHarnessLM(LM):
     name, a path, a server URL, or from Python a loaded LM), tokenizer (for a URL: the server's model's tokenizer;
     none: its /tokenize), encoder, corpus (a file or folder as the jobs read it, or "sciq_support": the offline
     tasks' paragraphs), retrieval (instead of corpus: a retrieval file, DPR's or FiD's JSON / JSONL with "ctxs",
-    each request's passages those of its query's row, looked up by the query's text: retrieval/given.py), k (0: no retrieval), weights (replug, replug_posterior or none), temperature,
+    each request's passages those of its query's row, looked up by the query's text: retrieval/given.py), k (0: no retrieval), weights (replug, replug_posterior, uniform or none), temperature,
     posterior_alpha, rerank_depth, doc_tokens, doc_template, query (harness/queries.py), passages (context, example
     or example_and_shots: where each passage goes, `PASSAGE_LAYOUTS`), include_path, is_greedy,
     stride_tokens, query_tokens, context_tokens, workdir (the index saved and reused there, and the LM's answers

@@ -259,13 +259,19 @@ def _run_qa(config, lm, store, retrievers, questions, demos, method_finished=Non
     method's prediction and its exact-match / answer-in-passages flags). method_finished(methods finished so far,
     rows) is called as each method finishes."""
     results = {"ensemble": config.ensemble, "method_seconds": {}}  # each method's wall time, its evaluation included
+    skipped = {m: why for m, why in qa.NO_ANSWER_NLL.items() if m in config.methods}
+    if config.get("answer_nll", True) and skipped:
+        results["answer_nll_not_computed"] = skipped
+        console.phase("answer NLL not computed for " + "; ".join(f"{m}: {why}" for m, why in skipped.items()))
     results.update(_posterior_settings(config, len(store)))
     predictions = [{"id": q.id, "question": q.question, "answers": list(q.answers),
                     **fields_entry(q)} for q in questions]
     for done, method in enumerate(config.methods, 1):
         started = time.time()
         ensemble = "vote" if method == "vote" else config.ensemble  # "vote": REPLUG's passes, the official vote
-        mixing = f", ensemble={ensemble}" if method not in ("none", "concat") else ""  # one pass: nothing to mix
+        if method in qa.PER_TOKEN_ONLY:
+            ensemble = "replug"
+        mixing = f", ensemble={ensemble}" if method not in qa.ONE_PASS else ""  # one pass: nothing to mix
         console.phase(f"qa {method}: {len(questions)} questions" + (f", k={config.k}" if method != "none" else "")
                       + mixing)
         retriever = retrievers["replug_lsr" if method == "replug_lsr" else "replug"]
@@ -298,7 +304,7 @@ def _method_predictions(config, lm, store, retriever, questions, prefix: str, me
         _record_passages(preds, passage_ids(store, rows), scores, None if method == "concat" else log_w)
     if method == "concat":  # the passages a window-cut prompt still held
         concat_cuts.mark_generations(lm, questions, passages, preds, prefix, config.max_new_tokens)
-    if config.get("answer_nll", True) and method != "vote":  # vote mixes sequences, not tokens: no likelihood
+    if config.get("answer_nll", True) and method not in qa.NO_ANSWER_NLL:
         nll = answer_nll.answer_nll(lm, contexts, log_w, [q.answers for q in questions],
                                     prefix=prefix if config.get("answer_nll_demos", False) else "", progress=True)
         for p, value in zip(preds, nll):

@@ -113,6 +113,7 @@ def check_job_inputs(config) -> None:
     check_model("lm", config.lm)
     _check_lm_tokenizer(config)
     _check_http_client_keys(config)
+    _check_served_methods(config)
     _check_lm_model_parallel(config)
     check_model("encoder", config.encoder)
     _check_fractions(config)
@@ -213,6 +214,18 @@ def _check_lm_tokenizer(config) -> None:
 
 
 HTTP_CLIENT_DEFAULTS = dict(zip(settings.HTTP_CLIENT, (600.0, 5, 8)))  # the configs' values
+
+
+def _check_served_methods(config) -> None:
+    """FlashRAG's logit average needs every pass's whole next-token distribution: a served LM gives its top few."""
+    from replug_jax.method import logit_average
+
+    if (config.job == "qa" and config.lm.startswith(("http://", "https://"))
+            and logit_average.NAME in job_methods(config)):
+        raise InputError(f"--config.methods has {logit_average.NAME} (FlashRAG's average of the passes' logits), "
+                         f"which needs each pass's whole next-token distribution; --config.lm={config.lm!r} is a "
+                         f"server, which returns its top log-probs only: run it with a local LM, or drop "
+                         f"{logit_average.NAME}")
 
 
 def _check_http_client_keys(config) -> None:

@@ -62,8 +62,10 @@ class BlackBoxLM(Protocol):
     def generate(self, contexts: Sequence[Sequence[str]], log_weights, *, max_new_tokens: int,
                  stop: Sequence[str] = ("\n",), shared_prefix: str = "") -> list["Generation"]:
         """REPLUG's ensembled greedy decoding (module docstring): one Generation per question. Optional keywords an
-        LM may take (callers look before passing them): `progress`, and `on_answer(question, Generation)` called as
-        each answer completes, which `CachedLM` uses to store every answer at once (lm/cache.py)."""
+        LM may take (callers look before passing them): `progress`, `on_answer(question, Generation)` called as
+        each answer completes, which `CachedLM` uses to store every answer at once (lm/cache.py), and `mixing`
+        (MIXINGS: "logits", FlashRAG's logit average with log_weights = log w, needs every pass's whole next-token
+        distribution: the local LM only)."""
         ...
 
     def score_with_query(self, contexts: Sequence[str], queries: Sequence[str],
@@ -72,6 +74,18 @@ class BlackBoxLM(Protocol):
         log-probs of the query's tokens [T_q] and of the continuation's [T_c] (empty for an empty continuation).
         An LM with `score_top` also takes `top=n`: the continuation's part is then a `TopScores`."""
         ...
+
+
+MIXINGS = ("probabilities", "logits")  # generate(mixing=): REPLUG's λ-mixture; FlashRAG's logit average (local LMs)
+
+
+def check_mixing(mixing: str, posterior=None) -> str:
+    """`generate(mixing=)` checked: one of MIXINGS; FlashRAG's logit average has no posterior weights."""
+    if mixing not in MIXINGS:
+        raise ValueError(f"mixing={mixing!r}: one of {MIXINGS}")
+    if mixing == "logits" and posterior is not None:
+        raise ValueError("mixing='logits' (FlashRAG's logit average) takes its weights as given, not a posterior")
+    return mixing
 
 
 @dataclasses.dataclass

@@ -42,6 +42,7 @@ from replug_jax.base.progress import progress_keyword, tqdm
 from replug_jax.lm.blackbox import (
     Generation,
     check_generation_inputs,
+    check_mixing,
     check_pairs,
     check_query_triples,
     TopScores,
@@ -134,12 +135,13 @@ class CachedLM:
 
     def generate(self, contexts: Sequence[Sequence[str]], log_weights, *, max_new_tokens: int,
                  stop: Sequence[str] = ("\n",), shared_prefix: str = "", progress: bool = False,
-                 posterior: PrefillPosterior | None = None) -> list[Generation]:
+                 posterior: PrefillPosterior | None = None, mixing: str = "probabilities") -> list[Generation]:
         """The LM's `generate` (one `Generation` per question) through the cache: a question asked before with the
         same inputs is not decoded again."""
         weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K] float32, -inf: no pass
         head = json.dumps(["\0generate", shared_prefix, max_new_tokens, list(stop),
-                           [posterior.alpha, posterior.keep] if posterior else None])
+                           [posterior.alpha, posterior.keep] if posterior else None]
+                          + ([check_mixing(mixing, posterior)] if mixing != "probabilities" else []))
         keys = [self._key(head, *ctx, "\0weights\0" + weights[b, : len(ctx)].tobytes().hex(),
                           "\0query\0" + posterior.queries[b] if posterior else "")
                 for b, ctx in enumerate(contexts)]
@@ -147,6 +149,8 @@ class CachedLM:
         def compute(idx, bar, stored=None):
             extra = {"posterior": PrefillPosterior([posterior.queries[i] for i in idx], posterior.alpha,
                                                    posterior.keep)} if posterior else {}  # a contract without it too
+            if mixing != "probabilities":
+                extra["mixing"] = mixing
             if stored is not None:  # each answer into the file as it completes
                 extra["on_answer"] = lambda j, g: stored(idx[j], _as_json(g))
             gens = self.lm.generate([contexts[i] for i in idx], [log_weights[i] for i in idx],

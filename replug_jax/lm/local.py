@@ -122,18 +122,19 @@ class LocalLM:
                                                  dataclasses.asdict(self.config), tokenizer_fingerprint(self.tokenizer)])
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
-                 progress: bool = False, posterior=None, on_answer=None):
+                 progress: bool = False, posterior=None, on_answer=None, mixing: str = "probabilities"):
         """REPLUG's ensembled greedy decoding (the contract in lm/blackbox.py), with a KV cache per pass and
         the shared prefix computed once (lm/local_generate.py): one `Generation` per question. `posterior` (a
         `method.posterior.PrefillPosterior`): the weights are fixed at prefill from the LM's posterior over the passes.
-        `on_answer(question, Generation)`: called as each answer is decoded (a batch of questions at a time)."""
+        `on_answer(question, Generation)`: called as each answer is decoded (a batch of questions at a time).
+        `mixing="logits"`: FlashRAG's logit average with weights log w (method/logit_average.py), for comparison."""
         if self._generator is None:
             from replug_jax.lm.local_generate import LocalGenerator
 
             self._generator = LocalGenerator(self, self.generation_questions)
         return self._generator.generate(contexts, log_weights, max_new_tokens=max_new_tokens, stop=stop,
                                         shared_prefix=shared_prefix, progress=progress, posterior=posterior,
-                                        on_answer=on_answer)
+                                        on_answer=on_answer, mixing=mixing)
 
     def generation_room(self, prefix: str, max_new_tokens: int) -> int | None:
         """How many context tokens `generate` keeps after `prefix` (`blackbox.generation_room`)."""

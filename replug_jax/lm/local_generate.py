@@ -26,10 +26,11 @@ from jax.sharding import NamedSharding
 from replug_jax.lm.blackbox import (
     Generation,
     check_generation_inputs,
+    check_mixing,
     generation_prompt_ids,
     query_token_count,
 )
-from replug_jax.method import mixture, posterior as posterior_module
+from replug_jax.method import logit_average, mixture, posterior as posterior_module
 from replug_jax.method.posterior import PrefillPosterior
 from replug_jax.models import decoding, kv_cache, partition
 from replug_jax.models.detokenize import whole_characters
@@ -60,10 +61,12 @@ def query_bucket(longest: int) -> int:
     return sharding.round_up(longest, CONTEXT_MULTIPLE) if longest else 0
 
 
-def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, *, steps: int, dtype):
+def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit, average_logits=False, *,
+                   steps: int, dtype):
     """Greedy decoding of the λ-mixture (models/decoding.py), from rows whose next-token `logits` [B·K, V] are given.
 
-    log_weights [B, K] (-inf: no pass); stop_mask [V] bool; limit: tokens to generate (<= steps). Returns tokens
+    log_weights [B, K] (-inf: no pass); stop_mask [V] bool; limit: tokens to generate (<= steps); average_logits
+    (a traced bool): FlashRAG's logit average with weights log w instead (`mixed_next_logprobs`). Returns tokens
     [B, steps] int32, their mixture log-probs [B, steps] float32 and counts [B] (tokens generated, a stop token
     included)."""
     b, k = log_weights.shape
@@ -71,24 +74,29 @@ def mixture_decode(params, config, cache, logits, log_weights, stop_mask, limit,
     limits = jnp.full((b,), limit, jnp.int32)
     tokens, lps, counts, _ = decoding.greedy_decode(params, config, cache, logits, stop_mask, limits,
                                                     ~jnp.any(valid, axis=-1), steps=steps, dtype=dtype,
-                                                    next_logprobs=functools.partial(mixed_next_logprobs,
-                                                                                    log_weights=log_weights), rows=k)
+                                                    next_logprobs=functools.partial(
+                                                        mixed_next_logprobs, log_weights=log_weights,
+                                                        average_logits=average_logits), rows=k)
     return tokens, lps, counts
 
 
-def mixed_next_logprobs(logits, log_weights):
+def mixed_next_logprobs(logits, log_weights, average_logits=False):
     """The λ-mixture of each question's K passes: next-token logits [B·K, V], log λ [B, K] (-inf: no pass) ->
-    log-probs [B, V]."""
-    b, k = log_weights.shape
-    per_pass = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, -1)
-    return mixture.mixed_logprobs_jax(per_pass, log_weights, log_weights > -jnp.inf, 1.0)
+    log-probs [B, V]. average_logits (a bool, traced or not): FlashRAG's average of the logits with weights log w
+    instead (method/logit_average.py), for comparison; one program holds both, only the chosen one runs."""
+    def probabilities(logits, log_weights):
+        b, k = log_weights.shape
+        per_pass = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, -1)
+        return mixture.mixed_logprobs_jax(per_pass, log_weights, log_weights > -jnp.inf, 1.0)
+
+    return jax.lax.cond(average_logits, logit_average.logit_average_jax, probabilities, logits, log_weights)
 
 
-def decode_step(params, cache, logits, log_weights, *, config, dtype):
+def decode_step(params, cache, logits, log_weights, average_logits=False, *, config, dtype):
     """One step of `mixture_decode`'s loop for every question: the mixture's argmax appended to each of its passes
     -> (next-token logits [B·K, V], the cache). The loop body's work, compiled alone by the TPU plan (XLA's cost
     analysis counts a loop's body once, whatever its trip count: replug_jax/plan/costs.py)."""
-    token = jnp.argmax(mixed_next_logprobs(logits, log_weights), axis=-1).astype(jnp.int32)  # [B]
+    token = jnp.argmax(mixed_next_logprobs(logits, log_weights, average_logits), axis=-1).astype(jnp.int32)  # [B]
     return decoding.append_tokens(params, config, cache, token, jnp.ones_like(token, bool), log_weights.shape[1],
                                   dtype)
 
@@ -130,13 +138,15 @@ def prefill(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targe
     return cache, logits, log_weights, decode_weights, query_ll
 
 
-def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets, alpha, stop_mask, limit, *, config,
-         dtype, slots, steps, mesh, keep):
-    """`prefill`, then `mixture_decode` -> (tokens, log-probs, counts, log λ [B, K], log p(x | prefix, d) [B, K])."""
+def _run(params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets, alpha, stop_mask, limit,
+         average_logits, *, config, dtype, slots, steps, mesh, keep):
+    """`prefill`, then `mixture_decode` -> (tokens, log-probs, counts, log λ [B, K], log p(x | prefix, d) [B, K]);
+    average_logits: a bool scalar (FlashRAG's mixing, `mixed_next_logprobs`)."""
     cache, logits, log_weights, decode_weights, query_ll = prefill(
         params, prefix_ids, prefix_mask, ids, mask, log_weights, query_targets, alpha, config=config, dtype=dtype,
         slots=slots, mesh=mesh, keep=keep)
-    out = mixture_decode(params, config, cache, logits, decode_weights, stop_mask, limit, steps=steps, dtype=dtype)
+    out = mixture_decode(params, config, cache, logits, decode_weights, stop_mask, limit, average_logits, steps=steps,
+                         dtype=dtype)
     return (*out, log_weights, query_ll)
 
 
@@ -160,8 +170,9 @@ class LocalGenerator:
 
     def generate(self, contexts, log_weights, *, max_new_tokens: int, stop=("\n",), shared_prefix: str = "",
                  progress: bool = False, posterior: PrefillPosterior | None = None,
-                 on_answer=None) -> list[Generation]:
+                 on_answer=None, mixing: str = "probabilities") -> list[Generation]:
         weights = check_generation_inputs(contexts, log_weights, max_new_tokens)  # [B, K]
+        average_logits = np.bool_(check_mixing(mixing, posterior) == "logits")
         lm = self.lm
         prompt = functools.partial(generation_prompt_ids, lm.tokenizer, shared_prefix, max_length=lm.max_length,
                                    max_new_tokens=max_new_tokens, start_id=lm.start_id)
@@ -187,7 +198,7 @@ class LocalGenerator:
             idx = order[start : start + per_call]
             tokens, lps, counts, log_w, query_ll = self._batch(
                 [rows[i] for i in idx], weights[idx], [query_lengths[i] for i in idx], prefix_ids, prefix_mask,
-                stop_mask, max_new_tokens, steps, per_call, alpha, keep)
+                stop_mask, max_new_tokens, steps, per_call, alpha, keep, average_logits)
             for j, i in enumerate(idx):
                 g = self._to_generation(tokens[j, : counts[j]], lps[j, : counts[j]], stop, max_new_tokens)
                 if posterior:
@@ -218,7 +229,8 @@ class LocalGenerator:
                                  "shared prefix or the passages")
         return lengths
 
-    def _batch(self, rows, weights, query_lengths, prefix_ids, prefix_mask, stop_mask, limit, steps, n, alpha, keep):
+    def _batch(self, rows, weights, query_lengths, prefix_ids, prefix_mask, stop_mask, limit, steps, n, alpha, keep,
+               average_logits):
         lm = self.lm
         b, k = len(rows), weights.shape[1]
         width = context_bucket(max(len(r) for q in rows for r in q), lm.max_length)
@@ -237,7 +249,8 @@ class LocalGenerator:
         fn = self._function(slots, steps, keep)
         split = sharding.batch_sharding(lm.mesh)
         ids, mask, w, targets = jax.device_put((ids, mask, w, targets), split)
-        outs = fn(lm.params, prefix_ids, prefix_mask, ids, mask, w, targets, alpha, stop_mask, np.int32(limit))
+        outs = fn(lm.params, prefix_ids, prefix_mask, ids, mask, w, targets, alpha, stop_mask, np.int32(limit),
+                  average_logits)
         return tuple(np.asarray(sharding.local_copy(x))[:b] for x in outs)
 
     def _function(self, slots: int, steps: int, keep: int):

@@ -199,7 +199,8 @@ def generation(config, dtype, mesh, g: GenerationShape) -> Program:
         jitted = local_generate.generation_program(cfg, dtype, mesh, g.slots, g.steps, g.keep)
         rep = sharding.replicated(mesh)
         return jitted, _generation_inputs(cfg, dtype, mesh, g) + (abstract((cfg.vocab_size,), jnp.bool_, rep),
-                                                                   abstract((), jnp.int32, rep))
+                                                                   abstract((), jnp.int32, rep),
+                                                                   abstract((), jnp.bool_, rep))  # average_logits
 
     return Program(f"generation [{g.questions} questions x {g.passes} passes of {g.slots} slots after {g.prefix}, "
                    f"{g.steps} steps]",
@@ -231,7 +232,7 @@ def decode_step(config, dtype, mesh, g: GenerationShape) -> Program:
         logits = abstract((rows, cfg.vocab_size), jnp.float32, _batch(mesh))
         weights = abstract((g.questions, g.keep), jnp.float32, _batch(mesh))
         return jitted, (lm_params(cfg, dtype, mesh), _cache_args(cfg, dtype, mesh, rows, g.slots, g.prefix), logits,
-                        weights)
+                        weights, abstract((), jnp.bool_, sharding.replicated(mesh)))  # average_logits (FlashRAG's)
 
     flops = lm_flops(config, rows, g.prefix + g.width + g.steps / 2, rows)
     return Program(f"decode step [{g.questions} questions x {g.keep} passes of {g.slots} slots after {g.prefix}]",

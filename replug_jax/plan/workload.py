@@ -20,6 +20,7 @@ import os
 
 import jax.numpy as jnp
 
+from replug_jax.evaluate import qa
 from replug_jax.lm import local, local_generate
 from replug_jax.lm.shared_prefix import MIN_SHARED_PREFIX
 from replug_jax.parallel import sharding
@@ -223,7 +224,7 @@ def qa_phases(config, lm, encoder, encoder_length, meshes, counts: Counts, sizes
         phases.append(generation_phase(f"{method}: generation", lm, config, meshes, dtype, questions=questions,
                                        passes=passes, keep=keep, prefix=prefix, pass_tokens=pass_tokens, query=query,
                                        answer=sizes.answer))
-        if config.get("answer_nll", True) and method != "vote":
+        if config.get("answer_nll", True) and method not in qa.NO_ANSWER_NLL:
             scored = keep if method != "replug_posterior" else passes
             rows = counts.questions * scored * sizes.answers_per_question
             phases.append(scoring_phase(f"{method}: answer NLL", lm, config, meshes, dtype,
