@@ -17,6 +17,8 @@ TINY = {
                   "--set", "checkpoint_every=1"], "qs_sum_b0.1_96x3/results.json"),
     "lsr_headroom": (["--cache_dir", "WORK/shared", "--lm_cache", "WORK/lm_cache.sqlite", "--depth", "2", "--k", "1",
                       "--every", "40", "--seeds", "1", "--out", "WORK/headroom.json"], "headroom.json"),
+    "methods_compared": (["--datasets", "nq", "--nq_retrieval", "examples/own_data/retrieval.json", "--ks", "2",
+                          "--nq_questions", "2", "--workdir", "WORK"], "table.md"),
     "posterior_sweep": (["--workdir", "WORK", "--heldout", "2", "--dev", "2", "--depth", "4"], "table.md"),
     "posterior_windows": (["--workdir", "WORK", "--eval_docs", "1", "--windows_per_doc", "1"], "table.md"),
     "qa_headroom": (["--questions", "2", "--depth", "2", "--k", "1", "--cache_dir", "WORK/shared", "--lm_cache",
