@@ -82,7 +82,7 @@ def nq_given_file(args) -> str:
 def run_config(args, dataset: str, k: int, nq_file: str):
     """The QA job's config of one (dataset, k) run."""
     shared = os.path.join(args.workdir, dataset)
-    common = dict(lm=args.lm, k=k, methods=METHODS, cache_dir=os.path.join(shared, "shared"),
+    common = dict(lm=args.lm, k=k, methods=tuple(args.methods.split(",")), cache_dir=os.path.join(shared, "shared"),
                   lm_cache=os.path.join(shared, "lm_cache.sqlite"))
     if dataset == "sciq":
         config = sibling_config(os.path.join(CONFIGS, "sciq.py"), "sciq.py")
@@ -90,7 +90,7 @@ def run_config(args, dataset: str, k: int, nq_file: str):
     else:  # the given file's own questions and answers (no --config.questions), its first NQ_SHOTS rows the demos
         config = sibling_config(os.path.join(CONFIGS, "qa.py"), "qa.py")
         config.update(dict(common, questions="", retrieval_file=nq_file, shots=NQ_SHOTS, max_new_tokens=12,
-                           lm_batch_size=8, max_questions=args.nq_questions))
+                           lm_batch_size=8, max_questions=args.nq_questions, temperature=args.nq_temperature))
     return config
 
 
@@ -106,11 +106,11 @@ def run(args, dataset: str, k: int, nq_file: str) -> tuple[dict, list[dict]]:
         return results, [json.loads(line) for line in f if line.strip()]
 
 
-def method_rows(runs: dict[int, tuple[dict, list[dict]]]) -> list[dict]:
+def method_rows(runs: dict[int, tuple[dict, list[dict]]], methods: list[str]) -> list[dict]:
     """table.json's rows of one dataset: per method and k, EM, answer NLL (None where the method has none), recall,
     and the EM difference from replug at the same k with its 95% interval."""
     rows = []
-    for method in METHODS:
+    for method in methods:
         for k, (results, preds) in runs.items():
             em = np.array([p[method]["exact_match"] for p in preds], float)
             base = np.array([p["replug"]["exact_match"] for p in preds], float)
@@ -124,14 +124,14 @@ def method_rows(runs: dict[int, tuple[dict, list[dict]]]) -> list[dict]:
     return rows
 
 
-def markdown(title: str, rows: list[dict]) -> str:
+def markdown(title: str, rows: list[dict], methods: list[str]) -> str:
     """One dataset's table: a line per method, EM and answer NLL at each k, then EM minus replug's per k."""
     ks = sorted({r["k"] for r in rows})
     cell = {(r["method"], r["k"]): r for r in rows}
     head = (["method", "whose"] + [f"EM k={k}" for k in ks] + [f"NLL k={k}" for k in ks]
             + [f"EM − replug k={k} (95% CI)" for k in ks])
     lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (3 * len(ks))]
-    for method in METHODS:
+    for method in methods:
         got = [cell[(method, k)] for k in ks]
         nll = ["—" if r["answer_nll"] is None else f"{r['answer_nll']:.3f}" for r in got]
         diff = ["" if method == "replug" else
@@ -152,10 +152,16 @@ def main(argv=None):
     ap.add_argument("--ks", default=",".join(map(str, KS)), help=f"comma list of k (at most {NQ_DEPTH} for nq)")
     ap.add_argument("--sciq_questions", type=int, default=30, help="SciQ's held-out questions (sciq.py's split)")
     ap.add_argument("--nq_questions", type=int, default=30, help="NQ-open's questions after the demos (0: all)")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma list, replug first (the intervals' "
+                    "baseline); a served LM (--lm URL): without flashrag, which needs every pass's logits")
+    ap.add_argument("--nq_temperature", type=float, default=0.03, help="τ over the NQ file's scores (0.03: MiniLM's "
+                    "cosine scores, qa.py's; DPR's inner products, tens apart, want a τ of a few units)")
     ap.add_argument("--nq_retrieval", default="", help="a DPR/FiD retrieval file for NQ-open instead of WORKDIR/"
                     "nq_given/retrieval.jsonl (its rows are the questions; the first 3 the demos)")
     args = ap.parse_args(argv)
-    datasets, ks = args.datasets.split(","), [int(k) for k in args.ks.split(",")]
+    datasets, ks, methods = args.datasets.split(","), [int(k) for k in args.ks.split(",")], args.methods.split(",")
+    if methods[0] != "replug" or not set(methods) <= set(METHODS):
+        raise SystemExit(f"--methods {args.methods!r}: replug first, then any of {', '.join(METHODS[1:])}")
     if not set(datasets) <= {"nq", "sciq"}:
         raise SystemExit(f"--datasets {args.datasets!r}: a comma list of nq, sciq")
     started = time.time()
@@ -164,9 +170,9 @@ def main(argv=None):
               "nq": f"NQ-open from a given retrieval file ({nq_file}), LM {args.lm}"}
     tables, texts = {}, []
     for dataset in datasets:
-        rows = method_rows({k: run(args, dataset, k, nq_file) for k in ks})
+        rows = method_rows({k: run(args, dataset, k, nq_file) for k in ks}, methods)
         tables[dataset] = rows
-        texts.append(markdown(titles[dataset], rows))
+        texts.append(markdown(titles[dataset], rows, methods))
     text = "\n\n".join(texts) + f"\n\nTotal {(time.time() - started) / 60:.1f} min"
     with open(os.path.join(args.workdir, "table.json"), "w", encoding="utf-8") as f:
         json.dump({"lm": args.lm, "nq_retrieval": nq_file or None, "tables": tables}, f, indent=1, ensure_ascii=False)

@@ -227,6 +227,19 @@ def test_mistaken_files_are_refused_naming_the_problem(files, tmp_path):
                                       retriever_workdir=str(tmp_path)))
 
 
+def test_dprs_json_list_is_taken_as_the_questions_file_and_a_plain_json_list_refused(files, tmp_path):
+    """Questions and answers may come from the retrieval file itself, named as --config.questions too: DPR's
+    retriever writes one JSON list, which the questions check refused as "a JSON array" the job does not read."""
+    path = _hand_file(tmp_path / "hand.json", as_json=True)
+    check_job_inputs(_hand_config(files, path, questions=path, demos=path))
+    assert [q.id for q in job.load_sets(_hand_config(files, path, questions=path), "qa")[0]] == ["q1", "q2"]
+    plain = _hand_file(tmp_path / "plain.json", [{"question": r["question"], "answers": r["answers"]} for r in HAND],
+                       as_json=True)
+    with pytest.raises(InputError, match=r"is a JSON array file, which the job does not read: give JSON Lines .*, "
+                                         r"or a DPR/FiD retrieval file"):
+        check_job_inputs(_hand_config(files, path, questions=plain))
+
+
 def test_the_reader_keeps_every_passage_once_and_its_own_fields(tmp_path):
     given = read_given(_hand_file(tmp_path / "hand.jsonl"))
     assert len(given.store) == 5  # p-velmora once, though two questions are given it

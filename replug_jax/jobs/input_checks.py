@@ -52,10 +52,11 @@ NOT_READ = {".csv": "a CSV", ".xlsx": "an Excel", ".xls": "an Excel", ".parquet"
             ".tar": "a tar", ".pkl": "a pickle", ".npy": "a NumPy"}
 DOCUMENT_FORMATS = ('JSON Lines (one {"text": ..., "title"?: ..., "id"?: ...} object per line), a UTF-8 .txt file '
                     "or a folder of .txt files")
+QUESTION_FORMATS = ('JSON Lines (one {"question": ..., "answers": [...]} object per line), or a DPR/FiD retrieval file '
+                    '(rows with "ctxs")')
 TAKES = {"corpus": DOCUMENT_FORMATS + ", or DPR's psgs_w100.tsv", "eval_data": DOCUMENT_FORMATS,
          "train_data": DOCUMENT_FORMATS + ', or JSON Lines of {"question": ..., "answers": [...]}',
-         "questions": 'JSON Lines (one {"question": ..., "answers": [...]} object per line)',
-         "demos": 'JSON Lines (one {"question": ..., "answers": [...]} object per line)'}
+         "questions": QUESTION_FORMATS, "demos": QUESTION_FORMATS}
 
 
 def _check_format(key: str, path: str) -> None:
@@ -68,8 +69,17 @@ def _check_format(key: str, path: str) -> None:
         with open(path, "rb") as f:
             start = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
         kind = "a JSON array" if start.startswith(b"[") else None
+        if kind and key in ("questions", "demos") and _holds_ctxs(path):
+            return  # DPR's / FiD's retrieval file: its rows' questions and answers are read (question_sets.load_qa)
     if kind is not None:
         raise InputError(f"--config.{key}={path!r} is {kind} file, which the job does not read: give {TAKES[key]}")
+
+
+def _holds_ctxs(path: str) -> bool:
+    """Whether a JSON array file's first row has "ctxs" (a DPR/FiD retrieval file), read from its first MiB: a row's
+    question and answers come before its passages there."""
+    with open(path, "rb") as f:
+        return b'"ctxs"' in f.read(1 << 20)
 
 
 ROLES = {"lm": "an LM", "encoder": "an encoder"}
