@@ -166,7 +166,7 @@ class REPLUG:
 
     def _weighed(self, scores, valid):
         """The scores λ = softmax(· / τ) is taken of: the retrieval's, or with uniform weights 0 for every passage."""
-        return np.where(valid, 0.0, -np.inf).astype(np.float32) if self.weights == "uniform" else scores
+        return mixture.uniform_scores(valid) if self.weights == "uniform" else scores
 
     def _mixed_passes(self, queries: Sequence[str], texts: Sequence[str], continuations: Sequence[str],
                       top: int = 0, shots=None) -> list:

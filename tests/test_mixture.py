@@ -75,6 +75,17 @@ def test_ties_give_uniform_weights_and_mean_probability():
     np.testing.assert_allclose(out, np.log(np.exp(lp.astype(np.float64)).mean(1)), rtol=1e-5, atol=1e-6)
 
 
+def test_uniform_scores_give_one_over_k_of_the_valid_documents_at_any_temperature():
+    mask = np.array([[True, True, True, True], [True, True, False, False], [False, True, False, True]])
+    scores = mixture.uniform_scores(mask)  # [3, 4]
+    want = mask / mask.sum(1, keepdims=True)
+    for tau in (0.03, 1.0, 7.0):
+        np.testing.assert_allclose(np.exp(mixture.log_weights_jax(scores, mask, tau)), want, rtol=1e-6)
+        np.testing.assert_allclose(np.exp(mixture.log_weights(scores, mask, tau)), want, rtol=1e-12)
+    np.testing.assert_allclose(np.exp(mixture.renormalised(scores)), want, rtol=1e-12)
+    assert scores.dtype == np.float32 and np.isneginf(scores[~mask]).all()
+
+
 def test_minus_inf_scores_and_masked_nan_logprobs():
     lp, scores, mask = case()
     scores[0, 0] = -np.inf  # weight 0, but its logprobs are still finite

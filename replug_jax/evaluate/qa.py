@@ -64,7 +64,7 @@ def method_passes(questions, passages: list[list[str]], scores: np.ndarray, *, m
     contexts = [[question_block(q.question, p) for p in ps] for q, ps in zip(questions, passages)]
     valid = np.asarray([[j < len(ps) for j in range(scores.shape[1])] for ps in passages])
     if method == "uniform":
-        log_w = mixture.renormalised(np.where(valid, 0.0, -np.inf))  # [Q, K]
+        log_w = mixture.renormalised(mixture.uniform_scores(valid))  # [Q, K]
     elif method == logit_average.NAME:
         log_w = logit_average.sum_normalised_log_weights(scores, valid, [q.question for q in questions])  # [Q, K]
     else:

@@ -60,6 +60,12 @@ def log_weights(scores, doc_mask, temperature: float = 1.0) -> np.ndarray:
     return renormalised(np.where(valid, (np.where(valid, s, 0.0) - top) / temperature, -np.inf))
 
 
+def uniform_scores(doc_mask) -> np.ndarray:
+    """Scores [..., K] whose softmax at any τ is λ = 1/k over each row's valid documents: 0 where valid, -inf
+    elsewhere, float32. The uniform mixture (the official GPT-3 path's logsumexp − log k) as REPLUG's weights."""
+    return np.where(np.asarray(doc_mask, bool), 0.0, -np.inf).astype(np.float32)
+
+
 def renormalised(log_weights) -> np.ndarray:
     """Log weights [..., K] (-inf: none) shifted to sum to 1 over each row's others, float64; a row without any stays
     all -inf. The one renormalisation of the host: REPLUG's softmax and the posterior's kept passages alike."""
