@@ -25,8 +25,9 @@ passage; τ 0.03 over the file's scores). --nq_retrieval FILE reads another LM's
 One QA job per (dataset, k), all methods in it; a dataset's runs share one datastore and one LM-score cache (the
 zero-shot passes that weigh the posterior and score the answers are the same at every k). WORKDIR/table.md and
 table.json: EM, answer NLL (nats per answer, zero-shot passes; vote and flashrag have none: they mix decoded answers
-or logits, not probabilities), answer recall@k, and the 95% bootstrap interval of each method's per-question EM
-difference from replug at the same k. A finished run of the same config is reused; a killed one resumes from the
+or logits, not probabilities), answer recall@k, and each method's per-question EM and answer-NLL differences from
+replug at the same k with their 95% bootstrap intervals (on a few dozen questions an EM is a handful of answers; the
+NLL difference is the finer measure). A finished run of the same config is reused; a killed one resumes from the
 LM cache.
 """
 from __future__ import annotations
@@ -115,29 +116,38 @@ def method_rows(runs: dict[int, tuple[dict, list[dict]]], methods: list[str]) ->
             em = np.array([p[method]["exact_match"] for p in preds], float)
             base = np.array([p["replug"]["exact_match"] for p in preds], float)
             nll = [p[method].get("answer_nll") for p in preds]
+            nll_diff = None if None in nll else np.array(nll) - np.array([p["replug"]["answer_nll"] for p in preds])
             rows.append({"method": method, "k": k, "questions": len(preds), "exact_match": 100 * em.mean(),
                          "answer_nll": None if None in nll else float(np.mean(nll)),
                          "answer_recall": results["answer_recall"].get(method),
                          "em_diff_vs_replug": 100 * (em.mean() - base.mean()),
                          "em_diff_ci": list(bootstrap(100 * (em - base))),
+                         "nll_diff_vs_replug": None if nll_diff is None else float(nll_diff.mean()),
+                         "nll_diff_ci": None if nll_diff is None else list(bootstrap(nll_diff)),
                          "run_minutes": results["seconds"] / 60})
     return rows
 
 
 def markdown(title: str, rows: list[dict], methods: list[str]) -> str:
-    """One dataset's table: a line per method, EM and answer NLL at each k, then EM minus replug's per k."""
+    """One dataset's tables: a line per method with EM and answer NLL at each k, then each method's per-question
+    differences from replug (EM points, NLL nats) with their 95% intervals."""
     ks = sorted({r["k"] for r in rows})
     cell = {(r["method"], r["k"]): r for r in rows}
-    head = (["method", "whose"] + [f"EM k={k}" for k in ks] + [f"NLL k={k}" for k in ks]
-            + [f"EM − replug k={k} (95% CI)" for k in ks])
-    lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (3 * len(ks))]
+    head = ["method", "whose"] + [f"EM k={k}" for k in ks] + [f"NLL k={k}" for k in ks]
+    lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (2 * len(ks))]
     for method in methods:
         got = [cell[(method, k)] for k in ks]
         nll = ["—" if r["answer_nll"] is None else f"{r['answer_nll']:.3f}" for r in got]
-        diff = ["" if method == "replug" else
-                f"{r['em_diff_vs_replug']:+.1f} ({r['em_diff_ci'][0]:+.1f}, {r['em_diff_ci'][1]:+.1f})" for r in got]
-        lines.append("| " + " | ".join([method, WHOSE[method]] + [f"{r['exact_match']:.1f}" for r in got] + nll + diff)
-                     + " |")
+        lines.append("| " + " | ".join([method, WHOSE[method]] + [f"{r['exact_match']:.1f}" for r in got] + nll) + " |")
+    head = ["method"] + [f"EM − replug k={k}" for k in ks] + [f"NLL − replug k={k}" for k in ks]
+    lines += ["", "Per-question differences from replug at the same k, mean (95% bootstrap interval):", "",
+              "| " + " | ".join(head) + " |", "|---|" + "---:|" * (2 * len(ks))]
+    for method in methods[1:]:
+        got = [cell[(method, k)] for k in ks]
+        em = [f"{r['em_diff_vs_replug']:+.1f} ({r['em_diff_ci'][0]:+.1f}, {r['em_diff_ci'][1]:+.1f})" for r in got]
+        nll = ["—" if r["nll_diff_vs_replug"] is None else f"{r['nll_diff_vs_replug']:+.3f} "
+               f"({r['nll_diff_ci'][0]:+.3f}, {r['nll_diff_ci'][1]:+.3f})" for r in got]
+        lines.append("| " + " | ".join([method] + em + nll) + " |")
     minutes = ", ".join(f"k={k} {cell[('replug', k)]['run_minutes']:.1f}" for k in ks)
     recall = ", ".join(f"k={k} {cell[('replug', k)]['answer_recall']:.1f}" for k in ks)
     return "\n".join(lines) + (f"\n\n{rows[0]['questions']} questions; answer recall@k (replug's passages) {recall}; "
