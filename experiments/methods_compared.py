@@ -128,6 +128,11 @@ def method_rows(runs: dict[int, tuple[dict, list[dict]]], methods: list[str]) ->
     return rows
 
 
+def interval(mean, ci, digits: int) -> str:
+    """A difference and its 95% interval as "+m (+lo, +hi)"; "—" where the method has none."""
+    return "—" if mean is None else f"{mean:+.{digits}f} ({ci[0]:+.{digits}f}, {ci[1]:+.{digits}f})"
+
+
 def markdown(title: str, rows: list[dict], methods: list[str]) -> str:
     """One dataset's tables: a line per method with EM and answer NLL at each k, then each method's per-question
     differences from replug (EM points, NLL nats) with their 95% intervals."""
@@ -144,9 +149,8 @@ def markdown(title: str, rows: list[dict], methods: list[str]) -> str:
               "| " + " | ".join(head) + " |", "|---|" + "---:|" * (2 * len(ks))]
     for method in methods[1:]:
         got = [cell[(method, k)] for k in ks]
-        em = [f"{r['em_diff_vs_replug']:+.1f} ({r['em_diff_ci'][0]:+.1f}, {r['em_diff_ci'][1]:+.1f})" for r in got]
-        nll = ["—" if r["nll_diff_vs_replug"] is None else f"{r['nll_diff_vs_replug']:+.3f} "
-               f"({r['nll_diff_ci'][0]:+.3f}, {r['nll_diff_ci'][1]:+.3f})" for r in got]
+        em = [interval(r["em_diff_vs_replug"], r["em_diff_ci"], 1) for r in got]
+        nll = [interval(r["nll_diff_vs_replug"], r["nll_diff_ci"], 3) for r in got]
         lines.append("| " + " | ".join([method] + em + nll) + " |")
     minutes = ", ".join(f"k={k} {cell[('replug', k)]['run_minutes']:.1f}" for k in ks)
     recall = ", ".join(f"k={k} {cell[('replug', k)]['answer_recall']:.1f}" for k in ks)
