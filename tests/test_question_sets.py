@@ -268,6 +268,17 @@ def test_answer_recall_word_boundaries():
     assert not answer_recall(["new york"], ["new yorker magazine"])
 
 
+def test_answer_recall_in_scripts_written_without_spaces():
+    """A Japanese, Chinese or Thai answer inside a sentence is found (no spaces mark its word boundaries); spaced
+    scripts keep their word boundaries, and a mixed answer matches across the script change."""
+    assert answer_recall(["約2830メートル"], ["白馬山荘は白馬岳の山頂近くにある山小屋で、標高は約2830メートルです。"])
+    assert answer_recall(["北京"], ["中国的首都是北京。"]) and not answer_recall(["上海"], ["中国的首都是北京。"])
+    assert answer_recall(["ไทย"], ["ภาษาไทยเป็นภาษาราชการ"])
+    assert answer_recall(["4130 метров"], ["на высоте 4130 метров."])
+    assert not answer_recall(["4130 метр"], ["на высоте 4130 метров."])  # Cyrillic: word boundaries as before
+    assert not answer_recall(["2830メ"], ["標高は約12830メートル"])  # digits stay one word beside CJK
+
+
 # ---- the offline demo's question filter ----
 
 def test_covered_questions_synthetic():

@@ -2,7 +2,9 @@
 with its `SimpleTokenizer`): the passage and each answer NFD-normalised, split into tokens (runs of letters, digits
 and combining marks, or any single other non-space character), lowercased, and an answer's token sequence looked for
 among the passage's. This is the `has_answer` of DPR's and FiD's retrieval files and their top-k accuracy; the QA job's
-own answer recall (evaluate/qa_metrics.py) normalises as SQuAD does and can differ from it on punctuation.
+own answer recall (evaluate/qa_metrics.py) normalises as SQuAD does and can differ from it on punctuation, and in
+scripts written without spaces, where DPR's tokens are whole clauses ("標高は約2830メートルです" is one) and an answer
+inside one is not found: DPR's number, kept as DPR computes it.
 
     has_answer(["Paris"], "The capital is Paris.")   # True
     has_answer(["U.S."], "the U.S. army")            # True: tokens u . s .
