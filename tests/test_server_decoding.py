@@ -17,7 +17,9 @@ import pytest
 import replug_jax as rj
 from replug_jax.models import causal_lm
 from replug_jax.models.detokenize import IncrementalText, token_shares
+from replug_jax.parallel import sharding
 from replug_jax.serve import BackgroundServer
+from replug_jax.server import decoding_batch
 from tests import hf_tiny
 
 PROMPTS = ["The capital of France is", "Once", "a b c d e f g h i j k l m n o p", "Numbers: 1 2 3"]
@@ -267,6 +269,55 @@ def test_rows_finishing_before_a_row_below_them_repack_without_losing_it(served)
         alone = engine.generate(prompt, n, 0).result(timeout=120)
         assert [t for t, _, _ in got] == [t for t, _, _ in alone] and len(got) == n
         np.testing.assert_allclose([v for _, v, _ in got], [v for _, v, _ in alone], atol=1e-4, rtol=0)
+
+
+def test_a_prompt_joining_decoding_rows_takes_slots_ending_where_theirs_end(served):
+    """Issue 85, item 5: a prompt admitted while a row decodes is written into the slots that end where the written
+    ones end, so no row's slots move on and the cache every decoding step reads stays as wide as its longest row
+    (each admitted prompt once widened it by its own width, a few hundred slots for each of REPLUG's passes). Both come out as decoded alone."""
+    lm, server = served
+    engine = server.app.state.engine
+    batch = engine._decoding
+    long_prompt, short_prompt = lm.tokenizer.encode("Once"), lm.tokenizer.encode(PROMPTS[0])
+    written = []  # (slots written before a prompt's admission, after it)
+    admit = batch._admit
+
+    def observed_admit():
+        before, waiting = batch._length, bool(batch.waiting)
+        admit()
+        if waiting:
+            written.append((before, batch._length))
+
+    batch._admit = observed_admit
+    try:
+        long = engine.generate(long_prompt, 120, 0)
+        deadline = time.time() + 60
+        while True:  # under the engine's lock: between two chunks, the long row past the short prompt's width
+            with engine.working:
+                if written and engine.decoding_rows == 1 and batch._length >= 64:  # the long row admitted, decoding
+                    short = engine.generate(short_prompt, 5, 0)
+                    break
+            assert not long.done(), "the long row ended before the short prompt could join it"
+            assert time.time() < deadline
+            time.sleep(0.001)
+        short_tokens, long_tokens = short.result(timeout=60), long.result(timeout=120)
+    finally:
+        batch._admit = admit
+    assert len(written) == 2 and written[1][0] >= 64, written  # the long prompt's, then the short one's beside it
+    assert written[1][1] <= written[1][0], written  # no wider (a repack to 2 rows may compact the long row's slots)
+    for prompt, n, got in [(long_prompt, 120, long_tokens), (short_prompt, 5, short_tokens)]:
+        alone = engine.generate(prompt, n, 0).result(timeout=120)
+        assert [t for t, _, _ in got] == [t for t, _, _ in alone]
+        np.testing.assert_allclose([v for _, v, _ in got], [v for _, v, _ in alone], atol=1e-4, rtol=0)
+
+
+def test_resumed_prompts_pad_their_own_tokens_to_the_length_bucket(served):
+    """A prompt resumed from a kept row computes its own tokens padded to their length bucket (150: 160), not to the
+    power of two (256): prefill is compute-bound on a CPU, so every padded token costs as a real one."""
+    lm, _ = served
+    plan = decoding_batch._Resumed.plan([(list(range(200)), 50)], lm)
+    assert plan.width == sharding.length_bucket(150, lm.length_multiple, lm.max_length) < 256
+    assert plan.inserted >= 200 and plan.slots >= 50 + plan.width
 
 
 def test_a_generation_finishes_while_scoring_keeps_the_queue_full(served):

@@ -17,10 +17,13 @@ A short request admitted beside a long one leaves after its own tokens. The batc
 least the busy ones, at most `max_rows`) and a power of two of slots (SLOT_MULTIPLE at least); when a row's tokens
 would pass the slots, the busy rows are repacked (kv_cache.take_rows, kv_cache.compact: each row's tokens moved to
 the front). Compiled shapes: the chunk per (rows, slots), the prefill per (prompts, length bucket), the prompts resumed
-together per (prompts, slots, own tokens' power of two). Resumed prompts go into the batch together, at one offset:
-inserted one by one, each would have moved every row's written slots on by its width (8 re-asked passes made the
-cache 8 prompts wide, every decoding step reading the empty slots), and the server was 2.1x slower with the prefix
-cache than without it.
+together per (prompts, slots, own tokens' length bucket). Admitted prompts take slots that end where the written ones
+end (kv_cache.insert_rows' `end`), so the cache every decoding step reads stays as wide as its longest row: appended
+after the written slots, each admission moved every row's slots on by its width, and with REPLUG's passes of a few
+hundred tokens admitted a few at a time the cache grew by that width each time until a repack compacted it. Resumed prompts are padded to the length
+bucket of their own tokens, not its power of two (150 own tokens: 160, not 256); prefill is compute-bound on a CPU, so
+the padding was paid in full. Both measured on the QA job's first mixture step through the server (benchmarks/README.md,
+"The QA job through our scoring server").
 """
 from __future__ import annotations
 
@@ -187,19 +190,20 @@ class DecodingBatch:
                                        self.lm.max_length) if fresh else 0
         resumed = _Resumed.plan([(prompts[i], found[i][1]) for i in hits], self.lm) if hits else None
         rows = max(len(self.rows), 1 << (busy + count - 1).bit_length())
-        self._make_room(width + (resumed.inserted if hits else 0) + CHUNK_STEPS, rows)
+        widest = max(width, resumed.inserted if hits else 0)
+        self._make_room(CHUNK_STEPS, rows, widest)
+        end = np.int32(max(self._length, widest))  # the new rows' slots end where the written ones do
         free = [i for i, row in enumerate(self.rows) if row is None][:count]
         if fresh:
             logits, new_cache = self._prefilled([prompts[i] for i in fresh], width)
             self._cache, self._logits = self._insert(self._cache, self._logits, new_cache, logits,
-                                                     _places([free[i] for i in fresh], len(self.rows)))
-            self._length += width
+                                                     _places([free[i] for i in fresh], len(self.rows)), end)
         if hits:
             logits, new_cache = self._resumed([found[i][0].cache for i in hits], resumed)
             self._cache, self._logits = self._insert_first(self._cache, self._logits, new_cache, logits,
-                                                           _places([free[i] for i in hits], len(self.rows)),
+                                                           _places([free[i] for i in hits], len(self.rows)), end,
                                                            slots=resumed.inserted)
-            self._length += resumed.inserted
+        self._length = int(end)
         for r, request, prompt in zip(free, new, prompts):
             self.rows[r] = _Row(request, IncrementalText(self.lm.tokenizer), held=list(prompt))
 
@@ -218,16 +222,17 @@ class DecodingBatch:
                                       n)
         return self._resume(self.params, starts + [starts[0]] * (n - len(starts)), ids, mask)
 
-    def _make_room(self, need: int, rows: int | None = None) -> None:
-        """At least `need` free slots after the written ones and `rows` rows (default: as many as now, fewer where
+    def _make_room(self, need: int, rows: int | None = None, widest: int = 0) -> None:
+        """At least `need` free slots after the written ones, or after the first `widest` where those are more (new
+        rows' slots end where the written ones do: `_admit`), and `rows` rows (default: as many as now, fewer where
         the busy rows fit in fewer): the busy rows repacked into a new cache when that changes anything."""
         busy = [i for i, row in enumerate(self.rows) if row]
         if rows is None:
             rows = 1 << (len(busy) - 1).bit_length() if busy else 1
-        if self._cache is not None and rows == len(self.rows) and self._length + need <= self._slots:
+        if self._cache is not None and rows == len(self.rows) and max(self._length, widest) + need <= self._slots:
             return
         if self._cache is None:
-            self._slots = _slot_bucket(need)
+            self._slots = _slot_bucket(widest + need)
             self._cache = kv_cache.init_cache(self.lm.config, rows, self._slots, self.lm.dtype)
             self._logits = jnp.zeros((rows, self.lm.config.vocab_size), jnp.float32)
             self.rows, self._length = [None] * rows, 0
@@ -235,7 +240,7 @@ class DecodingBatch:
         order = busy + [len(self.rows)] * (rows - len(busy))  # busy rows first; the rest empty
         counts = np.asarray(self._cache["count"])
         used = max([int(counts[i]) for i in busy], default=0)
-        self._slots = _slot_bucket(used + need)
+        self._slots = _slot_bucket(max(used, widest) + need)
         self._cache, self._logits = self._repack(self._cache, self._logits, np.array(order, np.int32),
                                                  slots=self._slots)
         self._length = int(self._cache["length"])
@@ -267,13 +272,14 @@ def _prefill(params, ids, mask, *, config, dtype):
     return kv_cache.extend(params, config, cache, ids, mask, dtype)
 
 
-def _insert(cache, logits, new_cache, new_logits, rows):
-    return kv_cache.insert_rows(cache, new_cache, rows), logits.at[rows].set(new_logits, mode="drop")
+def _insert(cache, logits, new_cache, new_logits, rows, end):
+    """The new rows' caches into rows `rows` of the batch's, their slots ending at `end`, and their logits."""
+    return kv_cache.insert_rows(cache, new_cache, rows, end), logits.at[rows].set(new_logits, mode="drop")
 
 
-def _insert_first(cache, logits, new_cache, new_logits, rows, *, slots):
+def _insert_first(cache, logits, new_cache, new_logits, rows, end, *, slots):
     """`_insert` of a compacted cache's first `slots` slots (where its real tokens lie)."""
-    return _insert(cache, logits, kv_cache.first_slots(new_cache, slots), new_logits, rows)
+    return _insert(cache, logits, kv_cache.first_slots(new_cache, slots), new_logits, rows, end)
 
 
 @dataclasses.dataclass
@@ -292,7 +298,7 @@ class _Resumed:
     def plan(cls, prompts: list[tuple[list[int], int]], lm) -> "_Resumed":
         own = [ids[shared:] for ids, shared in prompts]
         longest_own, longest_shared = max(map(len, own)), max(shared for _, shared in prompts)
-        width = max(16, 1 << (longest_own - 1).bit_length())  # a power of two: few shapes to compile
+        width = sharding.length_bucket(longest_own, lm.length_multiple, lm.max_length)
         slots = _slot_bucket(longest_shared + width)
         inserted = min(sharding.length_bucket(longest_shared + longest_own, lm.length_multiple, lm.max_length), slots)
         return cls([shared for _, shared in prompts], own, width, slots, inserted)
