@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# script -> its tiny arguments (every one writes its rows to --out, but bench_server_qa, which prints its table)
+# script -> its tiny arguments (every one writes its rows to --out, but those in PRINTS, which print their tables)
 TINY = {
     "bench_bf16_cpu": ["--docs", "8", "--articles", "2", "--questions", "4", "--passes", "2", "--rounds", "1"],
     "bench_compile": ["--layers", "2,4"],
@@ -28,8 +28,11 @@ TINY = {
     "bench_scoring": ["--passes", "2", "--doc-tokens", "16", "--context-tokens", "16", "--cont-tokens", "8",
                       "--batch-sizes", "1", "--rounds", "1"],
     "bench_server_qa": ["--questions", "2", "--shots", "0", "--k", "1", "--methods", "none,replug"],
+    "profile_served_generation": ["--questions", "2", "--shots", "0", "--k", "2"],
 }
-WORKDIR = {"bench_index_plan", "bench_lsr_pipeline", "bench_server_qa"}  # take --workdir
+WORKDIR = {"bench_index_plan", "bench_lsr_pipeline", "bench_server_qa", "profile_served_generation"}  # take --workdir
+PRINTS = {"bench_server_qa": "| replug |", "profile_served_generation": "replay, second (compiled) round"}  # script ->
+# a line of its printed table
 
 
 @pytest.mark.slow  # each script once, at a tiny size
@@ -37,12 +40,12 @@ WORKDIR = {"bench_index_plan", "bench_lsr_pipeline", "bench_server_qa"}  # take 
 def test_the_benchmark_script_runs_at_a_tiny_size(script, tmp_path):
     out = tmp_path / "rows.jsonl"
     args = list(TINY[script]) + (["--workdir", str(tmp_path / "work")] if script in WORKDIR else [])
-    args += [] if script == "bench_server_qa" else ["--out", str(out)]
+    args += [] if script in PRINTS else ["--out", str(out)]
     done = subprocess.run([sys.executable, os.path.join("benchmarks", f"{script}.py"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    if script == "bench_server_qa":
-        assert "replug" in done.stdout, done.stdout[-2000:]
+    if script in PRINTS:
+        assert PRINTS[script] in done.stdout, done.stdout[-2000:]
         return
     rows = [json.loads(line) for line in open(out)]
     assert rows and all(r.get("command") for r in rows), rows[:2]
