@@ -37,12 +37,19 @@ def job(workdir: str, common: list[str], *extra: str) -> dict:
         return json.load(f)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def demo_job_arguments(description: str) -> argparse.ArgumentParser:
+    """The parser of the offline QA demo job's size (--workdir, --questions, --shots, --k), as this benchmark and
+    profile_served_generation.py run it."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--questions", type=int, default=24)
     ap.add_argument("--shots", type=int, default=2)
     ap.add_argument("--k", type=int, default=2)
+    return ap
+
+
+def main() -> None:
+    ap = demo_job_arguments(__doc__.split("\n")[0])
     ap.add_argument("--methods", default="none,replug,concat")
     ap.add_argument("--prefix-cache-mb", default="1024,0",
                     help="a server run per value (python -m replug_jax.serve --prefix-cache-mb; 0: no prefix cache)")

@@ -14,13 +14,14 @@ Steps 1 and 2 share the cores with nothing else of this script's; run it with no
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from bench_server_qa import demo_job_arguments  # benchmarks/: the script's own folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMED = ("_chunk", "_prefill", "_insert", "_insert_first", "_start", "_resume", "_take_row", "_repack")
@@ -105,11 +106,7 @@ def replay(prompts: list[list[int]], steps: int, concurrency: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--questions", type=int, default=24)
-    ap.add_argument("--shots", type=int, default=2)
-    ap.add_argument("--k", type=int, default=2)
+    ap = demo_job_arguments(__doc__.split("\n")[0])
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight (the QA config's lm_concurrency)")
     args = ap.parse_args()
     sys.path.insert(0, ROOT)

@@ -274,7 +274,8 @@ def test_rows_finishing_before_a_row_below_them_repack_without_losing_it(served)
 def test_a_prompt_joining_decoding_rows_takes_slots_ending_where_theirs_end(served):
     """Issue 85, item 5: a prompt admitted while a row decodes is written into the slots that end where the written
     ones end, so no row's slots move on and the cache every decoding step reads stays as wide as its longest row
-    (each admitted prompt once widened it by its own width, a few hundred slots for each of REPLUG's passes). Both come out as decoded alone."""
+    (each admitted prompt once widened it by its own width, a few hundred slots for each of REPLUG's passes). Both
+    come out as decoded alone."""
     lm, server = served
     engine = server.app.state.engine
     batch = engine._decoding

@@ -65,20 +65,19 @@ def extend_and_score(params, config: CausalLMConfig, cache: dict, input_ids, att
     return out[:, -1], scores, cache
 
 
-def insert_rows(cache: dict, new: dict, rows, end=None) -> dict:
+def insert_rows(cache: dict, new: dict, rows, end) -> dict:
     """`cache` with rows `rows` [n] replaced by the n rows of `new` (a cache of W slots): their earlier tokens
-    masked out, `new`'s written at slots [length, length + W), or with `end` at [end - W, end) (ending where the
-    written slots end: no other row's slots move on); `length` becomes the larger of its own and that end (the
-    caller leaves room: rows past the cache's are dropped, as a filler row of `new` is given one). k, v [layers, B,
-    S, Hkv, Dh]; new's [layers, n, W, Hkv, Dh]."""
-    first = cache["length"] if end is None else end - new["k"].shape[2]
-    slots = first + jnp.arange(new["k"].shape[2])  # [W]
+    masked out, `new`'s written at slots [end - W, end), so that they end where the written slots end and no other
+    row's slots move on; `length` becomes the larger of its own and `end` (the caller leaves room: rows past the
+    cache's are dropped, as a filler row of `new` is given one). k, v [layers, B, S, Hkv, Dh]; new's [layers, n, W,
+    Hkv, Dh]."""
+    slots = end - new["k"].shape[2] + jnp.arange(new["k"].shape[2])  # [W]
     at = (rows[:, None], slots[None, :])  # [n, W] each
     key_mask = cache["key_mask"].at[rows].set(0, mode="drop").at[at].set(new["key_mask"], mode="drop")
     return {"k": cache["k"].at[(slice(None),) + at].set(new["k"].astype(cache["k"].dtype), mode="drop"),
             "v": cache["v"].at[(slice(None),) + at].set(new["v"].astype(cache["v"].dtype), mode="drop"),
             "key_mask": key_mask, "count": cache["count"].at[rows].set(new["count"], mode="drop"),
-            "length": jnp.maximum(cache["length"], first + new["k"].shape[2])}
+            "length": jnp.maximum(cache["length"], end)}
 
 
 def take_rows(cache: dict, rows) -> dict:

@@ -20,10 +20,11 @@ the front). Compiled shapes: the chunk per (rows, slots), the prefill per (promp
 together per (prompts, slots, own tokens' length bucket). Admitted prompts take slots that end where the written ones
 end (kv_cache.insert_rows' `end`), so the cache every decoding step reads stays as wide as its longest row: appended
 after the written slots, each admission moved every row's slots on by its width, and with REPLUG's passes of a few
-hundred tokens admitted a few at a time the cache grew by that width each time until a repack compacted it. Resumed prompts are padded to the length
-bucket of their own tokens, not its power of two (150 own tokens: 160, not 256); prefill is compute-bound on a CPU, so
-the padding was paid in full: the QA job's first mixture step through the server replayed on the engine, 54 s before
-and 40 s after (benchmarks/profile_served_generation.py, benchmarks/README.md).
+hundred tokens admitted a few at a time the cache grew by that width each time until a repack compacted it. Resumed
+prompts are padded to the length bucket of their own tokens, not its power of two (150 own tokens: 160, not 256);
+prefill is compute-bound on a CPU, so the padding was paid in full: the QA job's first mixture step through the
+server replayed on the engine, 54 s before and 40 s after (benchmarks/profile_served_generation.py,
+benchmarks/README.md).
 """
 from __future__ import annotations
 
